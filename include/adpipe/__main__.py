@@ -1,0 +1,5 @@
+import sys
+
+from adpipe.cli import main
+
+sys.exit(main())

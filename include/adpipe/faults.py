@@ -1,0 +1,66 @@
+"""Fault injection for crash tests: SIGKILL this process at a named point.
+
+``ADPIPE_FAULT`` names the point, ``ADPIPE_FAULT_BATCH`` the first batch id
+at which it may fire (default 1); it fires once, at the first batch at or
+after that id that has aggregates to write. When this process leads its own
+process group (tests start the job with ``start_new_session``) the whole
+group is killed, so Spark's JVM dies at the same instant, as in a machine
+crash; otherwise the JVM follows as soon as its parent is gone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+AFTER_PRODUCE = "after_produce"  # (a) records in the transaction, not committed
+DURING_COMMIT = "during_commit"  # (c) EndTxn in flight
+AFTER_COMMIT = "after_commit"  # (b) Kafka committed, Spark's checkpoint not
+POINTS = (AFTER_PRODUCE, DURING_COMMIT, AFTER_COMMIT)
+
+
+def kill_now(point: str) -> None:
+    log.warning("fault injection: SIGKILL at %s", point)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    point: str
+    from_batch: int = 1
+    delay_ms: int = 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> FaultPlan | None:
+        env = dict(os.environ if env is None else env)
+        point = env.get("ADPIPE_FAULT", "")
+        if not point:
+            return None
+        if point not in POINTS:
+            raise ValueError(f"ADPIPE_FAULT={point!r}: expected one of {', '.join(POINTS)}")
+        return cls(point, int(env.get("ADPIPE_FAULT_BATCH", "1")), int(env.get("ADPIPE_FAULT_DELAY_MS", "0")))
+
+    def armed(self, point: str, batch_id: int, records: int) -> bool:
+        return self.point == point and batch_id >= self.from_batch and records > 0
+
+    def hit(self, point: str, batch_id: int, records: int) -> None:
+        if self.armed(point, batch_id, records):
+            kill_now(point)
+
+    def run_and_kill(self, action: Callable[[], None]) -> None:
+        """Start ``action`` (the commit) and SIGKILL while it is in flight."""
+        threading.Thread(target=action, daemon=True).start()
+        time.sleep(self.delay_ms / 1000)
+        kill_now(self.point)

@@ -1,0 +1,93 @@
+"""JVM artifacts from Maven Central, cached in the project's own folder.
+
+Two classpaths are needed: the Apache Kafka broker (run from its jars) and
+the extra jars of the pip-installed Spark (the Kafka source and Delta Lake).
+Both are resolved by Maven from the poms beside this module, once; afterwards
+the cache under ``.cache/jvm`` is used and no network is needed."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+POM_DIR = Path(__file__).parent / "jvm"
+CLASSPATHS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml"}
+_VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
+
+
+class JarFetchError(RuntimeError):
+    """Maven could not resolve a classpath."""
+
+
+def artifact_name(jar_name: str) -> str:
+    """``kafka-clients-3.9.1.jar`` -> ``kafka-clients``."""
+    return _VERSION_SUFFIX.sub("", jar_name)
+
+
+def _pyspark_jar_artifacts() -> set[str]:
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    return {artifact_name(p.name) for p in jars.glob("*.jar")}
+
+
+def classpath_dir(cache: Path, name: str) -> Path:
+    return cache / name
+
+
+def ensure_classpath(cache: Path, name: str) -> list[Path]:
+    """Return the jars of classpath ``name``, fetching them on first use."""
+    cache = cache.resolve()
+    target = classpath_dir(cache, name)
+    marker = target / ".complete"
+    fingerprint = _fingerprint(name)
+    if not marker.exists() or marker.read_text().strip() != fingerprint:
+        _fetch(cache, name, target)
+        marker.write_text(fingerprint + "\n")
+    return sorted(target.glob("*.jar"))
+
+
+def _fingerprint(name: str) -> str:
+    """Changes when the pom (or, for Spark, the installed pyspark) changes."""
+    digest = hashlib.sha256((POM_DIR / CLASSPATHS[name]).read_bytes())
+    if name == "spark":
+        import pyspark
+
+        digest.update(pyspark.__version__.encode())
+    return digest.hexdigest()
+
+
+def _fetch(cache: Path, name: str, target: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarFetchError("Maven ('mvn') is needed once to fetch jars; install it (apt-get install maven)")
+    log.info("fetching the %s classpath from Maven Central into %s", name, target)
+    with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
+        out = Path(tmp) / "jars"
+        cmd = [
+            mvn, "-q", "-B", "-s", str(POM_DIR / "maven-settings.xml"), "-f", str(POM_DIR / CLASSPATHS[name]),
+            f"-Dmaven.repo.local={cache / 'm2'}",
+            "dependency:copy-dependencies", f"-DoutputDirectory={out}", "-DincludeScope=runtime",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+        if proc.returncode != 0:
+            raise JarFetchError(f"mvn failed for {name}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        jars = sorted(out.glob("*.jar"))
+        if name == "spark":
+            # pyspark ships Spark and its own dependencies: adding a second,
+            # older copy of those (jackson, hadoop, parquet...) would break it.
+            provided = _pyspark_jar_artifacts()
+            jars = [j for j in jars if artifact_name(j.name) not in provided]
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for jar in jars:
+            shutil.copy2(jar, target / jar.name)
+    log.info("%s classpath: %d jars", name, len(jars))

@@ -1,0 +1,109 @@
+"""Kafka clients as adpipe uses them: topic creation, client configs, and a
+bounded read of a whole topic (for verify and tests)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One Kafka record, as read back."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+    def header(self, name: str) -> str | None:
+        raw = self.headers.get(name)
+        return None if raw is None else raw.decode()
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeout_s: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; return the ones created."""
+    client = admin(bootstrap)
+    existing = set(client.list_topics(timeout=timeout_s).topics)
+    wanted = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+    if not wanted:
+        return []
+    for topic, future in client.create_topics(wanted, operation_timeout=timeout_s).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+        log.info("created topic %s (%d partitions)", topic, partitions)
+    return [t.topic for t in wanted]
+
+
+def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
+    """The offset after the last readable record of each partition.
+
+    With read_committed this is the last stable offset: records of open
+    transactions lie beyond it."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "adpipe-offsets-probe", "isolation.level": isolation,
+         "enable.auto.commit": False}
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=30)
+        if md.topics[topic].error is not None:
+            raise KafkaException(md.topics[topic].error)
+        result = {}
+        for p in md.topics[topic].partitions:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+            result[p] = high
+        return result
+    finally:
+        consumer.close()
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0) -> Iterator[Record]:
+    """Every readable record of ``topic`` from the beginning to its current end.
+
+    Stops at the end offsets taken at the start, so it always terminates."""
+    ends = end_offsets(bootstrap, topic, isolation)
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "adpipe-reader", "isolation.level": isolation,
+         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"}
+    )
+    try:
+        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach its end offsets {ends} in {timeout_s}s")
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == -191:  # _PARTITION_EOF
+                    pending.discard(msg.partition())
+                    continue
+                raise KafkaException(msg.error())
+            if msg.offset() >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+                continue
+            yield Record(topic, msg.partition(), msg.offset(), msg.key(), msg.value(),
+                         dict((k, v) for k, v in (msg.headers() or [])))
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+    finally:
+        consumer.close()

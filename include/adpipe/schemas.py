@@ -1,0 +1,65 @@
+"""Schemas and the contract's constants, in one module."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
+
+EVENT_TYPES = ("impression", "click")
+
+# ISO-8601 date-time that carries a zone (Z or +hh:mm / +hhmm / +hh). The
+# contract rejects zone-less times; this pattern is applied before any
+# parsing so that Spark's special strings ('yesterday', 'now') are rejected.
+ISO_WITH_ZONE = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}(:?\d{2})?)$"
+# Epoch milliseconds accepted: 1970-01-01 .. 9999-12-31.
+EPOCH_MS_MAX = 253_402_300_799_999
+
+# Reject reasons (the value of the DLQ's reason header).
+REASON_NOT_JSON = "not_json"
+REASON_NOT_OBJECT = "not_object"
+REASON_BAD_EVENT_ID = "missing_or_invalid_event_id"
+REASON_BAD_AD_ID = "missing_or_invalid_ad_id"
+REASON_BAD_EVENT_TYPE = "missing_or_unknown_event_type"
+REASON_BAD_EVENT_TIME = "missing_or_invalid_event_time"
+
+# Kafka headers adpipe writes on DLQ and late records.
+HEADER_REASON = "adpipe.reason"
+HEADER_SOURCE = "adpipe.source"  # topic/partition/offset of the raw record
+HEADER_JOB = "adpipe.job"
+HEADER_BATCH = "adpipe.batch"
+HEADER_WATERMARK = "adpipe.watermark_ms"
+
+KAFKA_ROW = StructType(
+    [
+        StructField("key", StringType()),
+        StructField("value", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", LongType()),
+        StructField("offset", LongType()),
+    ]
+)
+
+PARSED_EVENT = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", LongType()),
+        StructField("offset", LongType()),
+        StructField("event_id", StringType()),
+        StructField("ad_id", StringType()),
+        StructField("campaign_id", StringType()),
+        StructField("event_type", StringType()),
+        StructField("event_time", TimestampType()),
+        StructField("reject_reason", StringType()),
+    ]
+)
+
+MINUTE_AGGREGATE = StructType(
+    [
+        StructField("ad_id", StringType(), False),
+        StructField("window_start", TimestampType(), False),
+        StructField("window_end", TimestampType(), False),
+        StructField("impressions", LongType(), False),
+        StructField("clicks", LongType(), False),
+    ]
+)

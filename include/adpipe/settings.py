@@ -1,0 +1,123 @@
+"""The one place that reads configuration: a frozen, typed object built from
+the environment. Every entry point calls :func:`load_settings` once and passes
+the result down; nothing else reads ``os.environ`` for adpipe settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SettingsError(ValueError):
+    """A configuration value is missing or malformed."""
+
+
+def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from exc
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Kafka topic names of the contract (each overridable)."""
+
+    events: str = "ad-events"
+    aggregates: str = "ad-aggregates"
+    dlq: str = "ad-events-dlq"
+    late: str = "ad-events-late"
+
+    def all(self) -> tuple[str, ...]:
+        return (self.events, self.aggregates, self.dlq, self.late)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything adpipe is configured by. Build with :func:`load_settings`."""
+
+    home: Path
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_controller_port: int = 9093
+    spark_master: str = "local[2]"
+    budget_db: str = ""
+    topics: Topics = field(default_factory=Topics)
+    topic_partitions: int = 4
+    # Fixed for the life of a checkpoint: Spark cannot change the number of
+    # state partitions across restarts of one query.
+    shuffle_partitions: int = 4
+    # Event-time watermark delay plus allowed lateness: a window closes when
+    # the watermark (max event time seen - delay - lateness) passes its end.
+    watermark_delay_s: int = 30
+    allowed_lateness_s: int = 0
+    trigger_interval_s: int = 5
+    max_offsets_per_trigger: int = 0
+    # Which stream job instance this is (one per region). It names the
+    # checkpoint, the transactional.id and the record_uuid namespace.
+    job_id: str = "region-local"
+    # Above the longest batch's produce+commit plus a restart (see tx_sink).
+    transaction_timeout_ms: int = 120_000
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.home / "checkpoints" / self.job_id
+
+    @property
+    def warehouse_dir(self) -> Path:
+        return self.home / "warehouse"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.home / "kafka"
+
+    @property
+    def jar_cache(self) -> Path:
+        return PROJECT_ROOT / ".cache" / "jvm"
+
+    @property
+    def lateness_ms(self) -> int:
+        """Spark's watermark delay: the configured delay plus allowed lateness."""
+        return (self.watermark_delay_s + self.allowed_lateness_s) * 1000
+
+    def with_overrides(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Read ``ADPIPE_*`` variables; every one has a working local default."""
+    env = dict(os.environ if env is None else env)
+    home = Path(env.get("ADPIPE_HOME") or PROJECT_ROOT / ".adpipe").expanduser().resolve()
+    topics = Topics(
+        events=env.get("ADPIPE_TOPIC_EVENTS", Topics.events),
+        aggregates=env.get("ADPIPE_TOPIC_AGGREGATES", Topics.aggregates),
+        dlq=env.get("ADPIPE_TOPIC_DLQ", Topics.dlq),
+        late=env.get("ADPIPE_TOPIC_LATE", Topics.late),
+    )
+    bootstrap = env.get("ADPIPE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    if ":" not in bootstrap:
+        raise SettingsError(f"ADPIPE_KAFKA_BOOTSTRAP={bootstrap!r} must be host:port[,host:port]")
+    return Settings(
+        home=home,
+        kafka_bootstrap=bootstrap,
+        kafka_controller_port=_int(env, "ADPIPE_KAFKA_CONTROLLER_PORT", 9093, 1),
+        spark_master=env.get("ADPIPE_SPARK_MASTER", "local[2]"),
+        budget_db=env.get("ADPIPE_BUDGET_DB", f"sqlite:///{home / 'budget.db'}"),
+        topics=topics,
+        topic_partitions=_int(env, "ADPIPE_TOPIC_PARTITIONS", 4, 1),
+        shuffle_partitions=_int(env, "ADPIPE_SHUFFLE_PARTITIONS", 4, 1),
+        watermark_delay_s=_int(env, "ADPIPE_WATERMARK_DELAY_S", 30),
+        allowed_lateness_s=_int(env, "ADPIPE_ALLOWED_LATENESS_S", 0),
+        trigger_interval_s=_int(env, "ADPIPE_TRIGGER_INTERVAL_S", 5, 1),
+        max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", 0),
+        job_id=env.get("ADPIPE_JOB_ID", "region-local"),
+        transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),
+    )

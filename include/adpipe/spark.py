@@ -1,0 +1,43 @@
+"""The one SparkSession builder, used by jobs and by the tests' fixture."""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+from adpipe.jars import ensure_classpath
+from adpipe.settings import Settings
+
+
+def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
+    """Every Spark setting adpipe relies on, in one place."""
+    jars = ensure_classpath(settings.jar_cache, "spark")
+    return {
+        "spark.app.name": app_name,
+        "spark.master": settings.spark_master,
+        "spark.jars": ",".join(str(j) for j in jars),
+        # Fixed for the life of a checkpoint (Spark refuses a change).
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": os.environ.get("ADPIPE_SPARK_DRIVER_MEMORY", "2g"),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(settings.warehouse_dir),
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={settings.home / 'derby'}",
+    }
+
+
+def build_spark(settings: Settings, app_name: str = "adpipe") -> SparkSession:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings, app_name).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("ADPIPE_SPARK_LOG_LEVEL", "WARN"))
+    return spark

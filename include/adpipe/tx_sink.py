@@ -1,0 +1,247 @@
+"""The transactional Kafka sink of the aggregation stream job.
+
+Spark's own Kafka sink is at-least-once: a micro-batch replayed after a
+crash is written again. This sink makes each micro-batch one Kafka
+transaction that holds the batch's aggregates, late and DLQ records *and*
+the batch's input offsets (with the batch id) committed to a ledger
+consumer group, so output and input progress commit together, and a replay
+of a batch that was already committed is recognised and skipped.
+
+Commit protocol for micro-batch N (``commit_batch``):
+
+  Step 1. Once per process: ``init_transactions`` with the sink's stable
+          ``transactional.id``. This fences every older producer with that
+          id (a zombie's later writes fail) and aborts its open transaction.
+  Step 2. Read the ledger: the offsets committed for the input topic by the
+          ledger group, whose metadata carries the batch id. If it is >= N,
+          batch N was committed by an earlier incarnation: skip to Step 6.
+  Step 3. ``begin_transaction`` and produce every record of the batch.
+  Step 4. ``send_offsets_to_transaction``: the batch's end offsets, with
+          metadata ``{"batch_id": N, ...}``, into the same transaction.
+  Step 5. ``commit_transaction``: records and ledger become visible at once.
+  Step 6. Return; Spark then writes ``commits/N`` to its checkpoint.
+
+If the process dies
+  - before or during Step 3 or between 3 and 5: the transaction is open and
+    invisible to read_committed consumers; the next incarnation's Step 1
+    aborts it (or the broker does after ``transaction.timeout.ms``), Spark
+    replays batch N with the same offsets and state, and Step 2 finds the
+    ledger at N-1, so the batch is produced again, with the same record_uuids;
+  - during Step 5: the coordinator either received the commit (it completes
+    it alone; the replay finds the ledger at N and skips) or not (as above);
+  - between 5 and 6: the ledger says N; the replay skips it.
+Any error in Steps 3-5 aborts the transaction and stops the job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT, FaultPlan
+
+log = logging.getLogger(__name__)
+
+
+class ProducerFencedError(RuntimeError):
+    """Another instance with the same transactional.id has taken over."""
+
+
+class LedgerMismatchError(RuntimeError):
+    """The sink's ledger was written by a different streaming query."""
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: Sequence[tuple[str, bytes]] = ()
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    batch_id: int
+    query_id: str | None
+    offsets: dict[int, int]
+    watermark_ms: int = 0
+
+
+@dataclass
+class CommitResult:
+    batch_id: int
+    skipped: bool
+    records: int
+    duration_ms: float
+    transactional_id: str
+    by_topic: dict[str, int] = field(default_factory=dict)
+
+
+def _fenced(exc: KafkaException) -> bool:
+    err: KafkaError = exc.args[0]
+    return err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) or (
+        err.fatal() and "fenc" in err.str().lower()
+    )
+
+
+class TransactionalSink:
+    """One per running stream job; see the module doc for the protocol."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        transactional_id: str,
+        ledger_group: str,
+        input_topic: str,
+        query_id: str | None,
+        transaction_timeout_ms: int,
+        fault: FaultPlan | None = None,
+    ) -> None:
+        self.transactional_id = transactional_id
+        self.ledger_group = ledger_group
+        self.input_topic = input_topic
+        self.query_id = query_id
+        self.fault = fault
+        self._bootstrap = bootstrap
+        self._timeout_ms = transaction_timeout_ms
+        self._producer: Producer | None = None
+        self._ledger_consumer: Consumer | None = None
+
+    # Step 1
+    def _ensure_producer(self) -> Producer:
+        if self._producer is None:
+            producer = Producer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "transactional.id": self.transactional_id,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "transaction.timeout.ms": self._timeout_ms,
+                    "partitioner": "murmur2_random",  # same placement as Java clients
+                    "linger.ms": 5,
+                }
+            )
+            started = time.monotonic()
+            try:
+                producer.init_transactions(60)
+            except KafkaException as exc:
+                raise RuntimeError(f"init_transactions for {self.transactional_id} failed: {exc}") from exc
+            log.info(
+                "transactional producer %s ready in %.0f ms (older instances fenced, open transaction aborted)",
+                self.transactional_id, (time.monotonic() - started) * 1000,
+            )
+            self._ledger_consumer = Consumer(
+                {"bootstrap.servers": self._bootstrap, "group.id": self.ledger_group,
+                 "isolation.level": "read_committed", "enable.auto.commit": False}
+            )
+            self._producer = producer
+        return self._producer
+
+    # Step 2
+    def read_ledger(self) -> LedgerEntry | None:
+        """The last committed batch of this sink, or None before the first."""
+        self._ensure_producer()
+        assert self._ledger_consumer is not None
+        md = self._ledger_consumer.list_topics(self.input_topic, timeout=30)
+        partitions = [TopicPartition(self.input_topic, p) for p in md.topics[self.input_topic].partitions]
+        committed = self._ledger_consumer.committed(partitions, timeout=60)
+        entries = []
+        for tp in committed:
+            if tp.offset < 0 or not tp.metadata:
+                continue
+            meta = json.loads(tp.metadata)
+            entries.append((int(meta["batch_id"]), meta.get("query_id"), tp.partition, tp.offset,
+                            int(meta.get("watermark_ms", 0))))
+        if not entries:
+            return None
+        batch_id = max(e[0] for e in entries)
+        last = [e for e in entries if e[0] == batch_id]
+        return LedgerEntry(batch_id, last[0][1], {e[2]: e[3] for e in last}, last[0][4])
+
+    def check_ledger_owner(self) -> LedgerEntry | None:
+        entry = self.read_ledger()
+        if entry is not None and self.query_id and entry.query_id and entry.query_id != self.query_id:
+            raise LedgerMismatchError(
+                f"the ledger of {self.ledger_group} was written by streaming query {entry.query_id}, "
+                f"but this checkpoint is query {self.query_id}: the checkpoint was replaced. "
+                "Replaying into the same sink would duplicate aggregates; use a new ADPIPE_JOB_ID "
+                "(new sink and record_uuid namespace) or restore the checkpoint."
+            )
+        return entry
+
+    def commit_batch(
+        self, batch_id: int, end_offsets: dict[int, int], records: Sequence[OutRecord], watermark_ms: int = 0
+    ) -> CommitResult:
+        started = time.monotonic()
+        producer = self._ensure_producer()  # Step 1
+        ledger = self.check_ledger_owner()  # Step 2
+        if ledger is not None and ledger.batch_id >= batch_id:
+            log.info(
+                "batch %d already committed by an earlier run (ledger at batch %d): not producing it again",
+                batch_id, ledger.batch_id,
+            )
+            return CommitResult(batch_id, True, 0, (time.monotonic() - started) * 1000, self.transactional_id)
+        by_topic: dict[str, int] = {}
+        aggregates = sum(1 for r in records if r.headers and dict(r.headers).get("adpipe.kind") == b"aggregate")
+        try:
+            producer.begin_transaction()  # Step 3
+            for rec in records:
+                self._produce(producer, rec)
+                by_topic[rec.topic] = by_topic.get(rec.topic, 0) + 1
+            producer.flush(60)
+            if self.fault:
+                self.fault.hit(AFTER_PRODUCE, batch_id, aggregates)
+            assert self._ledger_consumer is not None
+            meta = json.dumps({"batch_id": batch_id, "query_id": self.query_id, "watermark_ms": watermark_ms})
+            producer.send_offsets_to_transaction(  # Step 4
+                [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())],
+                self._ledger_consumer.consumer_group_metadata(),
+                60,
+            )
+            if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates):
+                self.fault.run_and_kill(lambda: producer.commit_transaction(60))
+            producer.commit_transaction(60)  # Step 5
+        except KafkaException as exc:
+            if _fenced(exc):
+                raise ProducerFencedError(
+                    f"producer {self.transactional_id} was fenced: another stream job instance with the same "
+                    "transactional.id took over; this instance stops without writing anything more"
+                ) from exc
+            self._abort(exc)
+            raise
+        except BaseException as exc:
+            self._abort(exc)
+            raise
+        if self.fault:
+            self.fault.hit(AFTER_COMMIT, batch_id, aggregates)
+        return CommitResult(  # Step 6: the caller returns to Spark
+            batch_id, False, len(records), (time.monotonic() - started) * 1000, self.transactional_id, by_topic
+        )
+
+    @staticmethod
+    def _produce(producer: Producer, rec: OutRecord) -> None:
+        while True:
+            try:
+                producer.produce(rec.topic, rec.value, rec.key, headers=list(rec.headers))
+                return
+            except BufferError:
+                producer.poll(0.1)
+
+    def _abort(self, cause: BaseException) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.abort_transaction(30)
+            log.error("transaction aborted after error: %s", cause)
+        except KafkaException as exc:  # the cause is what matters
+            log.error("abort after %r failed too: %s", cause, exc)
+
+    def close(self) -> None:
+        if self._ledger_consumer is not None:
+            self._ledger_consumer.close()
+        if self._producer is not None:
+            self._producer.flush(10)
