@@ -1,0 +1,48 @@
+# adpipe: one entry point for set-up, checks and runs. `make help` lists targets.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help deps venv jars demo test test-unit lint bench kafka-up kafka-down clean
+
+help: ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+deps: ## system packages (Java 17+, Maven) if missing; needs root or sudo
+	@command -v java >/dev/null && command -v mvn >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q openjdk-17-jre-headless maven; }
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: deps $(STAMP) ## Python environment with every pinned package
+
+jars: venv ## JVM jars from Maven Central into .cache/jvm (once)
+	$(BIN)/adpipe jars
+
+demo: jars ## the pipeline end to end with a crash injected, ending in the verify report
+	$(BIN)/adpipe demo
+
+test: jars ## the whole suite: unit tests, then real broker + Spark + SIGKILL tests
+	$(BIN)/pytest
+
+test-unit: jars ## unit tests only
+	$(BIN)/pytest tests/unit
+
+lint: venv ## ruff
+	$(BIN)/ruff check include jobs dags tests
+
+kafka-up: jars ## start the local broker
+	$(BIN)/adpipe kafka up
+
+kafka-down: venv ## stop the local broker
+	$(BIN)/adpipe kafka down
+
+clean: ## remove local state (broker data, checkpoints), keep the caches
+	-$(BIN)/adpipe kafka down
+	rm -rf .adpipe .adpipe-test
