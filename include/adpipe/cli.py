@@ -54,20 +54,33 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import kafka_io, produce
 
     spec = produce.ProduceSpec(
-        events=args.events, seed=args.seed, ads=args.ads, campaigns=args.campaigns, minutes=args.minutes,
-        start=produce.parse_start(args.start), click_rate=args.click_rate, duplicate_rate=args.duplicate_rate,
-        late_rate=args.late_rate, late_by_minutes=args.late_by_minutes, malformed_rate=args.malformed_rate,
+        events=args.events,
+        seed=args.seed,
+        ads=args.ads,
+        campaigns=args.campaigns,
+        minutes=args.minutes,
+        start=produce.parse_start(args.start),
+        click_rate=args.click_rate,
+        duplicate_rate=args.duplicate_rate,
+        late_rate=args.late_rate,
+        late_by_minutes=args.late_by_minutes,
+        malformed_rate=args.malformed_rate,
         events_per_second=args.rate,
     )
     kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
     the_plan = produce.plan(spec)
     sent = produce.send(settings.kafka_bootstrap, settings.topics.events, the_plan, spec.events_per_second)
-    summary_path = Path(args.summary) if args.summary else (
-        settings.home / "produce" / f"summary-seed{spec.seed}-{spec.start:%Y%m%dT%H%M}.json")
+    summary_path = (
+        Path(args.summary)
+        if args.summary
+        else (settings.home / "produce" / f"summary-seed{spec.seed}-{spec.start:%Y%m%dT%H%M}.json")
+    )
     produce.write_summary(the_plan.summary, summary_path)
     s = the_plan.summary
-    print(f"sent {sent} messages to {settings.topics.events}: {s['distinct_on_time']} distinct on-time events, "
-          f"{s['duplicates']} duplicates, {s['late']} late, {s['malformed']} malformed; summary: {summary_path}")
+    print(
+        f"sent {sent} messages to {settings.topics.events}: {s['distinct_on_time']} distinct on-time events, "
+        f"{s['duplicates']} duplicates, {s['late']} late, {s['malformed']} malformed; summary: {summary_path}"
+    )
     return 0
 
 
@@ -112,52 +125,77 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    p = sub.add_parser("kafka", help="the local Kafka broker of the embedded default",
-                       description="Start, stop or inspect the local KRaft broker (data under $ADPIPE_HOME/kafka).")
-    p.add_argument("action", choices=["up", "down", "status"],
-                   help="up: start (idempotent) and create the topics; down: stop the broker we started; "
-                   "status: exit 0 when it runs and answers")
+    p = sub.add_parser(
+        "kafka",
+        help="the local Kafka broker of the embedded default",
+        description="Start, stop or inspect the local KRaft broker (data under $ADPIPE_HOME/kafka).",
+    )
+    p.add_argument(
+        "action",
+        choices=["up", "down", "status"],
+        help="up: start (idempotent) and create the topics; down: stop the broker we started; "
+        "status: exit 0 when it runs and answers",
+    )
     p.set_defaults(func=cmd_kafka)
 
     p = sub.add_parser("jars", help="fetch the JVM jars into the project cache (done on first use anyway)")
     p.set_defaults(func=cmd_jars)
 
-    p = sub.add_parser("produce", help="send synthetic raw ad events",
-                       description="Seeded, reproducible raw events through an idempotent producer; writes a "
-                       "JSON summary of what was sent (distinct events per ad, minute and type; late and malformed).")
+    p = sub.add_parser(
+        "produce",
+        help="send synthetic raw ad events",
+        description="Seeded, reproducible raw events through an idempotent producer; writes a "
+        "JSON summary of what was sent (distinct events per ad, minute and type; late and malformed).",
+    )
     p.add_argument("--events", type=int, required=True, help="distinct on-time events")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ads", type=int, default=20)
     p.add_argument("--campaigns", type=int, default=5)
     p.add_argument("--minutes", type=int, default=5, help="minutes of event time the events span")
-    p.add_argument("--start", default="2026-11-22T12:00:00Z", help="event time of the first minute (ISO-8601 with zone)")
+    p.add_argument(
+        "--start", default="2026-11-22T12:00:00Z", help="event time of the first minute (ISO-8601 with zone)"
+    )
     p.add_argument("--click-rate", type=float, default=0.1)
     p.add_argument("--duplicate-rate", type=float, default=0.0, help="fraction re-sent with the same event_id")
-    p.add_argument("--late-rate", type=float, default=0.0,
-                   help="fraction of extra events timed before --start, sent last (late for a stream past --start)")
+    p.add_argument(
+        "--late-rate",
+        type=float,
+        default=0.0,
+        help="fraction of extra events timed 2 to 2+--late-by-minutes minutes before --start, sent last "
+        "(late for a stream that has already processed events up to --start)",
+    )
     p.add_argument("--late-by-minutes", type=int, default=5)
     p.add_argument("--malformed-rate", type=float, default=0.0)
     p.add_argument("--rate", type=float, default=0.0, help="messages per second (0: as fast as possible)")
     p.add_argument("--summary", help="where to write the summary JSON")
     p.set_defaults(func=cmd_produce)
 
-    p = sub.add_parser("stream", help="the aggregation stream job",
-                       description="Spark Structured Streaming from the raw topic to one-minute aggregates, "
-                       "written to Kafka transactionally. Stops cleanly on SIGTERM.")
+    p = sub.add_parser(
+        "stream",
+        help="the aggregation stream job",
+        description="Spark Structured Streaming from the raw topic to one-minute aggregates, "
+        "written to Kafka transactionally. Stops cleanly on SIGTERM.",
+    )
     p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
     p.set_defaults(func=cmd_stream)
 
-    p = sub.add_parser("verify", help="reconcile raw events and aggregates; exit 0 only when exactly-once holds",
-                       description="Recomputes expected aggregates from the raw topic independently and compares "
-                       "them with the read_committed output, the late topic and the DLQ. Prints a JSON report.")
+    p = sub.add_parser(
+        "verify",
+        help="reconcile raw events and aggregates; exit 0 only when exactly-once holds",
+        description="Recomputes expected aggregates from the raw topic independently and compares "
+        "them with the read_committed output, the late topic and the DLQ. Prints a JSON report.",
+    )
     p.add_argument("--hour", help="(reserved for table checks) YYYY-MM-DDTHH")
     p.add_argument("--report", help="also write the JSON report to this file")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("demo", help="the whole pipeline end to end with a crash injected",
-                       description="Starts the broker, produces events, runs the stream job, SIGKILLs it "
-                       "mid-transaction, restarts it, and prints the verify report.")
+    p = sub.add_parser(
+        "demo",
+        help="the whole pipeline end to end with a crash injected",
+        description="Starts the broker, produces events, runs the stream job, SIGKILLs it "
+        "mid-transaction, restarts it, and prints the verify report.",
+    )
     p.add_argument("--events", type=int, default=3000)
     p.add_argument("--seed", type=int, default=42)
     p.set_defaults(func=cmd_demo)

@@ -23,23 +23,31 @@ def demo_env(settings: Settings, run_id: str) -> dict[str, str]:
     so that demos can be run again and again next to other work."""
     prefix = f"demo-{run_id}"
     env = dict(os.environ)
-    env.update({
-        "ADPIPE_HOME": str(settings.home),
-        "ADPIPE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "ADPIPE_TOPIC_EVENTS": f"{prefix}-{Topics.events}",
-        "ADPIPE_TOPIC_AGGREGATES": f"{prefix}-{Topics.aggregates}",
-        "ADPIPE_TOPIC_DLQ": f"{prefix}-{Topics.dlq}",
-        "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
-        "ADPIPE_JOB_ID": prefix,
-    })
+    env.update(
+        {
+            "ADPIPE_HOME": str(settings.home),
+            "ADPIPE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "ADPIPE_TOPIC_EVENTS": f"{prefix}-{Topics.events}",
+            "ADPIPE_TOPIC_AGGREGATES": f"{prefix}-{Topics.aggregates}",
+            "ADPIPE_TOPIC_DLQ": f"{prefix}-{Topics.dlq}",
+            "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
+            "ADPIPE_JOB_ID": prefix,
+        }
+    )
     return env
 
 
 def _stream(env: dict[str, str], log_path: Path, max_offsets: int, fault: dict[str, str] | None = None) -> int:
     cmd = [sys.executable, "-m", "adpipe", "stream", "--available-now", "--max-offsets-per-trigger", str(max_offsets)]
     with log_path.open("w") as out:
-        proc = subprocess.run(cmd, env={**env, **(fault or {})}, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
-                              start_new_session=True, check=False)
+        proc = subprocess.run(
+            cmd,
+            env={**env, **(fault or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,  # noqa: S603
+            start_new_session=True,
+            check=False,
+        )
     for line in log_path.read_text().splitlines():
         if "adpipe.stream: batch" in line or "fault injection" in line or "already committed" in line:
             print("   " + line.split(": ", 1)[-1])
@@ -65,8 +73,10 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     plan = produce.plan(spec)
     produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan)
     produce.write_summary(plan.summary, work / "produce-1.json")
-    print(f"2. produced {plan.summary['messages']} messages: {plan.summary['distinct_on_time']} events over 5 minutes, "
-          f"{plan.summary['duplicates']} producer-retry duplicates, {plan.summary['malformed']} malformed")
+    print(
+        f"2. produced {plan.summary['messages']} messages: {plan.summary['distinct_on_time']} events over 5 minutes, "
+        f"{plan.summary['duplicates']} producer-retry duplicates, {plan.summary['malformed']} malformed"
+    )
 
     print("3. stream job, with a SIGKILL injected after producing batch 1 into its transaction (before commit)")
     rc = _stream(env, work / "stream-1.log", max_offsets, {"ADPIPE_FAULT": "after_produce", "ADPIPE_FAULT_BATCH": "1"})
@@ -78,13 +88,16 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
         print(f"   restart failed (exit {rc}); see {work / 'stream-2.log'}")
         return 1
 
-    spec2 = produce.ProduceSpec(events=max(1, events // 3), seed=seed + 1, minutes=3,
-                                start=spec.start + timedelta(minutes=5), late_rate=0.03)
+    spec2 = produce.ProduceSpec(
+        events=max(1, events // 3), seed=seed + 1, minutes=3, start=spec.start + timedelta(minutes=5), late_rate=0.03
+    )
     plan2 = produce.plan(spec2)
     produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan2)
     produce.write_summary(plan2.summary, work / "produce-2.json")
-    print(f"5. produced {plan2.summary['messages']} more: {plan2.summary['distinct_on_time']} events of the next "
-          f"minutes and {plan2.summary['late']} late ones for windows already closed")
+    print(
+        f"5. produced {plan2.summary['messages']} more: {plan2.summary['distinct_on_time']} events of the next "
+        f"minutes and {plan2.summary['late']} late ones for windows already closed"
+    )
     rc = _stream(env, work / "stream-3.log", max_offsets)
     if rc != 0:
         print(f"   stream failed (exit {rc}); see {work / 'stream-3.log'}")
@@ -95,7 +108,9 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     (work / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     agg = report["aggregates"]
-    print(f"\nexactly-once {'HOLDS' if report['ok'] else 'BROKEN'}: {agg['records']} aggregates, "
-          f"{agg['missing_count']} missing, {agg['duplicated_count']} duplicated, {agg['wrong_count']} wrong; "
-          f"{report['late']['records']} late, {report['dlq']['records']} in the DLQ. Files: {work}")
+    print(
+        f"\nexactly-once {'HOLDS' if report['ok'] else 'BROKEN'}: {agg['records']} aggregates, "
+        f"{agg['missing_count']} missing, {agg['duplicated_count']} duplicated, {agg['wrong_count']} wrong; "
+        f"{report['late']['records']} late, {report['dlq']['records']} in the DLQ. Files: {work}"
+    )
     return 0 if report["ok"] else 1

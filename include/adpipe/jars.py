@@ -72,9 +72,18 @@ def _fetch(cache: Path, name: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
         out = Path(tmp) / "jars"
         cmd = [
-            mvn, "-q", "-B", "-U", "-s", str(POM_DIR / "maven-settings.xml"), "-f", str(POM_DIR / CLASSPATHS[name]),
+            mvn,
+            "-q",
+            "-B",
+            "-U",
+            "-s",
+            str(POM_DIR / "maven-settings.xml"),
+            "-f",
+            str(POM_DIR / CLASSPATHS[name]),
             f"-Dmaven.repo.local={cache / 'm2'}",
-            "dependency:copy-dependencies", f"-DoutputDirectory={out}", "-DincludeScope=runtime",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
         if proc.returncode != 0:

@@ -130,10 +130,16 @@ def _java(settings: Settings, main: str, *args: str) -> list[str]:
     jars = ensure_classpath(settings.jar_cache, "kafka")
     classpath = os.pathsep.join(str(j) for j in jars)
     return [
-        "java", "-Xms256m", "-Xmx768m", "-XX:+UseG1GC",
+        "java",
+        "-Xms256m",
+        "-Xmx768m",
+        "-XX:+UseG1GC",
         f"-Dlog4j2.configurationFile={_log4j_config(settings)}",
         f"-Dkafka.logs.dir={settings.kafka_dir}",
-        "-cp", classpath, main, *args,
+        "-cp",
+        classpath,
+        main,
+        *args,
     ]
 
 
@@ -162,9 +168,7 @@ def answering(bootstrap: str, timeout_s: float = 3.0) -> bool:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError:
         return False
-    admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0}
-    )
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0})
     try:
         md = admin.list_topics(timeout=timeout_s)
     except Exception:  # noqa: BLE001 - any failure means "not answering"
@@ -193,7 +197,10 @@ def up(settings: Settings, timeout_s: float = 90.0) -> BrokerStatus:
         out = open(settings.kafka_dir / "broker.out", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(  # noqa: S603
             _java(settings, "kafka.Kafka", str(config)),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         _pid_file(settings).write_text(f"{proc.pid}\n")
         pid = proc.pid

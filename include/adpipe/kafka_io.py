@@ -56,8 +56,12 @@ def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -
     With read_committed this is the last stable offset: records of open
     transactions lie beyond it."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "adpipe-offsets-probe", "isolation.level": isolation,
-         "enable.auto.commit": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "adpipe-offsets-probe",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
     )
     try:
         md = consumer.list_topics(topic, timeout=30)
@@ -72,14 +76,22 @@ def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -
         consumer.close()
 
 
-def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0) -> Iterator[Record]:
+def read_topic(
+    bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0
+) -> Iterator[Record]:
     """Every readable record of ``topic`` from the beginning to its current end.
 
     Stops at the end offsets taken at the start, so it always terminates."""
     ends = end_offsets(bootstrap, topic, isolation)
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "adpipe-reader", "isolation.level": isolation,
-         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "adpipe-reader",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
     )
     try:
         pending = {p for p, end in ends.items() if end > 0}
@@ -101,8 +113,14 @@ def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed", ti
             if msg.offset() >= ends[msg.partition()]:
                 pending.discard(msg.partition())
                 continue
-            yield Record(topic, msg.partition(), msg.offset(), msg.key(), msg.value(),
-                         dict((k, v) for k, v in (msg.headers() or [])))
+            yield Record(
+                topic,
+                msg.partition(),
+                msg.offset(),
+                msg.key(),
+                msg.value(),
+                dict((k, v) for k, v in (msg.headers() or [])),
+            )
             if msg.offset() + 1 >= ends[msg.partition()]:
                 pending.discard(msg.partition())
     finally:

@@ -20,8 +20,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_START = "2026-11-22T12:00:00Z"
 MALFORMED_KINDS = (
-    "not_json", "not_object", "missing_event_id", "event_id_not_string", "unknown_event_type",
-    "bad_event_time", "naive_event_time", "bool_event_time", "missing_ad_id",
+    "not_json",
+    "not_object",
+    "missing_event_id",
+    "event_id_not_string",
+    "unknown_event_type",
+    "bad_event_time",
+    "naive_event_time",
+    "bool_event_time",
+    "missing_ad_id",
 )
 
 
@@ -39,6 +46,10 @@ class ProduceSpec:
     duplicate_rate: float = 0.0
     late_rate: float = 0.0
     late_by_minutes: int = 5
+    # Late events are timed at least this long before ``start``, so their
+    # window closed once a stream saw events up to ``start`` (the window
+    # just before ``start`` may still be open: watermark delay < 1 minute).
+    late_gap_minutes: int = 2
     malformed_rate: float = 0.0
     events_per_second: float = 0.0
 
@@ -134,8 +145,8 @@ def plan(spec: ProduceSpec) -> Plan:
     order with a little jitter (out-of-order within seconds). A duplicate is
     a producer retry: the same bytes again, a few messages later. Late events
     have event times before ``start`` and are sent last, so they are late for
-    a stream whose watermark has already passed ``start`` (for example after
-    an earlier run over earlier minutes was processed)."""
+    a stream whose watermark has already passed ``start - late_gap_minutes``
+    (for example after an earlier run up to ``start`` was processed)."""
     rng = random.Random(spec.seed)
     span_ms = spec.minutes * 60_000
     offsets = sorted(rng.randrange(span_ms) for _ in range(spec.events))
@@ -155,13 +166,19 @@ def plan(spec: ProduceSpec) -> Plan:
         original = messages[i]
         if original.kind != "on_time":
             continue
-        messages.insert(min(len(messages), i + 1 + rng.randrange(5)), Message(original.key, original.value, "duplicate"))
+        messages.insert(
+            min(len(messages), i + 1 + rng.randrange(5)), Message(original.key, original.value, "duplicate")
+        )
     for _ in range(round(spec.events * spec.malformed_rate)):
         kind = MALFORMED_KINDS[rng.randrange(len(MALFORMED_KINDS))]
         messages.insert(rng.randrange(len(messages) + 1), _malformed(rng, spec, kind))
     late_span_ms = spec.late_by_minutes * 60_000
     late = [
-        _event(rng, spec, spec.start - timedelta(milliseconds=1 + rng.randrange(late_span_ms)))
+        _event(
+            rng,
+            spec,
+            spec.start - timedelta(minutes=spec.late_gap_minutes, milliseconds=1 + rng.randrange(late_span_ms)),
+        )
         for _ in range(round(spec.events * spec.late_rate))
     ]
     for event in late:
@@ -186,8 +203,12 @@ def plan(spec: ProduceSpec) -> Plan:
             for (ad, minute, etype), n in sorted(counts.items())
         ],
         "late_events": [
-            {"event_id": e["event_id"], "ad_id": e["ad_id"], "event_type": e["event_type"],
-             "window_start": _minute(e["_ts"])}
+            {
+                "event_id": e["event_id"],
+                "ad_id": e["ad_id"],
+                "event_type": e["event_type"],
+                "window_start": _minute(e["_ts"]),
+            }
             for e in late
         ],
     }
@@ -198,8 +219,13 @@ def send(bootstrap: str, topic: str, the_plan: Plan, events_per_second: float = 
     """Send the plan's messages through an idempotent producer; return the
     number acknowledged. Raises if any message could not be delivered."""
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-         "linger.ms": 5, "compression.type": "lz4"}
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+        }
     )
     failures: list[str] = []
     delivered = 0

@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
@@ -39,7 +40,7 @@ from adpipe.faults import FaultPlan
 from adpipe.offset_log import BatchOffsets, batch_offsets, query_id
 from adpipe.settings import Settings
 from adpipe.spark import build_spark
-from adpipe.tx_sink import OutRecord, TransactionalSink
+from adpipe.tx_sink import LedgerMismatchError, OutRecord, ProducerFencedError, TransactionalSink
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,11 @@ def aggregate_record(settings: Settings, row: dict, batch_id: int) -> OutRecord:
         "impressions": int(row["impressions"]),
         "clicks": int(row["clicks"]),
     }
-    headers = [("adpipe.kind", b"aggregate"), (S.HEADER_JOB, settings.job_id.encode()),
-               (S.HEADER_BATCH, str(batch_id).encode())]
+    headers = [
+        ("adpipe.kind", b"aggregate"),
+        (S.HEADER_JOB, settings.job_id.encode()),
+        (S.HEADER_BATCH, str(batch_id).encode()),
+    ]
     return OutRecord(settings.topics.aggregates, row["ad_id"].encode(), json.dumps(value).encode(), headers)
 
 
@@ -99,14 +103,23 @@ def exception_records(settings: Settings, rows: list[dict], offsets: BatchOffset
         key = bytes(row["key"]) if row["key"] is not None else None
         if row["reject_reason"] is not None:
             dlq += 1
-            headers = [("adpipe.kind", b"dlq"), (S.HEADER_REASON, row["reject_reason"].encode()),
-                       (S.HEADER_SOURCE, _source(row)), *common]
+            headers = [
+                ("adpipe.kind", b"dlq"),
+                (S.HEADER_REASON, row["reject_reason"].encode()),
+                (S.HEADER_SOURCE, _source(row)),
+                *common,
+            ]
             records.append(OutRecord(settings.topics.dlq, key, value, headers))
         elif row["event_id"] not in seen_late:
             seen_late.add(row["event_id"])
             late += 1
-            headers = [("adpipe.kind", b"late"), (S.HEADER_REASON, b"late"), (S.HEADER_SOURCE, _source(row)),
-                       (S.HEADER_WATERMARK, str(offsets.late_watermark_ms).encode()), *common]
+            headers = [
+                ("adpipe.kind", b"late"),
+                (S.HEADER_REASON, b"late"),
+                (S.HEADER_SOURCE, _source(row)),
+                (S.HEADER_WATERMARK, str(offsets.late_watermark_ms).encode()),
+                *common,
+            ]
             records.append(OutRecord(settings.topics.late, row["ad_id"].encode(), value, headers))
     return records, dlq, late
 
@@ -127,6 +140,7 @@ class BatchHandler:
         self.late_rows_by_batch: dict[int, int] = {}
         self.in_batch = threading.Event()
         self.batches = 0
+        self.fatal: Exception | None = None
 
     def _raw_range(self, offsets: BatchOffsets) -> DataFrame:
         return (
@@ -143,6 +157,9 @@ class BatchHandler:
         self.in_batch.set()
         try:
             self._handle(aggregates_df, batch_id)
+        except (ProducerFencedError, LedgerMismatchError) as exc:
+            self.fatal = exc  # Spark wraps it; run() re-raises the original
+            raise
         finally:
             self.in_batch.clear()
 
@@ -171,25 +188,42 @@ class BatchHandler:
         log.info(
             "batch %d: input offsets %d, windows emitted %d, dlq %d, late %d, watermark %s, "
             "transaction %s %s in %.0f ms (batch %.0f ms)",
-            batch_id, offsets.input_offsets, len(records), dlq, late,
+            batch_id,
+            offsets.input_offsets,
+            len(records),
+            dlq,
+            late,
             iso_utc(datetime.fromtimestamp(offsets.watermark_ms / 1000, UTC)),
-            result.transactional_id, "skipped (already committed)" if result.skipped else "committed",
-            result.duration_ms, (time.monotonic() - started) * 1000,
+            result.transactional_id,
+            "skipped (already committed)" if result.skipped else "committed",
+            result.duration_ms,
+            (time.monotonic() - started) * 1000,
         )
         write_heartbeat(self.settings, batch_id, offsets, len(records), dlq, late, result.skipped)
 
 
-def write_heartbeat(settings: Settings, batch_id: int, offsets: BatchOffsets, windows: int, dlq: int,
-                    late: int, skipped: bool) -> None:
+def write_heartbeat(
+    settings: Settings, batch_id: int, offsets: BatchOffsets, windows: int, dlq: int, late: int, skipped: bool
+) -> None:
     """Liveness for supervisors: the last batch this job finished."""
     path = settings.home / "stream" / settings.job_id / "heartbeat.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({
-        "job_id": settings.job_id, "batch_id": batch_id, "at": time.time(),
-        "watermark_ms": offsets.watermark_ms, "end_offsets": offsets.end,
-        "windows": windows, "dlq": dlq, "late": late, "replay_skipped": skipped,
-    }))
+    tmp.write_text(
+        json.dumps(
+            {
+                "job_id": settings.job_id,
+                "batch_id": batch_id,
+                "at": time.time(),
+                "watermark_ms": offsets.watermark_ms,
+                "end_offsets": offsets.end,
+                "windows": windows,
+                "dlq": dlq,
+                "late": late,
+                "replay_skipped": skipped,
+            }
+        )
+    )
     tmp.replace(path)
 
 
@@ -247,19 +281,32 @@ def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None
     query_df = build_query_df(spark, settings)
     writer = query_df.writeStream.outputMode("append").option("checkpointLocation", str(settings.checkpoint_dir))
     writer = writer.queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
-        processingTime=f"{settings.trigger_interval_s} seconds")
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=f"{settings.trigger_interval_s} seconds")
+    )
 
     sink = TransactionalSink(
-        settings.kafka_bootstrap, transactional_id(settings), ledger_group(settings), settings.topics.events,
-        None, settings.transaction_timeout_ms, fault,
+        settings.kafka_bootstrap,
+        transactional_id(settings),
+        ledger_group(settings),
+        settings.topics.events,
+        None,
+        settings.transaction_timeout_ms,
+        fault,
     )
     handler = BatchHandler(spark, settings, sink)
     listener = _DropCheck(handler)
     spark.streams.addListener(listener)
     query = writer.foreachBatch(handler).start()
-    log.info("stream job %s started: query %s, checkpoint %s, %s", settings.job_id, query.id,
-             settings.checkpoint_dir, "available-now" if available_now else "continuous")
+    log.info(
+        "stream job %s started: query %s, checkpoint %s, %s",
+        settings.job_id,
+        query.id,
+        settings.checkpoint_dir,
+        "available-now" if available_now else "continuous",
+    )
 
     stop_requested = threading.Event()
 
@@ -273,10 +320,15 @@ def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None
             if stop_requested.is_set() and not handler.in_batch.is_set():
                 query.stop()
                 break
-            query.awaitTermination(0.5)
+            try:
+                query.awaitTermination(0.5)
+            except StreamingQueryException:
+                break  # reported below
+        if handler.fatal is not None:
+            raise handler.fatal
         exc = query.exception()
         if exc is not None:
-            raise RuntimeError(f"stream query failed: {exc}")
+            raise RuntimeError(f"stream query failed: {str(exc).splitlines()[0]}")
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

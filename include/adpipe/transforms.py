@@ -35,15 +35,12 @@ def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
     time_type = _field_type(v, "event_time")
     time_text = F.try_variant_get(v, "$.event_time", "string")
     time_millis = F.try_variant_get(v, "$.event_time", "long")
-    event_time = (
-        F.when(
-            _true(time_type.isin(*_INTEGER_VARIANTS)) & _true(time_millis.between(0, S.EPOCH_MS_MAX)),
-            F.timestamp_millis(time_millis),
-        )
-        .when(
-            _true(time_type == "STRING") & _true(time_text.rlike(S.ISO_WITH_ZONE)),
-            F.try_to_timestamp(time_text),
-        )
+    event_time = F.when(
+        _true(time_type.isin(*_INTEGER_VARIANTS)) & _true(time_millis.between(0, S.EPOCH_MS_MAX)),
+        F.timestamp_millis(time_millis),
+    ).when(
+        _true(time_type == "STRING") & _true(time_text.rlike(S.ISO_WITH_ZONE)),
+        F.try_to_timestamp(time_text),
     )
     event_type = F.try_variant_get(v, "$.event_type", "string")
     reason = (
@@ -70,7 +67,11 @@ def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
         .withColumn("__v", F.try_parse_json(F.col("value").cast("string")))
         .withColumn("event_time", event_time)
         .select(
-            "key", "value", "topic", "partition", "offset",
+            "key",
+            "value",
+            "topic",
+            "partition",
+            "offset",
             F.try_variant_get(v, "$.event_id", "string").alias("event_id"),
             F.try_variant_get(v, "$.ad_id", "string").alias("ad_id"),
             F.when(valid_campaign, F.try_variant_get(v, "$.campaign_id", "string")).alias("campaign_id"),

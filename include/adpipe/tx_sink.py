@@ -132,11 +132,16 @@ class TransactionalSink:
                 raise RuntimeError(f"init_transactions for {self.transactional_id} failed: {exc}") from exc
             log.info(
                 "transactional producer %s ready in %.0f ms (older instances fenced, open transaction aborted)",
-                self.transactional_id, (time.monotonic() - started) * 1000,
+                self.transactional_id,
+                (time.monotonic() - started) * 1000,
             )
             self._ledger_consumer = Consumer(
-                {"bootstrap.servers": self._bootstrap, "group.id": self.ledger_group,
-                 "isolation.level": "read_committed", "enable.auto.commit": False}
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": self.ledger_group,
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                }
             )
             self._producer = producer
         return self._producer
@@ -154,8 +159,9 @@ class TransactionalSink:
             if tp.offset < 0 or not tp.metadata:
                 continue
             meta = json.loads(tp.metadata)
-            entries.append((int(meta["batch_id"]), meta.get("query_id"), tp.partition, tp.offset,
-                            int(meta.get("watermark_ms", 0))))
+            entries.append(
+                (int(meta["batch_id"]), meta.get("query_id"), tp.partition, tp.offset, int(meta.get("watermark_ms", 0)))
+            )
         if not entries:
             return None
         batch_id = max(e[0] for e in entries)
@@ -182,7 +188,8 @@ class TransactionalSink:
         if ledger is not None and ledger.batch_id >= batch_id:
             log.info(
                 "batch %d already committed by an earlier run (ledger at batch %d): not producing it again",
-                batch_id, ledger.batch_id,
+                batch_id,
+                ledger.batch_id,
             )
             return CommitResult(batch_id, True, 0, (time.monotonic() - started) * 1000, self.transactional_id)
         by_topic: dict[str, int] = {}

@@ -73,14 +73,23 @@ def classify(value: bytes | None) -> RawEvent | str:
 
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": group,
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         topic = settings.topics.events
         md = consumer.list_topics(topic, timeout=30)
         parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-        marks = [json.loads(tp.metadata).get("watermark_ms", 0)
-                 for tp in consumer.committed(parts, timeout=60) if tp.offset >= 0 and tp.metadata]
+        marks = [
+            json.loads(tp.metadata).get("watermark_ms", 0)
+            for tp in consumer.committed(parts, timeout=60)
+            if tp.offset >= 0 and tp.metadata
+        ]
         return max(marks) if marks else None
     finally:
         consumer.close()
@@ -130,7 +139,9 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
         dlq_counts[source] += 1
         expected_reason = malformed.get(source)
         if expected_reason is not None and expected_reason != rec.header(S.HEADER_REASON):
-            dlq_reason_mismatch.append({"source": source, "dlq": rec.header(S.HEADER_REASON), "expected": expected_reason})
+            dlq_reason_mismatch.append(
+                {"source": source, "dlq": rec.header(S.HEADER_REASON), "expected": expected_reason}
+            )
 
     # Expected aggregates: closed windows of on-time distinct events.
     expected: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: {"impressions": 0, "clicks": 0})
@@ -158,8 +169,12 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     missing = sorted(set(expected) - set(actual))
     unexpected = sorted(set(actual) - set(expected))
     wrong = [
-        {"ad_id": k[0], "window_start": k[1], "expected": expected[k],
-         "actual": {"impressions": actual[k]["impressions"], "clicks": actual[k]["clicks"]}}
+        {
+            "ad_id": k[0],
+            "window_start": k[1],
+            "expected": expected[k],
+            "actual": {"impressions": actual[k]["impressions"], "clicks": actual[k]["clicks"]},
+        }
         for k in sorted(set(expected) & set(actual))
         if (actual[k]["impressions"], actual[k]["clicks"]) != (expected[k]["impressions"], expected[k]["clicks"])
     ]
@@ -171,28 +186,54 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     dlq_dups = [s for s, n in dlq_counts.items() if n > 1]
     dlq_unexpected = sorted(set(dlq_counts) - set(malformed))
 
-    problems = (len(missing) + len(unexpected) + len(wrong) + len(duplicated) + len(uuid_dups) + len(late_dups)
-                + len(late_unknown) + len(not_late) + len(dlq_missing) + len(dlq_dups) + len(dlq_unexpected)
-                + len(dlq_reason_mismatch))
+    problems = (
+        len(missing)
+        + len(unexpected)
+        + len(wrong)
+        + len(duplicated)
+        + len(uuid_dups)
+        + len(late_dups)
+        + len(late_unknown)
+        + len(not_late)
+        + len(dlq_missing)
+        + len(dlq_dups)
+        + len(dlq_unexpected)
+        + len(dlq_reason_mismatch)
+    )
     return {
         "ok": problems == 0 and watermark is not None,
         "job_id": settings.job_id,
-        "closed_through": None if watermark is None else
-        datetime.fromtimestamp(watermark / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "closed_through": None
+        if watermark is None
+        else datetime.fromtimestamp(watermark / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "raw": {"records": raw_records, "valid_distinct_events": len(valid), "malformed": len(malformed)},
         "aggregates": {
-            "records": agg_records, "expected_windows": len(expected),
-            "missing_count": len(missing), "duplicated_count": len(duplicated), "wrong_count": len(wrong),
-            "unexpected_count": len(unexpected), "record_uuid_duplicated_count": len(uuid_dups),
+            "records": agg_records,
+            "expected_windows": len(expected),
+            "missing_count": len(missing),
+            "duplicated_count": len(duplicated),
+            "wrong_count": len(wrong),
+            "unexpected_count": len(unexpected),
+            "record_uuid_duplicated_count": len(uuid_dups),
             "missing": _limited([{"ad_id": a, "window_start": w} for a, w in missing]),
-            "duplicated": _limited(duplicated), "wrong": _limited(wrong),
+            "duplicated": _limited(duplicated),
+            "wrong": _limited(wrong),
             "unexpected": _limited([{"ad_id": a, "window_start": w} for a, w in unexpected]),
         },
-        "late": {"records": sum(late_counts.values()), "distinct_events": len(late_ids),
-                 "duplicated": _limited(late_dups), "not_valid_raw": _limited(late_unknown),
-                 "not_late": _limited(not_late)},
-        "dlq": {"records": sum(dlq_counts.values()), "missing_count": len(dlq_missing),
-                "missing": _limited(dlq_missing), "duplicated": _limited(dlq_dups),
-                "unexpected": _limited(dlq_unexpected), "reason_mismatch": _limited(dlq_reason_mismatch)},
+        "late": {
+            "records": sum(late_counts.values()),
+            "distinct_events": len(late_ids),
+            "duplicated": _limited(late_dups),
+            "not_valid_raw": _limited(late_unknown),
+            "not_late": _limited(not_late),
+        },
+        "dlq": {
+            "records": sum(dlq_counts.values()),
+            "missing_count": len(dlq_missing),
+            "missing": _limited(dlq_missing),
+            "duplicated": _limited(dlq_dups),
+            "unexpected": _limited(dlq_unexpected),
+            "reason_mismatch": _limited(dlq_reason_mismatch),
+        },
         "problems": problems,
     }

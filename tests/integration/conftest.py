@@ -1,0 +1,129 @@
+"""Real processes: a Kafka broker, Spark stream jobs as subprocesses (killed
+with SIGKILL at named points), and read-back with plain Kafka consumers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from adpipe import kafka_broker, kafka_io, produce, stream, verify
+from adpipe.settings import Settings, load_settings
+
+from tests.conftest import TEST_HOME
+
+BROKER_ENV = {
+    "ADPIPE_HOME": str(TEST_HOME / "it"),
+    "ADPIPE_KAFKA_BOOTSTRAP": "127.0.0.1:19092",
+    "ADPIPE_KAFKA_CONTROLLER_PORT": "19093",
+}
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Settings]:
+    home = Path(BROKER_ENV["ADPIPE_HOME"])
+    settings = load_settings(BROKER_ENV)
+    kafka_broker.down(settings)
+    shutil.rmtree(home, ignore_errors=True)
+    kafka_broker.up(settings)
+    yield settings
+    kafka_broker.down(settings)
+
+
+@dataclass
+class StreamRun:
+    returncode: int
+    log: str
+
+    def batch_lines(self) -> list[str]:
+        return [line for line in self.log.splitlines() if "adpipe.stream: batch" in line]
+
+
+@dataclass
+class Pipeline:
+    """One isolated pipeline: its own topics, job id and checkpoint."""
+
+    env: dict[str, str]
+    settings: Settings
+    workdir: Path
+
+    def produce(self, **spec_args: object) -> dict:
+        plan = produce.plan(produce.ProduceSpec(**spec_args))  # type: ignore[arg-type]
+        produce.send(self.settings.kafka_bootstrap, self.settings.topics.events, plan)
+        return plan.summary
+
+    def start_stream(self, *args: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        """Start ``adpipe stream`` as its own process group (so a fault
+        SIGKILLs Spark's JVM together with the Python driver)."""
+        log_path = self.workdir / f"stream-{uuid.uuid4().hex[:6]}.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "adpipe", "stream", *args],
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return proc, log_path
+
+    def stream(self, max_offsets: int = 700, fault: dict[str, str] | None = None, timeout: int = 300) -> StreamRun:
+        """One ``--available-now`` run to its end (or its injected death)."""
+        proc, log_path = self.start_stream(
+            "--available-now", "--max-offsets-per-trigger", str(max_offsets), extra_env=fault
+        )
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        _wait_group_gone(proc.pid)
+        return StreamRun(proc.returncode, log_path.read_text())
+
+    def read(self, topic: str, isolation: str = "read_committed") -> list[kafka_io.Record]:
+        return list(kafka_io.read_topic(self.settings.kafka_bootstrap, topic, isolation))
+
+    def aggregates(self, isolation: str = "read_committed") -> list[dict]:
+        return [json.loads(r.value) for r in self.read(self.settings.topics.aggregates, isolation)]
+
+    def verify(self) -> dict:
+        return verify.reconcile(self.settings, stream.ledger_group(self.settings))
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:
+    """Spark's JVM must be gone before the next run uses the checkpoint."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pgid, 9)
+
+
+@pytest.fixture
+def pipeline(broker: Settings, tmp_path: Path) -> Pipeline:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        **BROKER_ENV,
+        "ADPIPE_TOPIC_EVENTS": f"{name}-ad-events",
+        "ADPIPE_TOPIC_AGGREGATES": f"{name}-ad-aggregates",
+        "ADPIPE_TOPIC_DLQ": f"{name}-ad-events-dlq",
+        "ADPIPE_TOPIC_LATE": f"{name}-ad-events-late",
+        "ADPIPE_JOB_ID": name,
+        "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
+    }
+    settings = load_settings(env)
+    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    return Pipeline(env, settings, tmp_path)

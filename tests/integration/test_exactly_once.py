@@ -1,0 +1,212 @@
+"""Exactly-once proofs with real processes: a KRaft broker, Spark stream
+jobs killed with SIGKILL at the seed's three failure timings, a zombie
+fenced by its successor, and read-back with read_committed consumers.
+
+Expected counts come from the producer's own summary, never from the job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from adpipe import schemas as S
+from adpipe import stream
+from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT
+from adpipe.tx_sink import TransactionalSink
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+# What the producer's malformed kinds must be rejected as (the contract).
+REASON_OF_KIND = {
+    "not_json": S.REASON_NOT_JSON,
+    "not_object": S.REASON_NOT_OBJECT,
+    "missing_event_id": S.REASON_BAD_EVENT_ID,
+    "event_id_not_string": S.REASON_BAD_EVENT_ID,
+    "missing_ad_id": S.REASON_BAD_AD_ID,
+    "unknown_event_type": S.REASON_BAD_EVENT_TYPE,
+    "bad_event_time": S.REASON_BAD_EVENT_TIME,
+    "naive_event_time": S.REASON_BAD_EVENT_TIME,
+    "bool_event_time": S.REASON_BAD_EVENT_TIME,
+}
+
+
+def expected_windows(*summaries: dict) -> dict[tuple[str, str], tuple[int, int]]:
+    """(ad_id, window_start) -> (impressions, clicks) from producer summaries."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for summary in summaries:
+        for row in summary["counts"]:
+            slot = counts.setdefault((row["ad_id"], row["window_start"]), [0, 0])
+            slot[0 if row["event_type"] == "impression" else 1] += row["events"]
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+def closed_watermark_ms(pipeline) -> int:  # noqa: ANN001
+    """How far the job got: the watermark recorded with its last commit."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": pipeline.settings.kafka_bootstrap,
+            "group.id": stream.ledger_group(pipeline.settings),
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        topic = pipeline.settings.topics.events
+        parts = [TopicPartition(topic, p) for p in range(pipeline.settings.topic_partitions)]
+        return max(json.loads(tp.metadata)["watermark_ms"] for tp in consumer.committed(parts, timeout=30))
+    finally:
+        consumer.close()
+
+
+def _window_end_ms(window_start: str) -> int:
+    return int(datetime.fromisoformat(window_start).timestamp() * 1000) + 60_000
+
+
+def assert_exactly_once(pipeline, summaries: list[dict], min_windows: int) -> list[dict]:  # noqa: ANN001
+    aggregates = pipeline.aggregates()
+    keys = Counter((a["ad_id"], a["window_start"]) for a in aggregates)
+    assert [k for k, n in keys.items() if n > 1] == [], "an (ad_id, window_start) was emitted twice"
+    assert len({a["record_uuid"] for a in aggregates}) == len(aggregates)
+    watermark = closed_watermark_ms(pipeline)
+    expected = {k: v for k, v in expected_windows(*summaries).items() if _window_end_ms(k[1]) <= watermark}
+    actual = {(a["ad_id"], a["window_start"]): (a["impressions"], a["clicks"]) for a in aggregates}
+    assert len(expected) >= min_windows
+    assert actual == expected
+    for a in aggregates:
+        assert a["record_uuid"] == stream.record_uuid(
+            pipeline.settings.job_id, a["ad_id"], datetime.fromisoformat(a["window_start"])
+        )
+        assert _window_end_ms(a["window_start"]) == _window_end_ms(a["window_end"]) - 60_000
+    report = pipeline.verify()
+    assert report["ok"], json.dumps(report, indent=1)
+    return aggregates
+
+
+def test_steady_state_counts_late_and_dlq_exactly(pipeline) -> None:  # noqa: ANN001
+    s1 = pipeline.produce(events=1500, seed=11, minutes=4, start=START, duplicate_rate=0.06, malformed_rate=0.03)
+    first = pipeline.stream()
+    assert first.returncode == 0, first.log[-3000:]
+    assert len(first.batch_lines()) >= 3  # several micro-batches, so dedupe spans batches
+    s2 = pipeline.produce(events=600, seed=12, minutes=2, start=START + timedelta(minutes=4), late_rate=0.05)
+    second = pipeline.stream()
+    assert second.returncode == 0, second.log[-3000:]
+    assert "but Spark dropped" not in first.log + second.log  # late routing matches Spark's drops
+
+    assert s1["duplicates"] > 50 and s2["late"] == 30
+    assert_exactly_once(pipeline, [s1, s2], min_windows=20 * 5)
+
+    late = pipeline.read(pipeline.settings.topics.late)
+    late_ids = [json.loads(r.value)["event_id"] for r in late]
+    assert sorted(late_ids) == sorted(e["event_id"] for e in s2["late_events"])
+    assert {r.header(S.HEADER_REASON) for r in late} == {"late"}
+
+    dlq = pipeline.read(pipeline.settings.topics.dlq)
+    expected_reasons = Counter()
+    for kind, n in s1["malformed_by_reason"].items():
+        expected_reasons[REASON_OF_KIND[kind]] += n
+    assert Counter(r.header(S.HEADER_REASON) for r in dlq) == expected_reasons
+    assert len({r.header(S.HEADER_SOURCE) for r in dlq}) == s1["malformed"]
+
+
+def test_verify_names_an_injected_duplicate(pipeline) -> None:  # noqa: ANN001
+    s1 = pipeline.produce(events=400, seed=5, minutes=3, start=START)
+    assert pipeline.stream().returncode == 0
+    victim = pipeline.aggregates()[0]
+    producer = Producer({"bootstrap.servers": pipeline.settings.kafka_bootstrap, "transactional.id": "intruder"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(pipeline.settings.topics.aggregates, json.dumps(victim).encode(), victim["ad_id"].encode())
+    producer.commit_transaction(30)
+
+    report = pipeline.verify()
+    assert not report["ok"]
+    assert report["aggregates"]["duplicated"] == [
+        {"ad_id": victim["ad_id"], "window_start": victim["window_start"], "copies": 2}
+    ]
+    assert report["aggregates"]["record_uuid_duplicated_count"] == 1
+    cli = subprocess.run(
+        [sys.executable, "-m", "adpipe", "verify"], env=pipeline.env, capture_output=True, text=True, check=False
+    )
+    assert cli.returncode == 1
+    assert json.loads(cli.stdout)["aggregates"]["duplicated_count"] == 1
+    assert s1["distinct_on_time"] == 400
+
+
+@pytest.mark.parametrize("point", [AFTER_PRODUCE, AFTER_COMMIT, DURING_COMMIT])
+def test_sigkill_at_each_commit_point_then_restart_is_exactly_once(pipeline, point: str) -> None:  # noqa: ANN001
+    s1 = pipeline.produce(events=1500, seed=21, minutes=4, start=START, duplicate_rate=0.04, malformed_rate=0.02)
+    killed = pipeline.stream(fault={"ADPIPE_FAULT": point, "ADPIPE_FAULT_BATCH": "1"})
+    assert killed.returncode == -9, killed.log[-3000:]
+    assert f"fault injection: SIGKILL at {point}" in killed.log
+    committed_at_crash = pipeline.aggregates()
+    uncommitted_at_crash = pipeline.aggregates("read_uncommitted")
+
+    restarted = pipeline.stream()
+    assert restarted.returncode == 0, restarted.log[-3000:]
+    aggregates = assert_exactly_once(pipeline, [s1], min_windows=20 * 3)
+
+    uuid_of = {(a["ad_id"], a["window_start"]): a["record_uuid"] for a in aggregates}
+    everything = pipeline.aggregates("read_uncommitted")
+    # Every copy ever written, committed or aborted, carries the same key.
+    assert all(uuid_of[(a["ad_id"], a["window_start"])] == a["record_uuid"] for a in everything)
+    if point == AFTER_PRODUCE:
+        # The killed transaction's records were written, and hidden.
+        assert len(uncommitted_at_crash) > len(committed_at_crash)
+        assert len(everything) > len(aggregates)
+        assert "already committed" not in restarted.log
+    elif point == AFTER_COMMIT:
+        # Committed before the crash: the replayed batch is skipped, so
+        # nothing was ever aborted or written twice.
+        assert len(committed_at_crash) > 0
+        assert "already committed by an earlier run" in restarted.log
+        assert len(everything) == len(aggregates)
+    else:
+        # In flight: either the coordinator completed the commit (the replay
+        # is skipped) or it never saw it (aborted, produced again).
+        skipped = "already committed by an earlier run" in restarted.log
+        assert skipped == (len(everything) == len(aggregates))
+
+
+def test_zombie_is_fenced_and_writes_nothing_visible(pipeline) -> None:  # noqa: ANN001
+    s1 = pipeline.produce(events=600, seed=31, minutes=3, start=START)
+    heartbeat = pipeline.settings.home / "stream" / pipeline.settings.job_id / "heartbeat.json"
+    zombie, log_path = pipeline.start_stream(extra_env={"ADPIPE_TRIGGER_INTERVAL_S": "1"})
+    try:
+        deadline = time.monotonic() + 180
+        while not heartbeat.exists():
+            assert zombie.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the stream job never committed a batch"
+            time.sleep(0.5)
+        visible_before = pipeline.aggregates()
+        assert len(visible_before) > 0
+
+        # A successor with the same transactional.id takes over: init fences the zombie.
+        successor = TransactionalSink(
+            pipeline.settings.kafka_bootstrap,
+            stream.transactional_id(pipeline.settings),
+            stream.ledger_group(pipeline.settings),
+            pipeline.settings.topics.events,
+            None,
+            60_000,
+        )
+        successor.read_ledger()  # runs init_transactions
+        s2 = pipeline.produce(events=600, seed=32, minutes=3, start=START + timedelta(minutes=3))
+        zombie.wait(timeout=180)
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+            zombie.wait()
+    log = log_path.read_text()
+    assert zombie.returncode == 4, log[-3000:]
+    assert "was fenced" in log
+    assert pipeline.aggregates() == visible_before  # nothing the zombie wrote became visible
+    successor.close()
+
+    recovered = pipeline.stream()
+    assert recovered.returncode == 0, recovered.log[-3000:]
+    assert_exactly_once(pipeline, [s1, s2], min_windows=20 * 5)
