@@ -4,10 +4,11 @@ bounded read of a whole topic (for verify and tests)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,33 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeou
                 raise
         log.info("created topic %s (%d partitions)", topic, partitions)
     return [t.topic for t in wanted]
+
+
+_RETRIABLE = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.UNSTABLE_OFFSET_COMMIT,
+    KafkaError._TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+
+
+def committed_offsets(
+    consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 60.0
+) -> list[TopicPartition]:
+    """A group's committed offsets, retrying while the group coordinator is
+    moving or loading (normal right after a broker start) or while a
+    transactional offset commit is still pending."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.committed(partitions, timeout=max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            if exc.args[0].code() not in _RETRIABLE or time.monotonic() > deadline:
+                raise
+            log.info("committed offsets not available yet (%s); retrying", exc.args[0].str())
+            time.sleep(0.5)
 
 
 def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
@@ -96,8 +124,6 @@ def read_topic(
     try:
         pending = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        import time
-
         deadline = time.monotonic() + timeout_s
         while pending:
             if time.monotonic() > deadline:

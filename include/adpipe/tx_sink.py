@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT, FaultPlan
+from adpipe.kafka_io import committed_offsets
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class TransactionalSink:
         assert self._ledger_consumer is not None
         md = self._ledger_consumer.list_topics(self.input_topic, timeout=30)
         partitions = [TopicPartition(self.input_topic, p) for p in md.topics[self.input_topic].partitions]
-        committed = self._ledger_consumer.committed(partitions, timeout=60)
+        committed = committed_offsets(self._ledger_consumer, partitions)
         entries = []
         for tp in committed:
             if tp.offset < 0 or not tp.metadata:

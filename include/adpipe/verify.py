@@ -87,7 +87,7 @@ def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
         parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
         marks = [
             json.loads(tp.metadata).get("watermark_ms", 0)
-            for tp in consumer.committed(parts, timeout=60)
+            for tp in kafka_io.committed_offsets(consumer, parts)
             if tp.offset >= 0 and tp.metadata
         ]
         return max(marks) if marks else None
