@@ -249,7 +249,13 @@ class TransactionalSink:
             log.error("abort after %r failed too: %s", cause, exc)
 
     def close(self) -> None:
-        if self._ledger_consumer is not None:
-            self._ledger_consumer.close()
-        if self._producer is not None:
-            self._producer.flush(10)
+        """Release the clients. Never raises: a fenced producer's flush
+        fails, and the error that stopped the job is the one to report."""
+        for close in (
+            lambda: self._ledger_consumer and self._ledger_consumer.close(),
+            lambda: self._producer and self._producer.flush(10),
+        ):
+            try:
+                close()
+            except KafkaException as exc:
+                log.debug("closing the sink: %s", exc)

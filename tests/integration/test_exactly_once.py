@@ -208,3 +208,26 @@ def test_zombie_is_fenced_and_writes_nothing_visible(pipeline) -> None:  # noqa:
     recovered = pipeline.stream()
     assert recovered.returncode == 0, recovered.log[-3000:]
     assert_exactly_once(pipeline, [s1, s2], min_windows=20 * 5)
+
+
+def test_sigterm_stops_the_continuous_job_cleanly(pipeline) -> None:  # noqa: ANN001
+    s1 = pipeline.produce(events=500, seed=41, minutes=3, start=START)
+    job, log_path = pipeline.start_stream(extra_env={"ADPIPE_TRIGGER_INTERVAL_S": "1"})
+    try:
+        deadline = time.monotonic() + 180
+        while not pipeline.aggregates():
+            assert job.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the stream job never committed aggregates"
+            time.sleep(1)
+        job.terminate()  # SIGTERM to the driver only, as a supervisor would
+        assert job.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    log = log_path.read_text()
+    assert "stopping after the current batch" in log
+    assert "stopped after" in log
+    # A restart continues from the checkpoint: nothing lost, nothing twice.
+    assert pipeline.stream().returncode == 0
+    assert_exactly_once(pipeline, [s1], min_windows=20 * 2)
