@@ -103,10 +103,15 @@ def count_minute_windows(valid_df: DataFrame, lateness_ms: int) -> DataFrame:
     Dedupe by ``event_id`` keeps state for an id until the watermark passes
     its event time; a retry arriving later is late anyway. In a streaming
     query the window is emitted once, when the watermark passes its end."""
+    watermarked_df = valid_df.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    # Batch frames (tests, backfills) have no watermark: a plain dedupe.
+    deduped_df = (
+        watermarked_df.dropDuplicatesWithinWatermark(["event_id"])
+        if valid_df.isStreaming
+        else watermarked_df.dropDuplicates(["event_id"])
+    )
     return (
-        valid_df.withWatermark("event_time", f"{lateness_ms} milliseconds")
-        .dropDuplicatesWithinWatermark(["event_id"])
-        .groupBy(F.window("event_time", "1 minute").alias("window"), "ad_id")
+        deduped_df.groupBy(F.window("event_time", "1 minute").alias("window"), "ad_id")
         .agg(
             F.sum(F.when(F.col("event_type") == "impression", 1).otherwise(0)).cast("long").alias("impressions"),
             F.sum(F.when(F.col("event_type") == "click", 1).otherwise(0)).cast("long").alias("clicks"),

@@ -4,7 +4,6 @@ in step with the local broker's configuration."""
 from __future__ import annotations
 
 import yaml
-
 from adpipe.kafka_broker import server_properties
 from adpipe.settings import PROJECT_ROOT, load_settings
 

@@ -13,7 +13,6 @@ import pytest
 from adpipe import schemas as S
 from adpipe import transforms as T
 from adpipe.verify import RawEvent, classify
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
@@ -432,11 +431,6 @@ def test_late_rows_spark_drops_are_those_late_events_selects(spark: SparkSession
     ]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AnalysisException,
-    reason="transforms' docstring says each step works on a batch DataFrame, but "
-    "dropDuplicatesWithinWatermark raises AnalysisException on one",
-)
 def test_count_minute_windows_on_a_batch_frame(spark: SparkSession) -> None:
     events = valid_frame(spark, [
         ("e1", "ad-1", "impression", utc(12, 0)),
