@@ -62,12 +62,27 @@ def body(**changes: object) -> bytes:
 # Spark returns it), expected epoch milliseconds (classify's reading).
 CASES = [
     ("iso_z", body(), None, datetime(2026, 11, 22, 12, 0, 0, 250_000), 1_795_348_800_250),
-    ("iso_plus_0100", body(event_time="2026-11-22T13:00:05+01:00"), None,
-     datetime(2026, 11, 22, 12, 0, 5), 1_795_348_805_000),
-    ("iso_minus_0130_no_colon", body(event_time="2026-11-22T10:30:00.5-0130"), None,
-     datetime(2026, 11, 22, 12, 0, 0, 500_000), 1_795_348_800_500),
-    ("epoch_ms", body(event_time=1_795_348_987_545), None,
-     datetime(2026, 11, 22, 12, 3, 7, 545_000), 1_795_348_987_545),
+    (
+        "iso_plus_0100",
+        body(event_time="2026-11-22T13:00:05+01:00"),
+        None,
+        datetime(2026, 11, 22, 12, 0, 5),
+        1_795_348_805_000,
+    ),
+    (
+        "iso_minus_0130_no_colon",
+        body(event_time="2026-11-22T10:30:00.5-0130"),
+        None,
+        datetime(2026, 11, 22, 12, 0, 0, 500_000),
+        1_795_348_800_500,
+    ),
+    (
+        "epoch_ms",
+        body(event_time=1_795_348_987_545),
+        None,
+        datetime(2026, 11, 22, 12, 3, 7, 545_000),
+        1_795_348_987_545,
+    ),
     ("epoch_zero", body(event_time=0), None, datetime(1970, 1, 1), 0),
     ("click", body(event_type="click"), None, datetime(2026, 11, 22, 12, 0, 0, 250_000), 1_795_348_800_250),
     ("not_json", b"{not json", S.REASON_NOT_JSON, None, None),
@@ -217,8 +232,9 @@ def spark_verdicts(spark: SparkSession, values: list[bytes]) -> list[str | tuple
     rows = (
         T.parse_raw_events(df)
         # Epoch millis, not the timestamp: Python cannot hold every time Spark can.
-        .select("offset", "event_id", "ad_id", "event_type", F.unix_millis("event_time").alias("event_ms"),
-                "reject_reason")
+        .select(
+            "offset", "event_id", "ad_id", "event_type", F.unix_millis("event_time").alias("event_ms"), "reject_reason"
+        )
         .orderBy("offset")
         .collect()
     )
@@ -252,39 +268,47 @@ EDGE_CASES = [
     _edge("event_time_huge_integer", body(event_time=12_345_678_901_234_567_890)),
     _edge("event_time_exponent", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1e3}'),
     _edge(
-        "iso_without_seconds", body(event_time="2026-11-22T12:00Z"),
+        "iso_without_seconds",
+        body(event_time="2026-11-22T12:00Z"),
         "ISO_WITH_ZONE accepts hh:mm without seconds and classify reads it as 12:00:00Z, "
         "but Spark's try_to_timestamp returns null: the stream job rejects it (missing_or_invalid_event_time)",
     ),
     _edge(
-        "iso_without_seconds_with_offset", body(event_time="2026-11-22T13:00+01:00"),
+        "iso_without_seconds_with_offset",
+        body(event_time="2026-11-22T13:00+01:00"),
         "same as iso_without_seconds, with an offset",
     ),
     _edge(
-        "iso_trailing_newline", body(event_time="2026-11-22T12:00:00Z\n"),
+        "iso_trailing_newline",
+        body(event_time="2026-11-22T12:00:00Z\n"),
         "'$' in ISO_WITH_ZONE also matches before a final newline (Java and Python); Spark then trims and "
         "accepts the time, classify's fromisoformat rejects it",
     ),
     _edge(
-        "iso_year_zero", body(event_time="0000-01-01T00:00:00Z"),
+        "iso_year_zero",
+        body(event_time="0000-01-01T00:00:00Z"),
         "Spark accepts year 0000 (proleptic), Python's datetime cannot hold it: classify rejects it",
     ),
     _edge(
-        "json_trailing_garbage", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1} x',
+        "json_trailing_garbage",
+        b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1} x',
         "try_parse_json ignores text after the first JSON value: Spark accepts it as a valid event, "
         "classify says not_json",
     ),
     _edge(
-        "json_duplicate_key", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1,"event_id":"f"}',
+        "json_duplicate_key",
+        b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1,"event_id":"f"}',
         "try_parse_json rejects duplicate keys (not_json), json.loads keeps the last value (valid event 'f')",
     ),
     _edge(
-        "json_nan", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":NaN}',
+        "json_nan",
+        b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":NaN}',
         "json.loads accepts the non-JSON token NaN, so classify says missing_or_invalid_event_time "
         "where Spark says not_json (verify then reports a DLQ reason mismatch)",
     ),
     _edge(
-        "invalid_utf8_in_string", b'{"event_id":"\xe9","ad_id":"a","event_type":"click","event_time":1}',
+        "invalid_utf8_in_string",
+        b'{"event_id":"\xe9","ad_id":"a","event_type":"click","event_time":1}',
         "Spark's cast to string replaces the invalid byte with U+FFFD and accepts the event "
         "(event_id '\\ufffd'); classify says not_json",
     ),
@@ -304,9 +328,9 @@ def test_spark_and_python_readings_agree_at_the_edges(edge_verdicts: dict, value
 
 # --- count_minute_windows ----------------------------------------------------
 #
-# dropDuplicatesWithinWatermark only runs on a streaming DataFrame, so these
-# tests stream small parquet files through an available-now query into the
-# memory sink: the same operators, state store and watermark as the job.
+# The job runs it on a streaming frame (dropDuplicatesWithinWatermark, state,
+# watermark): those tests stream small parquet files through an available-now
+# query into the memory sink. On a batch frame it is a plain dedupe.
 
 
 def utc(hour: int, minute: int, second: int = 0, ms: int = 0, us: int = 0) -> datetime:
@@ -343,7 +367,9 @@ def stream_counts(spark: SparkSession, tmp: Path, files: list[list[tuple]], late
     source = spark.readStream.option("maxFilesPerTrigger", 1).schema(VALID_EVENTS).parquet(str(tmp / "in" / "*"))
     query = (
         T.count_minute_windows(source, lateness_ms)
-        .writeStream.format("memory").queryName(name).outputMode("append")
+        .writeStream.format("memory")
+        .queryName(name)
+        .outputMode("append")
         .option("checkpointLocation", str(tmp / "checkpoint"))
         .trigger(availableNow=True)
         .start()
@@ -351,44 +377,57 @@ def stream_counts(spark: SparkSession, tmp: Path, files: list[list[tuple]], late
     try:
         query.awaitTermination(120)
         assert query.exception() is None
-        dropped = {p["batchId"]: sum(op["numRowsDroppedByWatermark"] for op in p["stateOperators"])
-                   for p in query.recentProgress}
+        dropped = {
+            p["batchId"]: sum(op["numRowsDroppedByWatermark"] for op in p["stateOperators"])
+            for p in query.recentProgress
+        }
         output = rows_of(spark.table(name))
     finally:
         query.stop()
         spark.catalog.dropTempView(name)
         spark.conf.set("spark.sql.shuffle.partitions", partitions)
     offsets = tmp / "checkpoint" / "offsets"
-    watermarks = {int(f.name): json.loads(f.read_text().splitlines()[1])["batchWatermarkMs"]
-                  for f in offsets.iterdir() if f.name.isdigit()}
+    watermarks = {
+        int(f.name): json.loads(f.read_text().splitlines()[1])["batchWatermarkMs"]
+        for f in offsets.iterdir()
+        if f.name.isdigit()
+    }
     return StreamRun(output, dropped, watermarks)
 
 
-def test_count_minute_windows_exact_result(spark: SparkSession, tmp_path: Path) -> None:
-    plus_one = timezone(timedelta(hours=1))
-    events = [
-        ("e1", "ad-1", "impression", utc(12, 0, 0, 0)),
-        ("e2", "ad-1", "click", utc(12, 0, 59, 999)),
-        ("e3", "ad-1", "impression", utc(12, 1, 0, 0)),  # on the boundary: the 12:01 window
-        ("e4", "ad-1", "impression", utc(12, 0, 30)),  # arrives after a later event
-        ("e5", "ad-1", "click", datetime(2026, 11, 22, 13, 2, 10, tzinfo=plus_one)),  # 12:02:10Z
-        ("e6", "ad-2", "impression", utc(12, 0, 45)),
-        ("e7", "ad-2", "impression", utc(11, 59, 59, 999)),
-        ("e8", "ad-2", "click", utc(12, 1, 30)),
-        ("e1", "ad-1", "impression", utc(12, 0, 0, 0)),  # a producer retry of e1
-        ("e8", "ad-2", "click", utc(12, 1, 30)),  # and of e8
-        # Moves the watermark to 12:59:30 so every window above closes.
-        ("sentinel", "ad-9", "click", utc(13, 0)),
-    ]
+WINDOW_EVENTS = [
+    ("e1", "ad-1", "impression", utc(12, 0, 0, 0)),
+    ("e2", "ad-1", "click", utc(12, 0, 59, 999)),
+    ("e3", "ad-1", "impression", utc(12, 1, 0, 0)),  # on the boundary: the 12:01 window
+    ("e4", "ad-1", "impression", utc(12, 0, 30)),  # arrives after a later event
+    ("e5", "ad-1", "click", datetime(2026, 11, 22, 13, 2, 10, tzinfo=timezone(timedelta(hours=1)))),  # 12:02:10Z
+    ("e6", "ad-2", "impression", utc(12, 0, 45)),
+    ("e7", "ad-2", "impression", utc(11, 59, 59, 999)),
+    ("e8", "ad-2", "click", utc(12, 1, 30)),
+    ("e1", "ad-1", "impression", utc(12, 0, 0, 0)),  # a producer retry of e1
+    ("e8", "ad-2", "click", utc(12, 1, 30)),  # and of e8
+]
+WINDOW_COUNTS = [
+    ("ad-1", naive(12, 0), naive(12, 1), 2, 1),
+    ("ad-1", naive(12, 1), naive(12, 2), 1, 0),
+    ("ad-1", naive(12, 2), naive(12, 3), 0, 1),
+    ("ad-2", naive(11, 59), naive(12, 0), 1, 0),
+    ("ad-2", naive(12, 0), naive(12, 1), 1, 0),
+    ("ad-2", naive(12, 1), naive(12, 2), 0, 1),
+]
+
+
+def test_count_minute_windows_on_a_batch_frame(spark: SparkSession) -> None:
+    result = T.count_minute_windows(valid_frame(spark, WINDOW_EVENTS), 30_000)
+    assert result.isStreaming is False
+    assert rows_of(result) == WINDOW_COUNTS
+
+
+def test_count_minute_windows_on_a_stream(spark: SparkSession, tmp_path: Path) -> None:
+    # The sentinel moves the watermark to 12:59:30 so every window above closes.
+    events = [*WINDOW_EVENTS, ("sentinel", "ad-9", "click", utc(13, 0))]
     run = stream_counts(spark, tmp_path, [events], 30_000)
-    assert run.output == [
-        ("ad-1", naive(12, 0), naive(12, 1), 2, 1),
-        ("ad-1", naive(12, 1), naive(12, 2), 1, 0),
-        ("ad-1", naive(12, 2), naive(12, 3), 0, 1),
-        ("ad-2", naive(11, 59), naive(12, 0), 1, 0),
-        ("ad-2", naive(12, 0), naive(12, 1), 1, 0),
-        ("ad-2", naive(12, 1), naive(12, 2), 0, 1),
-    ]
+    assert run.output == WINDOW_COUNTS
     # The watermark is max event time - lateness, in the offset log of the no-data batch.
     assert run.watermark_by_batch == {0: 0, 1: 1_795_352_370_000}
 
@@ -417,7 +456,11 @@ def test_late_rows_spark_drops_are_those_late_events_selects(spark: SparkSession
     ]
     run = stream_counts(spark, tmp_path, files, 30_000)
     assert run.watermark_by_batch == {
-        0: 0, 1: 1_795_349_070_000, 2: 1_795_349_070_000, 3: 1_795_349_070_000, 4: 1_795_352_370_000,
+        0: 0,
+        1: 1_795_349_070_000,
+        2: 1_795_349_070_000,
+        3: 1_795_349_070_000,
+        4: 1_795_352_370_000,
     }
     assert run.dropped_by_batch == {0: 0, 1: 0, 2: 2, 3: 0, 4: 0}
     for batch in (1, 2, 3):
@@ -431,20 +474,8 @@ def test_late_rows_spark_drops_are_those_late_events_selects(spark: SparkSession
     ]
 
 
-def test_count_minute_windows_on_a_batch_frame(spark: SparkSession) -> None:
-    events = valid_frame(spark, [
-        ("e1", "ad-1", "impression", utc(12, 0)),
-        ("e1", "ad-1", "impression", utc(12, 0)),
-        ("e2", "ad-1", "click", utc(12, 1)),
-    ])
-    assert rows_of(T.count_minute_windows(events, 30_000)) == [
-        ("ad-1", naive(12, 0), naive(12, 1), 1, 0),
-        ("ad-1", naive(12, 1), naive(12, 2), 0, 1),
-    ]
-
-
-def test_raw_messages_to_minute_counts(spark: SparkSession, tmp_path: Path) -> None:
-    """The job's chain on raw bytes: parse, keep the valid, count (batch part)."""
+def test_raw_messages_to_minute_counts(spark: SparkSession) -> None:
+    """The job's chain on raw bytes: parse, keep the valid, count."""
     retry = body(event_id="r-1", event_type="click", event_time="2026-11-22T12:04:59.999Z")
     values = [
         body(event_id="a", event_time="2026-11-22T12:04:00Z"),
@@ -464,6 +495,10 @@ def test_raw_messages_to_minute_counts(spark: SparkSession, tmp_path: Path) -> N
         ("r-1", "ad-1", "click", datetime(2026, 11, 22, 12, 4, 59, 999_000)),
         ("r-1", "ad-1", "click", datetime(2026, 11, 22, 12, 4, 59, 999_000)),
     ]
+    assert rows_of(T.count_minute_windows(valid, 30_000)) == [
+        ("ad-1", naive(12, 4), naive(12, 5), 2, 1),
+        ("ad-1", naive(12, 5), naive(12, 6), 1, 0),
+    ]
 
 
 # --- late_events -------------------------------------------------------------
@@ -472,14 +507,17 @@ WATERMARK_MS = 1_795_348_860_000  # 2026-11-22T12:01:00.000Z
 
 
 def test_late_events_boundary_is_inclusive(spark: SparkSession) -> None:
-    events = valid_frame(spark, [
-        ("older", "ad-1", "impression", utc(11, 0)),
-        ("just_before", "ad-1", "impression", utc(12, 0, 59, 999)),
-        ("at_watermark", "ad-1", "impression", utc(12, 1, 0, 0)),
-        ("one_micro_after", "ad-1", "impression", datetime(2026, 11, 22, 12, 1, 0, 1, tzinfo=UTC)),
-        ("one_ms_after", "ad-1", "impression", utc(12, 1, 0, 1)),
-        ("much_later", "ad-1", "click", utc(12, 5)),
-    ])
+    events = valid_frame(
+        spark,
+        [
+            ("older", "ad-1", "impression", utc(11, 0)),
+            ("just_before", "ad-1", "impression", utc(12, 0, 59, 999)),
+            ("at_watermark", "ad-1", "impression", utc(12, 1, 0, 0)),
+            ("one_micro_after", "ad-1", "impression", datetime(2026, 11, 22, 12, 1, 0, 1, tzinfo=UTC)),
+            ("one_ms_after", "ad-1", "impression", utc(12, 1, 0, 1)),
+            ("much_later", "ad-1", "click", utc(12, 5)),
+        ],
+    )
     late = sorted(r["event_id"] for r in T.late_events(events, WATERMARK_MS).collect())
     assert late == ["at_watermark", "just_before", "older"]
 
