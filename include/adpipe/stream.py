@@ -25,7 +25,6 @@ import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyspark.errors import StreamingQueryException
@@ -122,12 +121,6 @@ def exception_records(settings: Settings, rows: list[dict], offsets: BatchOffset
             ]
             records.append(OutRecord(settings.topics.late, row["ad_id"].encode(), value, headers))
     return records, dlq, late
-
-
-@dataclass
-class BatchStats:
-    batch_id: int
-    late_rows: int  # before per-batch dedupe: comparable with Spark's drop count
 
 
 class BatchHandler:
