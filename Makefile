@@ -4,15 +4,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-unit lint bench kafka-up kafka-down clean
+.PHONY: help deps venv jars demo test test-unit lint bench kafka-up kafka-down pg-up pg-down clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-deps: ## system packages (Java 17+, Maven) if missing; needs root or sudo
-	@command -v java >/dev/null && command -v mvn >/dev/null || { \
+deps: ## system packages (Java 17+, Maven, PostgreSQL server) if missing; needs root or sudo
+	@command -v java >/dev/null && command -v mvn >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q openjdk-17-jre-headless maven; }
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q openjdk-17-jre-headless maven postgresql; }
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ kafka-up: jars ## start the local broker
 kafka-down: venv ## stop the local broker
 	$(BIN)/adpipe kafka down
 
+pg-up: venv ## start the local PostgreSQL
+	$(BIN)/adpipe pg up
+
+pg-down: venv ## stop the local PostgreSQL
+	$(BIN)/adpipe pg down
+
 clean: ## remove local state (broker data, checkpoints), keep the caches
 	-$(BIN)/adpipe kafka down
+	-$(BIN)/adpipe pg down
 	rm -rf .adpipe .adpipe-test

@@ -3,10 +3,16 @@ on their own ports and home, so they never touch a developer's broker."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from adpipe.settings import PROJECT_ROOT
 
-TEST_HOME = PROJECT_ROOT / ".adpipe-test"
+# Two suites may run side by side (e.g. while developing) when each sets its
+# own ADPIPE_TEST_HOME and ADPIPE_TEST_PORT_BASE (Kafka, controller, PostgreSQL).
+TEST_HOME = Path(os.environ.get("ADPIPE_TEST_HOME") or PROJECT_ROOT / ".adpipe-test").resolve()
+PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

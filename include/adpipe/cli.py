@@ -41,6 +41,21 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if st.running and st.answering else 3
 
 
+def cmd_pg(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe import postgres
+
+    if args.action == "up":
+        print(postgres.up(settings).describe())
+        print(f"databases: {', '.join(postgres.DATABASES)}; e.g. {settings.pg_url('adpipe_budget')}")
+        return 0
+    if args.action == "down":
+        print("postgres stopped" if postgres.down(settings) else "postgres was not running (nothing of ours to stop)")
+        return 0
+    st = postgres.status(settings)
+    print(st.describe())
+    return 0 if st.running and st.answering else 3
+
+
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.jars import ensure_classpath
 
@@ -137,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
         "status: exit 0 when it runs and answers",
     )
     p.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser(
+        "pg",
+        help="the local PostgreSQL (Hive metastore, budget database, Airflow metadata)",
+        description="Start, stop or inspect the local PostgreSQL cluster (data under $ADPIPE_HOME/postgres, "
+        "port $ADPIPE_PG_PORT on loopback).",
+    )
+    p.add_argument("action", choices=["up", "down", "status"], help="up is idempotent and creates the databases")
+    p.set_defaults(func=cmd_pg)
 
     p = sub.add_parser("jars", help="fetch the JVM jars into the project cache (done on first use anyway)")
     p.set_defaults(func=cmd_jars)

@@ -31,6 +31,7 @@ def demo_env(settings: Settings, run_id: str) -> dict[str, str]:
             "ADPIPE_TOPIC_AGGREGATES": f"{prefix}-{Topics.aggregates}",
             "ADPIPE_TOPIC_DLQ": f"{prefix}-{Topics.dlq}",
             "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
+            "ADPIPE_TOPIC_BUDGET_EVENTS": f"{prefix}-{Topics.budget_events}",
             "ADPIPE_JOB_ID": prefix,
         }
     )

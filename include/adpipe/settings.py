@@ -5,10 +5,14 @@ the result down; nothing else reads ``os.environ`` for adpipe settings."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+_HOST_PORT = re.compile(r"^[^\s:,]+:\d{1,5}$")
 
 
 class SettingsError(ValueError):
@@ -36,9 +40,10 @@ class Topics:
     aggregates: str = "ad-aggregates"
     dlq: str = "ad-events-dlq"
     late: str = "ad-events-late"
+    budget_events: str = "ad-budget-events"
 
     def all(self) -> tuple[str, ...]:
-        return (self.events, self.aggregates, self.dlq, self.late)
+        return (self.events, self.aggregates, self.dlq, self.late, self.budget_events)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,15 @@ class Settings:
     job_id: str = "region-local"
     # Above the longest batch's produce+commit plus a restart (see tx_sink).
     transaction_timeout_ms: int = 120_000
+    # The local PostgreSQL of the embedded default (Hive metastore, budget
+    # database, Airflow metadata): loopback only, started by `adpipe pg up`.
+    pg_host: str = "127.0.0.1"
+    pg_port: int = 5433
+    pg_user: str = "adpipe"
+    pg_password: str = "adpipe"
+    # "postgres": a Hive metastore in PostgreSQL that several Spark
+    # applications share; "derby": Spark's embedded one, one JVM at a time.
+    metastore: str = "postgres"
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -78,6 +92,17 @@ class Settings:
     @property
     def kafka_dir(self) -> Path:
         return self.home / "kafka"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.home / "postgres"
+
+    def pg_url(self, database: str) -> str:
+        """SQLAlchemy URL of a database on the local PostgreSQL."""
+        return f"postgresql+psycopg2://{self.pg_user}:{self.pg_password}@{self.pg_host}:{self.pg_port}/{database}"
+
+    def jdbc_url(self, database: str) -> str:
+        return f"jdbc:postgresql://{self.pg_host}:{self.pg_port}/{database}"
 
     @property
     def jar_cache(self) -> Path:
@@ -101,10 +126,14 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         aggregates=env.get("ADPIPE_TOPIC_AGGREGATES", Topics.aggregates),
         dlq=env.get("ADPIPE_TOPIC_DLQ", Topics.dlq),
         late=env.get("ADPIPE_TOPIC_LATE", Topics.late),
+        budget_events=env.get("ADPIPE_TOPIC_BUDGET_EVENTS", Topics.budget_events),
     )
     bootstrap = env.get("ADPIPE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    if ":" not in bootstrap:
+    if not all(_HOST_PORT.match(part.strip()) for part in bootstrap.split(",")):
         raise SettingsError(f"ADPIPE_KAFKA_BOOTSTRAP={bootstrap!r} must be host:port[,host:port]")
+    metastore = env.get("ADPIPE_METASTORE", "postgres")
+    if metastore not in ("postgres", "derby"):
+        raise SettingsError(f"ADPIPE_METASTORE={metastore!r} must be 'postgres' or 'derby'")
     return Settings(
         home=home,
         kafka_bootstrap=bootstrap,
@@ -120,4 +149,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", 0),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),
+        pg_host=env.get("ADPIPE_PG_HOST", "127.0.0.1"),
+        pg_port=_int(env, "ADPIPE_PG_PORT", 5433, 1),
+        pg_user=env.get("ADPIPE_PG_USER", "adpipe"),
+        pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
+        metastore=metastore,
     )

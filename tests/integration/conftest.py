@@ -14,15 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from adpipe import kafka_broker, kafka_io, produce, stream, verify
+from adpipe import kafka_broker, kafka_io, postgres, produce, stream, verify
 from adpipe.settings import Settings, load_settings
 
-from tests.conftest import TEST_HOME
+from tests.conftest import PORT_BASE, TEST_HOME
 
 BROKER_ENV = {
     "ADPIPE_HOME": str(TEST_HOME / "it"),
-    "ADPIPE_KAFKA_BOOTSTRAP": "127.0.0.1:19092",
-    "ADPIPE_KAFKA_CONTROLLER_PORT": "19093",
+    "ADPIPE_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORT_BASE}",
+    "ADPIPE_KAFKA_CONTROLLER_PORT": str(PORT_BASE + 1),
+    "ADPIPE_PG_PORT": str(PORT_BASE + 2),
 }
 
 
@@ -35,6 +36,18 @@ def broker() -> Iterator[Settings]:
     kafka_broker.up(settings)
     yield settings
     kafka_broker.down(settings)
+
+
+@pytest.fixture(scope="session")
+def pg(broker: Settings) -> Iterator[Settings]:
+    """A real PostgreSQL cluster (Debian's server) under the test home, with
+    the project's databases created. Depends on ``broker`` so that the home
+    is wiped before, not after, the cluster is initialised."""
+    settings = load_settings(BROKER_ENV)
+    postgres.down(settings)
+    postgres.up(settings)
+    yield settings
+    postgres.down(settings)
 
 
 @dataclass
@@ -121,6 +134,7 @@ def pipeline(broker: Settings, tmp_path: Path) -> Pipeline:
         "ADPIPE_TOPIC_AGGREGATES": f"{name}-ad-aggregates",
         "ADPIPE_TOPIC_DLQ": f"{name}-ad-events-dlq",
         "ADPIPE_TOPIC_LATE": f"{name}-ad-events-late",
+        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
         "ADPIPE_JOB_ID": name,
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
     }

@@ -28,7 +28,9 @@ def test_defaults() -> None:
     assert settings.kafka_bootstrap == "127.0.0.1:9092"
     assert settings.kafka_controller_port == 9093
     assert settings.spark_master == "local[2]"
-    assert settings.topics.all() == ("ad-events", "ad-aggregates", "ad-events-dlq", "ad-events-late")
+    assert settings.topics.all() == (
+        "ad-events", "ad-aggregates", "ad-events-dlq", "ad-events-late", "ad-budget-events"
+    )
     assert (settings.topic_partitions, settings.shuffle_partitions) == (4, 4)
     assert (settings.watermark_delay_s, settings.allowed_lateness_s, settings.lateness_ms) == (30, 0, 30_000)
     assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 0)
