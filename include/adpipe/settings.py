@@ -76,7 +76,7 @@ class Settings:
     pg_host: str = "127.0.0.1"
     pg_port: int = 5433
     pg_user: str = "adpipe"
-    pg_password: str = "adpipe"
+    pg_password: str = "adpipe"  # noqa: S105 - loopback-only local default
     # "postgres": a Hive metastore in PostgreSQL that several Spark
     # applications share; "derby": Spark's embedded one, one JVM at a time.
     metastore: str = "postgres"
