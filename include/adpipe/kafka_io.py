@@ -78,11 +78,10 @@ def committed_offsets(
             time.sleep(0.5)
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
-    """The offset after the last readable record of each partition.
-
-    With read_committed this is the last stable offset: records of open
-    transactions lie beyond it."""
+def offset_bounds(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, tuple[int, int]]:
+    """Per partition: (the first offset still kept, the offset after the
+    last readable record). With read_committed the latter is the last
+    stable offset: records of open transactions lie beyond it."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -95,11 +94,40 @@ def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -
         md = consumer.list_topics(topic, timeout=30)
         if md.topics[topic].error is not None:
             raise KafkaException(md.topics[topic].error)
-        result = {}
-        for p in md.topics[topic].partitions:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
-            result[p] = high
-        return result
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+            for p in md.topics[topic].partitions
+        }
+    finally:
+        consumer.close()
+
+
+def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
+    """The offset after the last readable record of each partition."""
+    return {p: high for p, (_low, high) in offset_bounds(bootstrap, topic, isolation).items()}
+
+
+def group_commits(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, str]]:
+    """A consumer group's committed (offset, metadata) per partition of
+    ``topic``; partitions it never committed are left out."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=30)
+        if md.topics[topic].error is not None:
+            raise KafkaException(md.topics[topic].error)
+        parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
+        return {
+            tp.partition: (tp.offset, tp.metadata or "")
+            for tp in committed_offsets(consumer, parts)
+            if tp.offset >= 0
+        }
     finally:
         consumer.close()
 

@@ -4,6 +4,7 @@ the result down; nothing else reads ``os.environ`` for adpipe settings."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -47,6 +48,16 @@ class Topics:
 
 
 @dataclass(frozen=True)
+class Region:
+    """One region's stream job as Union & Load sees it: its job id (which
+    names its ledger group and record_uuid namespace), broker and topics."""
+
+    job_id: str
+    kafka_bootstrap: str
+    topics: Topics
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything adpipe is configured by. Build with :func:`load_settings`."""
 
@@ -80,6 +91,8 @@ class Settings:
     # "postgres": a Hive metastore in PostgreSQL that several Spark
     # applications share; "derby": Spark's embedded one, one JVM at a time.
     metastore: str = "postgres"
+    # The regions Union & Load reads (ADPIPE_REGIONS); empty = this one.
+    extra_regions: tuple[Region, ...] = ()
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -113,8 +126,45 @@ class Settings:
         """Spark's watermark delay: the configured delay plus allowed lateness."""
         return (self.watermark_delay_s + self.allowed_lateness_s) * 1000
 
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        """Every region to union: the configured ones, else this job's own."""
+        return self.extra_regions or (Region(self.job_id, self.kafka_bootstrap, self.topics),)
+
+    def for_region(self, region: Region) -> Settings:
+        """These settings as that region's stream job has them."""
+        return replace(self, job_id=region.job_id, kafka_bootstrap=region.kafka_bootstrap, topics=region.topics)
+
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _regions(raw: str, bootstrap: str, topics: Topics) -> tuple[Region, ...]:
+    """``ADPIPE_REGIONS``: a JSON list (or ``@file`` holding one) of objects
+    with ``job_id`` and optionally ``kafka_bootstrap``, ``events``,
+    ``aggregates``, ``dlq``, ``late`` (defaults: this process's values)."""
+    if not raw.strip():
+        return ()
+    try:
+        text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+        items = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"ADPIPE_REGIONS is not a JSON list or @file of one: {exc}") from exc
+    if not isinstance(items, list) or not all(isinstance(i, dict) and i.get("job_id") for i in items):
+        raise SettingsError('ADPIPE_REGIONS must be a list of objects, each with a "job_id"')
+    known = {"job_id", "kafka_bootstrap", "events", "aggregates", "dlq", "late"}
+    regions = []
+    for item in items:
+        unknown = set(item) - known
+        if unknown:
+            raise SettingsError(f"ADPIPE_REGIONS: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        region_topics = replace(
+            topics, **{k: item[k] for k in ("events", "aggregates", "dlq", "late") if k in item}
+        )
+        regions.append(Region(str(item["job_id"]), item.get("kafka_bootstrap", bootstrap), region_topics))
+    if len({r.job_id for r in regions}) != len(regions):
+        raise SettingsError("ADPIPE_REGIONS: job_id values must be distinct")
+    return tuple(regions)
 
 
 def load_settings(env: dict[str, str] | None = None) -> Settings:
@@ -154,4 +204,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         pg_user=env.get("ADPIPE_PG_USER", "adpipe"),
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
         metastore=metastore,
+        extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics),
     )

@@ -9,11 +9,42 @@ from pyspark.sql import SparkSession
 from adpipe.jars import ensure_classpath
 from adpipe.settings import Settings
 
+METASTORE_DATABASE = "adpipe_metastore"
 
-def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
+
+def metastore_conf(settings: Settings, jars: list) -> dict[str, str]:
+    """The Hive metastore the ``ads`` tables are registered in.
+
+    Default: a metastore database in the local PostgreSQL, which several Spark
+    applications can use at once (each JVM runs its own metastore client on
+    it). Fallback: Spark's embedded Derby, which admits one JVM at a time."""
+    if settings.metastore == "derby":
+        url = f"jdbc:derby:;databaseName={settings.home / 'metastore_db'};create=true"
+        driver, user, password = "org.apache.derby.jdbc.EmbeddedDriver", "APP", "mine"
+    else:
+        url = settings.jdbc_url(METASTORE_DATABASE)
+        driver, user, password = "org.postgresql.Driver", settings.pg_user, settings.pg_password
+    postgres_jar = next(str(j) for j in jars if j.name.startswith("postgresql-"))
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": url,
+        "spark.hadoop.javax.jdo.option.ConnectionDriverName": driver,
+        "spark.hadoop.javax.jdo.option.ConnectionUserName": user,
+        "spark.hadoop.javax.jdo.option.ConnectionPassword": password,
+        # DataNucleus creates the metastore schema on first use; callers
+        # serialise that first use (see adpipe.load.metastore_session).
+        "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
+        "spark.hadoop.hive.metastore.schema.verification": "false",
+        # The metastore client loads the JDBC driver from the JVM's own
+        # classpath, not from spark.jars.
+        "spark.driver.extraClassPath": postgres_jar,
+    }
+
+
+def spark_conf(settings: Settings, app_name: str, with_metastore: bool = False) -> dict[str, str]:
     """Every Spark setting adpipe relies on, in one place."""
     jars = ensure_classpath(settings.jar_cache, "spark")
-    return {
+    conf = {
         "spark.app.name": app_name,
         "spark.master": settings.spark_master,
         "spark.jars": ",".join(str(j) for j in jars),
@@ -31,13 +62,20 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         ),
         "spark.sql.adaptive.enabled": "false",
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={settings.home / 'derby'}",
+        # Delta retries its own commits; ours retry whole MERGEs (adpipe.load).
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
     }
+    if with_metastore:
+        conf.update(metastore_conf(settings, jars))
+    return conf
 
 
-def build_spark(settings: Settings, app_name: str = "adpipe") -> SparkSession:
+def build_spark(settings: Settings, app_name: str = "adpipe", with_metastore: bool = False) -> SparkSession:
+    """The session of a job; ``with_metastore`` for jobs that use the ``ads``
+    tables (the stream job does not, so it never waits on the metastore)."""
     settings.home.mkdir(parents=True, exist_ok=True)
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, app_name).items():
+    for key, value in spark_conf(settings, app_name, with_metastore).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("ADPIPE_SPARK_LOG_LEVEL", "WARN"))

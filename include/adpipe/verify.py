@@ -15,8 +15,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from confluent_kafka import Consumer, TopicPartition
-
 from adpipe import kafka_io
 from adpipe import schemas as S
 from adpipe.settings import Settings
@@ -73,26 +71,9 @@ def classify(value: bytes | None) -> RawEvent | str:
 
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": group,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        topic = settings.topics.events
-        md = consumer.list_topics(topic, timeout=30)
-        parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-        marks = [
-            json.loads(tp.metadata).get("watermark_ms", 0)
-            for tp in kafka_io.committed_offsets(consumer, parts)
-            if tp.offset >= 0 and tp.metadata
-        ]
-        return max(marks) if marks else None
-    finally:
-        consumer.close()
+    commits = kafka_io.group_commits(settings.kafka_bootstrap, group, settings.topics.events)
+    marks = [json.loads(meta).get("watermark_ms", 0) for _offset, meta in commits.values() if meta]
+    return max(marks) if marks else None
 
 
 def _limited(items: list) -> list:
