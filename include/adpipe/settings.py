@@ -8,6 +8,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,19 @@ def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
     if value < minimum:
         raise SettingsError(f"{name}={value} must be >= {minimum}")
     return value
+
+
+def _utc_time(env: dict[str, str], name: str, default: datetime) -> datetime:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r} is not an ISO-8601 time") from exc
+    if value.tzinfo is None:
+        raise SettingsError(f"{name}={raw!r} needs a zone (e.g. 2026-11-22T00:00:00Z)")
+    return value.astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,25 @@ class Settings:
     metastore: str = "postgres"
     # The regions Union & Load reads (ADPIPE_REGIONS); empty = this one.
     extra_regions: tuple[Region, ...] = ()
+    # Airflow (adpipe.orchestration). Alerts go to a JSON-lines file under
+    # home/alerts and, when set, are POSTed to this webhook.
+    alert_webhook: str = ""
+    alert_webhook_timeout_s: int = 5
+    # Stream supervision: alert when the stream was restarted more than
+    # stream_max_restarts times within stream_restart_window_s, or when its
+    # input lag (raw records not yet committed by the job) passes
+    # stream_max_lag. A live process with lag and no finished batch for
+    # stream_stall_s is stalled and gets restarted.
+    stream_max_restarts: int = 3
+    stream_restart_window_s: int = 3600
+    stream_max_lag: int = 100_000
+    stream_stall_s: int = 300
+    # First hour the hourly Union & Load DAG loads (catchup from there).
+    load_start: datetime = datetime(2026, 11, 22, tzinfo=UTC)
+    # How long the load DAG waits for an hour to close before failing.
+    load_wait_timeout_s: int = 6 * 3600
+    # Port of the local Airflow UI / API server (make airflow).
+    airflow_port: int = 8080
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -205,4 +238,13 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
         metastore=metastore,
         extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics),
+        alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
+        alert_webhook_timeout_s=_int(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", 5, 1),
+        stream_max_restarts=_int(env, "ADPIPE_STREAM_MAX_RESTARTS", 3),
+        stream_restart_window_s=_int(env, "ADPIPE_STREAM_RESTART_WINDOW_S", 3600, 1),
+        stream_max_lag=_int(env, "ADPIPE_STREAM_MAX_LAG", 100_000),
+        stream_stall_s=_int(env, "ADPIPE_STREAM_STALL_S", 300, 1),
+        load_start=_utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
+        load_wait_timeout_s=_int(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
+        airflow_port=_int(env, "ADPIPE_AIRFLOW_PORT", 8080, 1),
     )

@@ -1,0 +1,66 @@
+"""
+### ad_aggregation_stream — keep the aggregation stream job alive
+
+The stream job (`jobs/aggregation_stream.py`: Kafka `ad-events` → one-minute
+aggregates → `ad-aggregates`, one Kafka transaction per micro-batch) runs for
+days; an Airflow task should not. So this DAG is a **short run every five
+minutes** (one at a time, no catchup) that supervises it:
+
+1. `start_stream_if_down` — `StreamSubmitOperator`, a `SparkSubmitOperator`
+   (Spark provider, connection `adpipe_spark`) that submits the job
+   **detached**: its own process group and log under
+   `$ADPIPE_HOME/stream/<job_id>/`, so it outlives the task. A no-op when the
+   job is alive; a stalled job (input waiting, no batch for
+   `ADPIPE_STREAM_STALL_S`) is stopped first. A start after an earlier one
+   is counted as a restart.
+2. `wait_for_stream` — sensor: the job we started has its query running (or
+   a job started by hand heartbeats); fails with the job's log tail if it died.
+3. `check_stream` — liveness (pid and command line, else heartbeat age),
+   consumer lag (raw topic end offsets minus the offsets the job committed
+   in its last transaction), restarts within `ADPIPE_STREAM_RESTART_WINDOW_S`.
+   Fails — and so alerts — when restarts pass `ADPIPE_STREAM_MAX_RESTARTS` or
+   lag passes `ADPIPE_STREAM_MAX_LAG`.
+
+A death between two runs costs at most five minutes of latency, never data:
+the restarted job resumes from its checkpoint and Kafka ledger, exactly once.
+Every failure goes through the one notifier (`adpipe.orchestration.alerts`).
+Logic: `adpipe.orchestration.stream_supervisor`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from adpipe.orchestration.alerts import notify_failure
+from adpipe.orchestration.stream_supervisor import StreamSubmitOperator
+from airflow.sdk import DAG, CronTriggerTimetable, task
+
+with DAG(
+    dag_id="ad_aggregation_stream",
+    schedule=CronTriggerTimetable("*/5 * * * *", timezone="UTC"),
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=15),
+    doc_md=__doc__,
+    tags=["adpipe", "stream"],
+    default_args={"owner": "adpipe", "retries": 0, "on_failure_callback": notify_failure},
+    on_failure_callback=notify_failure,
+) as dag:
+    start = StreamSubmitOperator(task_id="start_stream_if_down")
+
+    @task.sensor(task_id="wait_for_stream", poke_interval=5, timeout=300, mode="poke")
+    def wait_for_stream() -> bool:
+        from adpipe.orchestration.stream_supervisor import stream_started
+        from adpipe.settings import load_settings
+
+        return stream_started(load_settings())
+
+    @task(task_id="check_stream")
+    def check_stream() -> dict:
+        from adpipe.orchestration.stream_supervisor import check
+        from adpipe.settings import load_settings
+
+        return check(load_settings())
+
+    start >> wait_for_stream() >> check_stream()

@@ -1,0 +1,10 @@
+"""Airflow-facing logic of adpipe: what the DAGs in ``dags/`` call.
+
+* :mod:`adpipe.orchestration.alerts` - the one notifier of every DAG.
+* :mod:`adpipe.orchestration.stream_supervisor` - keeps the stream job alive.
+* :mod:`adpipe.orchestration.load_tasks` - bodies of the hourly load DAG.
+* :mod:`adpipe.orchestration.local_airflow` - ``make airflow``: Airflow on
+  this machine, configured from the same settings the jobs read.
+
+DAG files import these at parse time, so module level stays light: no
+Spark, no Kafka client, no I/O until a task runs."""

@@ -1,0 +1,336 @@
+"""Keeps the long-running aggregation stream job alive (the logic of the
+``ad_aggregation_stream`` DAG).
+
+Design. The stream job runs for days; an Airflow task must not. So the DAG
+is a short run every few minutes that (1) inspects the job, (2) starts it
+through the Spark provider when it is down, detached from the task, and
+(3) checks it against the alert thresholds. Nothing is lost while it is
+down: the job's checkpoint and its Kafka ledger say where it stopped, and a
+restart resumes from there exactly once (see ``adpipe.tx_sink``).
+
+What "alive" means:
+
+* **process**: the pid this supervisor started (``supervisor.json`` next to
+  the heartbeat) exists, is not a zombie, and its command line is the
+  stream job's (a reused pid is not mistaken for it);
+* or, for a job started by hand (``adpipe stream``), a heartbeat
+  (``home/stream/<job_id>/heartbeat.json``, written after every batch)
+  younger than ``ADPIPE_STREAM_STALL_S``.
+
+**Lag** is the raw topic's read_committed end offsets minus the offsets the
+job committed to its ledger group in its last transaction, summed over
+partitions: raw records not yet counted. A live process with lag and no
+batch for ``ADPIPE_STREAM_STALL_S`` is **stalled**: it is stopped and started
+again. Every start after the first is a **restart**; restarts are kept in
+``supervisor.json`` with their time. The check fails the run (and so fires
+the failure notifier) when restarts within ``ADPIPE_STREAM_RESTART_WINDOW_S``
+pass ``ADPIPE_STREAM_MAX_RESTARTS`` or lag passes ``ADPIPE_STREAM_MAX_LAG``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from adpipe.settings import PROJECT_ROOT, Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+STREAM_APPLICATION = PROJECT_ROOT / "jobs" / "aggregation_stream.py"
+STARTED_MARK = "stream job {job_id} started"
+
+
+class StreamAlertError(RuntimeError):
+    """The stream job passed an alert threshold."""
+
+
+class StreamStartError(RuntimeError):
+    """The stream job did not come up."""
+
+
+def stream_dir(settings: Settings) -> Path:
+    return settings.home / "stream" / settings.job_id
+
+
+def _state_path(settings: Settings) -> Path:
+    return stream_dir(settings) / "supervisor.json"
+
+
+def read_state(settings: Settings) -> dict[str, Any]:
+    try:
+        return json.loads(_state_path(settings).read_text())
+    except (OSError, ValueError):
+        return {"starts": [], "restarts": []}
+
+
+def write_state(settings: Settings, state: dict[str, Any]) -> None:
+    path = _state_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def process_alive(pid: int | None) -> bool:
+    """The pid runs (not a zombie) and is the stream job."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    proc = Path(f"/proc/{pid}")
+    try:
+        stat = (proc / "stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False
+        return STREAM_APPLICATION.name in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def read_heartbeat(settings: Settings) -> dict[str, Any] | None:
+    try:
+        return json.loads((stream_dir(settings) / "heartbeat.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def input_lag(settings: Settings) -> dict[int, int]:
+    """Per partition of the raw topic: records the job has not committed."""
+    from adpipe import kafka_io, stream
+
+    ends = kafka_io.end_offsets(settings.kafka_bootstrap, settings.topics.events)
+    done = kafka_io.group_commits(settings.kafka_bootstrap, stream.ledger_group(settings), settings.topics.events)
+    return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
+
+
+@dataclass
+class StreamHealth:
+    job_id: str
+    alive: bool
+    how: str  # "process", "heartbeat" or "down"
+    pid: int | None
+    heartbeat_age_s: float | None
+    last_batch: int | None
+    watermark_ms: int | None
+    lag: int
+    lag_by_partition: dict[int, int] = field(default_factory=dict)
+    stalled: bool = False
+    starts: int = 0
+    restarts_in_window: int = 0
+
+    @property
+    def needs_start(self) -> bool:
+        return not self.alive or self.stalled
+
+    def describe(self) -> str:
+        state = "stalled" if self.stalled else ("alive" if self.alive else "down")
+        age = "never" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.0f}s ago"
+        return (
+            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}); last batch {self.last_batch} {age}; "
+            f"lag {self.lag} records; restarts in window {self.restarts_in_window}"
+        )
+
+
+def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
+    now = time.time() if now is None else now
+    state = read_state(settings)
+    pid = state.get("pid")
+    beat = read_heartbeat(settings)
+    age = now - beat["at"] if beat else None
+    lag_by_partition = input_lag(settings)
+    lag = sum(lag_by_partition.values())
+    if process_alive(pid):
+        alive, how = True, "process"
+    elif age is not None and age < settings.stream_stall_s:
+        alive, how, pid = True, "heartbeat", None
+    else:
+        alive, how, pid = False, "down", None
+    # Stalled: input waiting, no batch finished for stall_s, and (for a job we
+    # started) it has been up longer than that.
+    quiet_since = max(beat["at"] if beat else 0.0, state.get("started_at", 0.0) if how == "process" else 0.0)
+    stalled = alive and lag > 0 and now - quiet_since > settings.stream_stall_s
+    window_start = now - settings.stream_restart_window_s
+    return StreamHealth(
+        job_id=settings.job_id,
+        alive=alive,
+        how=how,
+        pid=pid,
+        heartbeat_age_s=age,
+        last_batch=beat["batch_id"] if beat else None,
+        watermark_ms=beat.get("watermark_ms") if beat else None,
+        lag=lag,
+        lag_by_partition=lag_by_partition,
+        stalled=stalled,
+        starts=len(state.get("starts", [])),
+        restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),
+    )
+
+
+def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
+    breaches = []
+    if health.restarts_in_window > settings.stream_max_restarts:
+        breaches.append(
+            f"stream {health.job_id} restarted {health.restarts_in_window} times in the last "
+            f"{settings.stream_restart_window_s}s (threshold ADPIPE_STREAM_MAX_RESTARTS={settings.stream_max_restarts})"
+        )
+    if health.lag > settings.stream_max_lag:
+        breaches.append(
+            f"stream {health.job_id} consumer lag {health.lag} records "
+            f"(threshold ADPIPE_STREAM_MAX_LAG={settings.stream_max_lag})"
+        )
+    if not health.alive:
+        breaches.append(f"stream {health.job_id} is down")
+    return breaches
+
+
+def check(settings: Settings) -> dict[str, Any]:
+    """The DAG's last task: the health, or StreamAlertError naming each breach."""
+    health = inspect(settings)
+    log.info("%s", health.describe())
+    breaches = threshold_breaches(health, settings)
+    if breaches:
+        raise StreamAlertError("; ".join(breaches))
+    return asdict(health)
+
+
+def stop_stream(pid: int, timeout_s: float = 60.0) -> None:
+    """SIGTERM the job's process group (the job stops after its batch), then
+    SIGKILL. Either is safe: every batch is one Kafka transaction."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not process_alive(pid):
+                return
+            time.sleep(0.5)
+
+
+def record_start(settings: Settings, pid: int, log_path: Path, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    state = read_state(settings)
+    if state.get("starts"):
+        state.setdefault("restarts", []).append(now)
+    state.setdefault("starts", []).append(now)
+    # Keep the files small: only what a restart window can still count.
+    keep = now - max(settings.stream_restart_window_s, 86_400)
+    state["starts"] = [t for t in state["starts"] if t >= keep] or [now]
+    state["restarts"] = [t for t in state.get("restarts", []) if t >= keep]
+    state.update(pid=pid, started_at=now, log=str(log_path))
+    write_state(settings, state)
+    return state
+
+
+def stream_started(settings: Settings) -> bool:
+    """Sensor body after ``StreamSubmitOperator``: True once the job's query
+    runs (the started line in the log of the job we started, or a fresh
+    heartbeat of a job started by hand); raises when the process we started
+    died (its log tail in the message) and nothing else is alive."""
+    state = read_state(settings)
+    log_path = Path(state.get("log", ""))
+    if process_alive(state.get("pid")):
+        text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        return STARTED_MARK.format(job_id=settings.job_id) in text
+    beat = read_heartbeat(settings)
+    if beat and time.time() - beat["at"] < settings.stream_stall_s:
+        return True
+    text = log_path.read_text(errors="replace") if log_path.is_file() else "(no log)"
+    tail = "\n".join(text.splitlines()[-15:])
+    raise StreamStartError(f"stream {settings.job_id} is not running (log {log_path}):\n{tail}")
+
+
+def submit_conf(settings: Settings, app_name: str) -> tuple[dict[str, str], str]:
+    """spark-submit's --conf and --jars for the stream job, from the one
+    Spark configuration (adpipe.spark). The master comes from the Airflow
+    connection; the jars must be on the driver's classpath from the start,
+    so they go to --jars rather than being set by the job's session builder."""
+    from adpipe.spark import spark_conf
+
+    conf = spark_conf(settings, app_name)
+    conf.pop("spark.master", None)
+    conf.pop("spark.app.name", None)
+    jars = conf.pop("spark.jars")
+    conf["spark.pyspark.python"] = sys.executable
+    conf["spark.pyspark.driver.python"] = sys.executable
+    return conf, jars
+
+
+def spark_submit_binary() -> str:
+    """spark-submit of this environment (pyspark's, next to the interpreter)."""
+    local = Path(sys.executable).parent / "spark-submit"
+    return str(local) if local.exists() else (shutil.which("spark-submit") or "spark-submit")
+
+
+class StreamSubmitOperator(SparkSubmitOperator):
+    """Starts the aggregation stream job with ``spark-submit`` through the
+    Spark provider (connection, command line), detached: the job gets its
+    own session and log file and outlives this task, which returns its pid.
+
+    The provider's own ``execute`` waits for spark-submit to exit, which in
+    client mode is the life of the driver: right for batch jobs, wrong for
+    a stream. Idempotent: a job that is already alive is left alone."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("application", str(STREAM_APPLICATION))
+        kwargs.setdefault("conn_id", "adpipe_spark")
+        super().__init__(**kwargs)
+
+    def execute(self, context: Any) -> int:  # type: ignore[override]
+        settings = load_settings()
+        health = inspect(settings)
+        if health.alive and not health.stalled:
+            log.info("%s: nothing to start", health.describe())
+            return health.pid or 0
+        if health.stalled and health.pid:
+            log.warning("%s: stopping the stalled job", health.describe())
+            stop_stream(health.pid)
+        app_name = f"adpipe-stream-{settings.job_id}"
+        self.conf, self.jars = submit_conf(settings, app_name)
+        self.name = app_name
+        self._spark_binary = self._spark_binary or spark_submit_binary()
+        hook = self._get_hook()
+        if hook._connection["master"] != settings.spark_master:  # noqa: SLF001
+            raise StreamStartError(
+                f"Spark connection {self._conn_id!r} gives master {hook._connection['master']!r}, "  # noqa: SLF001
+                f"settings say {settings.spark_master!r}: start Airflow with adpipe.orchestration.local_airflow"
+            )
+        command = hook._build_spark_submit_command(self.application)  # noqa: SLF001 - the provider's own command line
+        log_path = stream_dir(settings) / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env_vars or {})}
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(  # noqa: S603 - the provider-built spark-submit command
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=str(PROJECT_ROOT),
+                start_new_session=True,  # its own process group: the task's end does not take it down
+            )
+        state = record_start(settings, proc.pid, log_path)
+        log.info(
+            "started stream %s: pid %d, log %s (start %d, restarts in state %d)",
+            settings.job_id,
+            proc.pid,
+            log_path,
+            len(state["starts"]),
+            len(state["restarts"]),
+        )
+        return proc.pid
