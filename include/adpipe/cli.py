@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
     p.set_defaults(func=cmd_stream)
 
+    from adpipe.budget_cli import add_budget_parser
+
+    add_budget_parser(sub)
+
     p = sub.add_parser(
         "verify",
         help="reconcile raw events and aggregates; exit 0 only when exactly-once holds",

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from adpipe.budget_money import PERIODS, MoneyError, parse_micros
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,6 +47,29 @@ def _utc_time(env: dict[str, str], name: str, default: datetime) -> datetime:
     if value.tzinfo is None:
         raise SettingsError(f"{name}={raw!r} needs a zone (e.g. 2026-11-22T00:00:00Z)")
     return value.astimezone(UTC)
+
+
+def _money(env: dict[str, str], name: str, default: str) -> int:
+    """An amount in micro-units (exact decimal, at most 6 places)."""
+    raw = (env.get(name) or default).strip()
+    try:
+        return parse_micros(raw)
+    except MoneyError as exc:
+        raise SettingsError(f"{name}: {exc}") from exc
+
+
+def _budget(env: dict[str, str], name: str, default: str) -> int | None:
+    """A budget in micro-units; "none" or "unlimited": no budget."""
+    if (env.get(name) or default).strip().lower() in ("none", "unlimited"):
+        return None
+    return _money(env, name, default)
+
+
+def _budget_period(env: dict[str, str]) -> str:
+    period = env.get("ADPIPE_BUDGET_PERIOD") or "day"
+    if period not in PERIODS:
+        raise SettingsError(f"ADPIPE_BUDGET_PERIOD={period!r} must be one of {', '.join(PERIODS)}")
+    return period
 
 
 @dataclass(frozen=True)
@@ -102,6 +127,19 @@ class Settings:
     pg_port: int = 5433
     pg_user: str = "adpipe"
     pg_password: str = "adpipe"  # noqa: S105 - loopback-only local default
+    # The budget service (include/adpipe/budget.py): its consumer group, the
+    # records per database transaction, the budget period (from each
+    # aggregate's window_start: day, hour, month or total), the default price
+    # row seeded into an empty pricing table (micro-units; budget None =
+    # unlimited) and the group session timeout (how fast a dead instance's
+    # partitions move to the others).
+    budget_group: str = "adpipe-budget"
+    budget_batch_size: int = 500
+    budget_period: str = "day"
+    budget_default_cpm_micros: int = 2_000_000
+    budget_default_cpc_micros: int = 500_000
+    budget_default_budget_micros: int | None = 100_000_000
+    budget_session_timeout_ms: int = 10_000
     # "postgres": a Hive metastore in PostgreSQL that several Spark
     # applications share; "derby": Spark's embedded one, one JVM at a time.
     metastore: str = "postgres"
@@ -236,6 +274,13 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         pg_port=_int(env, "ADPIPE_PG_PORT", 5433, 1),
         pg_user=env.get("ADPIPE_PG_USER", "adpipe"),
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
+        budget_group=env.get("ADPIPE_BUDGET_GROUP") or "adpipe-budget",
+        budget_batch_size=_int(env, "ADPIPE_BUDGET_BATCH_SIZE", 500, 1),
+        budget_period=_budget_period(env),
+        budget_default_cpm_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPM", "2.00"),
+        budget_default_cpc_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPC", "0.50"),
+        budget_default_budget_micros=_budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
+        budget_session_timeout_ms=_int(env, "ADPIPE_BUDGET_SESSION_TIMEOUT_MS", 10_000, 6000),
         metastore=metastore,
         extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics),
         alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
