@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from adpipe import kafka_io
+from adpipe import budget_verify, kafka_io
 from adpipe import schemas as S
 from adpipe.settings import Settings
 
@@ -181,8 +181,9 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
         + len(dlq_unexpected)
         + len(dlq_reason_mismatch)
     )
+    budget = budget_verify.check(settings)
     return {
-        "ok": problems == 0 and watermark is not None,
+        "ok": problems == 0 and watermark is not None and budget["ok"],
         "job_id": settings.job_id,
         "closed_through": None
         if watermark is None
@@ -216,5 +217,6 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
             "unexpected": _limited(dlq_unexpected),
             "reason_mismatch": _limited(dlq_reason_mismatch),
         },
+        "budget": budget,
         "problems": problems,
     }
