@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-unit lint bench kafka-up kafka-down pg-up pg-down clean
+.PHONY: help deps venv jars demo test test-unit lint bench kafka-up kafka-down pg-up pg-down airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ pg-up: venv ## start the local PostgreSQL
 
 pg-down: venv ## stop the local PostgreSQL
 	$(BIN)/adpipe pg down
+
+airflow: jars ## Airflow 3 locally (metadata in the local PostgreSQL), DAGs loaded; prints the UI address and login
+	$(BIN)/python -m adpipe.orchestration.local_airflow
 
 clean: ## remove local state (broker data, checkpoints), keep the caches
 	-$(BIN)/adpipe kafka down

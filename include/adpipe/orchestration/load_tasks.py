@@ -76,9 +76,13 @@ def load(settings: Settings, hour: datetime) -> dict[str, Any]:
 
 def validate(settings: Settings, hour: datetime) -> dict[str, Any]:
     """Raises ``QualityError`` (naming every failed expectation) on failure."""
+    from adpipe.load import hour_label, metastore_session
     from adpipe.quality import validate_hour
 
-    result = validate_hour(settings, hour)
+    # The tables are found through the Hive metastore: in a task process of
+    # its own (Airflow's executors) there is no session yet to reuse.
+    spark = metastore_session(settings, f"adpipe-validate-{hour_label(hour)}")
+    result = validate_hour(settings, hour, spark)
     log.info("%s", result.describe())
     summary = {
         "hour": hour.isoformat(),

@@ -160,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     log.info("airflow db migrate (%s)", database_url.split("@")[-1])
     migrate(env)  # Step 3
 
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C, or SIGTERM (a background job ignores SIGINT): stop Airflow too.
+    signal.signal(signal.SIGTERM, stop)
     airflow = str(Path(sys.executable).parent / "airflow")
     proc = subprocess.Popen([airflow, "standalone"], env=env, start_new_session=True)  # noqa: S603 - Step 4
     deadline = time.monotonic() + args.ready_timeout
@@ -190,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
+            # Its own process group: the scheduler, api-server, dag-processor
+            # and triggerer each stop cleanly on SIGTERM.
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
