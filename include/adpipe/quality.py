@@ -533,10 +533,13 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
     run_time = datetime.now(UTC)  # a record of when the check ran, not a partition
     run_id = RunIdentifier(run_name=f"adpipe-{tag}", run_time=run_time)
     failed: list[str] = []
+    all_succeeded = True
     evaluated = 0
     suite_results: dict[str, Any] = {}
     data_docs: Path | None = None
 
+    # The lock is held through the runs too: GE writes results, suites and
+    # the Data Docs index as it goes. Hours are validated one at a time anyway.
     with _context_lock(settings):
         context, checkpoints = _checkpoints(settings)
         for name, df in to_run:
@@ -549,13 +552,14 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
                 )
             finally:
                 df.unpersist()  # GE's Spark engine persists the batch DataFrame
+            all_succeeded = all_succeeded and bool(result.success)
             for suite_result in result.run_results.values():
                 evaluated += int(suite_result.statistics.get("evaluated_expectations", 0))
                 suite_results[name] = suite_result.to_json_dict()
                 failed += [failure_line(name, evr) for evr in suite_result.results if not evr.success]
         data_docs = _docs_index(context)
 
-    success = not failed
+    success = all_succeeded and not failed
     results_path = gx_root(settings) / "uncommitted" / "hourly_results" / tag / f"{run_time:%Y%m%dT%H%M%S%fZ}.json"
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(

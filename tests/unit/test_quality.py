@@ -202,6 +202,9 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
     assert result.data_docs is not None and result.data_docs.name == "index.html"
     assert result.data_docs.is_relative_to(settings.home)
     assert result.data_docs.exists()
+    for name in (Q.RAW_NAME, Q.AGGREGATES_NAME, Q.RECONCILIATION_NAME):
+        assert name in result.data_docs.read_text()
+        (page,) = result.data_docs.parent.glob(f"validations/{name}/adpipe-2026-11-22T12/*/*.html")
     body = json.loads(result.results_path.read_text())
     assert body["success"] is True and body["hour"] == "2026-11-22T12:00:00+00:00"
     assert set(body["suites"]) == {Q.RAW_NAME, Q.AGGREGATES_NAME, Q.RECONCILIATION_NAME}
