@@ -13,7 +13,8 @@ What "alive" means:
 * **process**: the pid this supervisor started (``supervisor.json`` next to
   the heartbeat) exists, is not a zombie, and its command line is the
   stream job's (a reused pid is not mistaken for it);
-* or, for a job started by hand (``adpipe stream``), a heartbeat
+* or, for a job started by hand (``adpipe stream``) when this supervisor
+  never started one, a heartbeat
   (``home/stream/<job_id>/heartbeat.json``, written after every batch)
   younger than ``ADPIPE_STREAM_STALL_S``.
 
@@ -155,7 +156,10 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
     lag = sum(lag_by_partition.values())
     if process_alive(pid):
         alive, how = True, "process"
-    elif age is not None and age < settings.stream_stall_s:
+    elif pid is None and age is not None and age < settings.stream_stall_s:
+        # Only for a job this supervisor never started: once it has started
+        # one, that process is the job, and its death is a death even while
+        # its last heartbeat is still fresh.
         alive, how, pid = True, "heartbeat", None
     else:
         alive, how, pid = False, "down", None

@@ -1,0 +1,323 @@
+"""The Airflow DAGs end to end with ``dag.test()`` against the real broker,
+Spark and PostgreSQL (Airflow's metadata database): the stream DAG starts
+the stream job through the Spark provider and restarts it after a SIGKILL
+(alerting past the restart threshold); the load DAG loads closed hours; a
+backfill created with ``airflow backfill create`` gives the same tables as
+loading the hours one by one; an injected duplicate aggregate fails the run
+and the notifier names the failed expectation.
+
+Each ``dag.test()`` runs in a subprocess with the Airflow environment of
+``make airflow`` (adpipe.orchestration.local_airflow.airflow_env)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from adpipe import kafka_io, produce
+from adpipe.load import hour_closed
+from adpipe.orchestration.alerts import alerts_file
+from adpipe.orchestration.local_airflow import DAGS_FOLDER, airflow_env
+from adpipe.orchestration.stream_supervisor import process_alive, read_state
+from adpipe.settings import Settings, load_settings
+from confluent_kafka import Producer
+
+from tests.integration.conftest import BROKER_ENV
+
+H0 = datetime(2026, 11, 22, 6, tzinfo=UTC)
+HOURS = [H0 + timedelta(hours=i) for i in range(3)]
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+
+# dag.test() for one DAG and one or more logical dates; prints one RESULT line
+# per run, then (with --tables) the rows of the three tables for the hours.
+DAG_TEST = r"""
+import json, sys
+from datetime import datetime
+from airflow.dag_processing.dagbag import DagBag
+dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
+for ld in sys.argv[3].split(","):
+    dr = dag.test(logical_date=datetime.fromisoformat(ld) if ld else None)
+    tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis,
+          "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
+"""
+
+# Runs the runs of the latest backfill of a DAG in this process, with the same
+# loop dag.test() uses (no scheduler): Airflow's backfill made the runs and
+# their data intervals; this only executes them, in logical-date order.
+BACKFILL_RUN = r"""
+import json, sys
+from sqlalchemy import select
+from airflow import settings
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.backfill import Backfill
+from airflow.models.dagrun import DagRun
+from airflow.sdk import timezone
+from airflow.sdk.definitions.dag import _run_task
+from airflow.serialization.serialized_objects import DagSerialization
+from airflow.utils.state import DagRunState, TaskInstanceState
+
+dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
+scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+session = settings.Session()
+backfill = session.scalars(select(Backfill).where(Backfill.dag_id == dag.dag_id).order_by(Backfill.id.desc())).first()
+runs = session.scalars(select(DagRun).where(DagRun.backfill_id == backfill.id).order_by(DagRun.logical_date)).all()
+for dr in runs:
+    dr.dag = scheduler_dag
+    dr.state = DagRunState.RUNNING
+    dr.start_date = timezone.utcnow()
+    session.commit()
+    while dr.state == DagRunState.RUNNING:
+        session.expire_all()
+        schedulable, _ = dr.update_state(session=session)
+        for ti in schedulable:
+            ti.try_number += 1
+            ti.state = TaskInstanceState.SCHEDULED
+        session.commit()
+        for ti in [t for t in dr.get_task_instances(session=session) if t.state == TaskInstanceState.SCHEDULED]:
+            _run_task(ti=ti, task=dag.task_dict[ti.task_id])
+    tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
+    print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis, "run_id": dr.run_id,
+          "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
+"""
+
+# The three tables' rows of the hours, without the load time, sorted.
+TABLE_ROWS = r"""
+import json, sys
+from datetime import datetime
+from adpipe import tables
+from adpipe.load import metastore_session
+from adpipe.settings import load_settings
+from pyspark.sql import functions as F
+spark = metastore_session(load_settings(), "adpipe-test-read")
+hours = [datetime.fromisoformat(h) for h in sys.argv[1].split(",")]
+out = {}
+for name in (tables.RAW, tables.AGGREGATES, tables.QUARANTINE):
+    df = spark.table(name).where(F.col("event_hour").isin(hours)).drop("loaded_at")
+    out[name] = sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in df.collect())
+print("TABLES " + json.dumps(out), flush=True)
+"""
+
+
+def _run(script: str, args: list[str], env: dict[str, str], timeout: int = 600) -> tuple[list[dict], str]:
+    proc = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    output = proc.stdout + proc.stderr
+    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return results, output
+
+
+def _tables(env: dict[str, str]) -> dict[str, list[str]]:
+    proc = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", TABLE_ROWS, ",".join(h.isoformat() for h in HOURS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("TABLES ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(lines[0][7:])
+
+
+class _Capture(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        type(self).received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Flow:
+    def __init__(self, env: dict[str, str], settings: Settings, workdir: Path, webhook: str) -> None:
+        self.env = env
+        self.settings = settings
+        self.workdir = workdir
+        self.webhook = webhook
+
+    def load_env(self, name: str, **extra: str) -> dict[str, str]:
+        """The load DAG's environment with tables of its own (a Derby
+        metastore and warehouse under ``name``); Airflow's home and database
+        stay shared."""
+        return {**self.env, "ADPIPE_HOME": str(self.workdir / name), "ADPIPE_METASTORE": "derby", **extra}
+
+    def stop_stream(self) -> None:
+        pid = read_state(self.settings).get("pid")
+        if pid and process_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+    name = f"af{uuid.uuid4().hex[:8]}"
+    workdir = tmp_path_factory.mktemp("airflow-dags")
+    _Capture.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Capture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    webhook = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    base = {
+        **os.environ,
+        **BROKER_ENV,
+        "ADPIPE_TOPIC_EVENTS": f"{name}-ad-events",
+        "ADPIPE_TOPIC_AGGREGATES": f"{name}-ad-aggregates",
+        "ADPIPE_TOPIC_DLQ": f"{name}-ad-events-dlq",
+        "ADPIPE_TOPIC_LATE": f"{name}-ad-events-late",
+        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
+        "ADPIPE_JOB_ID": name,
+        "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
+        "ADPIPE_ALERT_WEBHOOK": webhook,
+        "ADPIPE_LOAD_START": H0.isoformat(),
+    }
+    settings = load_settings(base)
+    env = airflow_env(settings, pg.pg_url("airflow"), base=base)
+    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)  # noqa: S603
+    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    # Three past hours of events, then a few minutes into the fourth so the
+    # stream's watermark passes the third hour's end.
+    for spec in (
+        produce.ProduceSpec(events=600, seed=7, ads=6, minutes=180, start=H0, duplicate_rate=0.05, malformed_rate=0.01),
+        produce.ProduceSpec(events=30, seed=8, ads=6, minutes=2, start=H0 + timedelta(hours=3, minutes=2)),
+    ):
+        produce.send(settings.kafka_bootstrap, settings.topics.events, produce.plan(spec))
+    the_flow = Flow(env, settings, workdir, webhook)
+    yield the_flow
+    the_flow.stop_stream()
+    server.shutdown()
+
+
+def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> None:
+    # 1. The stream is down: the DAG starts it (spark-submit through the provider).
+    results, out = _run(DAG_TEST, [str(DAGS_FOLDER), "ad_aggregation_stream", ""], flow.env)
+    assert results and results[0]["state"] == "success", out[-4000:]
+    assert set(results[0]["tis"].values()) == {"success"}
+    first = read_state(flow.settings)
+    assert len(first["starts"]) == 1 and first["restarts"] == []
+    assert process_alive(first["pid"])
+    deadline = time.monotonic() + 240
+    while not hour_closed(flow.settings, HOURS[-1]):
+        assert time.monotonic() < deadline, "the stream did not close the third hour"
+        time.sleep(3)
+
+    # 2. SIGKILL it. The next run restarts it; with the threshold at 0 the
+    # restart also fails the run and the notifier fires.
+    flow.stop_stream()
+    assert not process_alive(first["pid"])
+    results, out = _run(
+        DAG_TEST, [str(DAGS_FOLDER), "ad_aggregation_stream", ""], {**flow.env, "ADPIPE_STREAM_MAX_RESTARTS": "0"}
+    )
+    assert results and results[0]["state"] == "failed", out[-4000:]
+    assert results[0]["tis"] == {
+        "start_stream_if_down": "success",
+        "wait_for_stream": "success",
+        "check_stream": "failed",
+    }
+    second = read_state(flow.settings)
+    assert second["pid"] != first["pid"] and process_alive(second["pid"])
+    assert len(second["restarts"]) == 1
+    alerts = [json.loads(line) for line in alerts_file(flow.settings).read_text().splitlines()]
+    task_alerts = [a for a in alerts if a["task_id"] == "check_stream"]
+    assert task_alerts and "restarted 1 times" in task_alerts[-1]["message"]
+    assert "ADPIPE_STREAM_MAX_RESTARTS=0" in task_alerts[-1]["message"]
+    assert any(p.get("task_id") == "check_stream" for p in _Capture.received)
+    flow.stop_stream()  # the loads below need only the committed ledger
+
+
+def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> None:
+    # Backfill first: dag.test() replaces a run with the same logical date.
+    env_b = flow.load_env("backfill")
+    created = subprocess.run(  # noqa: S603
+        [
+            AIRFLOW,
+            "backfill",
+            "create",
+            "--dag-id",
+            "ad_union_and_load",
+            "--from-date",
+            HOURS[0].isoformat(),
+            "--to-date",
+            HOURS[-1].isoformat(),
+        ],
+        env={**env_b, "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if created.returncode != 0 and "Could not find dag" in created.stdout + created.stderr:
+        # The DAG is not serialized in this database yet: a first dag.test() writes it.
+        pytest.fail("ad_union_and_load not in the metadata database:\n" + created.stderr[-2000:])
+    assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
+    results, out = _run(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], env_b)
+    assert [r["interval"][0][:13].replace(" ", "T") for r in results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], (
+        out[-4000:]
+    )
+    assert all(r["state"] == "success" for r in results), out[-6000:]
+    assert all(r["run_id"].startswith("backfill__") for r in results)
+    backfilled = _tables(env_b)
+
+    env_a = flow.load_env("one-by-one")
+    logical = ",".join((h + timedelta(hours=1)).isoformat() for h in HOURS)  # a manual run ends at its date
+    results, out = _run(DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", logical], env_a)
+    assert [r["state"] for r in results] == ["success"] * 3, out[-6000:]
+    assert [r["tis"] for r in results] == [
+        {"wait_for_hour_closed": "success", "load": "success", "validate": "success", "publish_data_docs": "success"}
+    ] * 3
+    one_by_one = _tables(env_a)
+
+    for table, rows in one_by_one.items():
+        assert rows, f"{table}: nothing loaded"
+    hours_loaded = {json.loads(r)["event_hour"][:13] for r in one_by_one["ads.ad_minute_aggregates"]}
+    assert len(hours_loaded) == 3
+    assert backfilled == one_by_one
+    assert (Path(env_a["ADPIPE_HOME"]) / "data_docs" / "latest").exists()
+
+
+def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expectation(flow: Flow) -> None:
+    # A second record for an existing (ad_id, window_start) under a new record_uuid.
+    aggregates = [
+        json.loads(r.value) for r in kafka_io.read_topic(flow.settings.kafka_bootstrap, flow.settings.topics.aggregates)
+    ]
+    original = next(a for a in aggregates if a["window_start"].startswith(HOURS[1].strftime("%Y-%m-%dT%H")))
+    duplicate = {**original, "record_uuid": str(uuid.uuid4())}
+    producer = Producer({"bootstrap.servers": flow.settings.kafka_bootstrap, "enable.idempotence": True})
+    producer.produce(
+        flow.settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate).encode()
+    )
+    producer.flush(30)
+
+    env = flow.load_env("duplicate")
+    _Capture.received.clear()
+    results, out = _run(
+        DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", (HOURS[1] + timedelta(hours=1)).isoformat()], env
+    )
+    assert results and results[0]["state"] == "failed", out[-4000:]
+    assert results[0]["tis"]["load"] == "success"
+    assert results[0]["tis"]["validate"] == "failed"
+    assert results[0]["tis"]["publish_data_docs"] == "upstream_failed"
+    settings = load_settings(env)
+    alerts = [json.loads(line) for line in alerts_file(settings).read_text().splitlines()]
+    validate_alerts = [a for a in alerts if a["task_id"] == "validate"]
+    assert validate_alerts, alerts
+    message = validate_alerts[-1]["message"]
+    assert message.startswith("QualityError")
+    assert "expect_compound_columns_to_be_unique" in message, message
+    posted = [p for p in _Capture.received if p.get("task_id") == "validate"]
+    assert posted and posted[-1]["message"] == message
