@@ -114,6 +114,36 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe import load
+    from adpipe.metastore import metastore_session
+
+    hours = load.hours_between(load.parse_hour(args.hour), load.parse_hour(args.to_hour) if args.to_hour else None)
+    _ensure_local_metastore(settings)
+    spark = None
+    for hour in hours:
+        if not args.allow_open and not load.hour_closed(settings, hour):
+            log.error(
+                "hour %s is not closed yet: a region's stream watermark has not passed %s. Wait, or pass "
+                "--allow-open to load what is there (its windows may be incomplete).",
+                load.hour_label(hour), load.hour_label(hour + load.ONE_HOUR),
+            )
+            return 2
+        spark = spark or metastore_session(settings, "adpipe-load")
+        result = load.load_hour(settings, hour, spark)
+        print(result.describe())
+    return 0
+
+
+def _ensure_local_metastore(settings: Settings) -> None:
+    """The embedded default: start the local PostgreSQL the metastore lives in."""
+    if settings.metastore == "postgres" and settings.pg_host in ("127.0.0.1", "localhost"):
+        from adpipe import postgres
+
+        if not postgres.answering(settings, 1):
+            postgres.up(settings)
+
+
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import stream, verify
 
@@ -203,6 +233,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
     p.set_defaults(func=cmd_stream)
+
+    p = sub.add_parser(
+        "load",
+        help="Union & Load of one hour (or a range) into the ads Delta tables",
+        description="Reads every region's aggregates (read_committed), raw events, late and DLQ records, "
+        "unions them, dedupes by record_uuid / event_id, and MERGEs (insert-if-absent) into "
+        "ads.ad_minute_aggregates, ads.ad_events_raw and ads.ad_events_quarantine. Idempotent: a rerun "
+        "changes nothing. Regions: ADPIPE_REGIONS (default: this job's own topics).",
+    )
+    p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour)")
+    p.add_argument("--to-hour", help="load every hour from --hour to this one, inclusive (a backfill)")
+    p.add_argument(
+        "--allow-open", action="store_true", help="load even if the stream's watermark has not closed the hour"
+    )
+    p.set_defaults(func=cmd_load)
 
     from adpipe.budget_cli import add_budget_parser
 

@@ -7,38 +7,26 @@ import os
 from pyspark.sql import SparkSession
 
 from adpipe.jars import ensure_classpath
+from adpipe.metastore import connection_options
 from adpipe.settings import Settings
-
-METASTORE_DATABASE = "adpipe_metastore"
 
 
 def metastore_conf(settings: Settings, jars: list) -> dict[str, str]:
-    """The Hive metastore the ``ads`` tables are registered in.
-
-    Default: a metastore database in the local PostgreSQL, which several Spark
-    applications can use at once (each JVM runs its own metastore client on
-    it). Fallback: Spark's embedded Derby, which admits one JVM at a time."""
-    if settings.metastore == "derby":
-        url = f"jdbc:derby:;databaseName={settings.home / 'metastore_db'};create=true"
-        driver, user, password = "org.apache.derby.jdbc.EmbeddedDriver", "APP", "mine"
-    else:
-        url = settings.jdbc_url(METASTORE_DATABASE)
-        driver, user, password = "org.postgresql.Driver", settings.pg_user, settings.pg_password
+    """Hive catalog options (see adpipe.metastore for the why)."""
     postgres_jar = next(str(j) for j in jars if j.name.startswith("postgresql-"))
-    return {
-        "spark.sql.catalogImplementation": "hive",
-        "spark.hadoop.javax.jdo.option.ConnectionURL": url,
-        "spark.hadoop.javax.jdo.option.ConnectionDriverName": driver,
-        "spark.hadoop.javax.jdo.option.ConnectionUserName": user,
-        "spark.hadoop.javax.jdo.option.ConnectionPassword": password,
-        # DataNucleus creates the metastore schema on first use; callers
-        # serialise that first use (see adpipe.load.metastore_session).
-        "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
-        "spark.hadoop.hive.metastore.schema.verification": "false",
-        # The metastore client loads the JDBC driver from the JVM's own
-        # classpath, not from spark.jars.
-        "spark.driver.extraClassPath": postgres_jar,
-    }
+    conf = {f"spark.hadoop.{k}": v for k, v in connection_options(settings).items()}
+    conf.update(
+        {
+            "spark.sql.catalogImplementation": "hive",
+            # adpipe.metastore.ensure_schema creates the schema up front.
+            "spark.hadoop.datanucleus.schema.autoCreateAll": "false",
+            "spark.hadoop.hive.metastore.schema.verification": "false",
+            # The metastore client loads the JDBC driver from the JVM's own
+            # classpath, not from spark.jars.
+            "spark.driver.extraClassPath": postgres_jar,
+        }
+    )
+    return conf
 
 
 def spark_conf(settings: Settings, app_name: str, with_metastore: bool = False) -> dict[str, str]:

@@ -1,0 +1,15 @@
+"""spark-submit entry point of the hourly Union & Load job.
+
+    spark-submit jobs/union_and_load.py --hour 2026-11-22T12
+
+Thin by design: parse arguments, read settings, hand over to
+``adpipe.load.load_hour`` (which builds the one SparkSession)."""
+
+from __future__ import annotations
+
+import sys
+
+from adpipe.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["load", *sys.argv[1:]]))
