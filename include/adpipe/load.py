@@ -42,7 +42,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from adpipe import kafka_io, stream, transforms
 from adpipe import schemas as S
 from adpipe import tables as T
+from adpipe.metastore import metastore_session
 from adpipe.settings import Region, Settings
+
+__all__ = ["hour_closed", "load_hour", "metastore_session", "parse_hour"]
 
 log = logging.getLogger(__name__)
 
@@ -410,8 +413,6 @@ def load_hour(settings: Settings, hour: datetime, spark: SparkSession | None = N
     """Union & Load of one UTC hour from every region (idempotent)."""
     started = time.monotonic()
     if spark is None:
-        from adpipe.metastore import metastore_session
-
         spark = metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
     loaded_at = datetime.now(UTC).replace(microsecond=0)
     raw_parts, agg_parts, quarantine_parts, manifest = [], [], [], []
