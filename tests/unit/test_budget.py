@@ -289,3 +289,20 @@ def test_report_is_read_only_without_database(tmp_path: Path) -> None:
     settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
     assert report(settings) is None
     assert not (tmp_path / "budget.db").exists()
+
+
+def test_verify_budget_check_skips_without_a_budget_database(tmp_path: Path) -> None:
+    from adpipe import budget_verify
+
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    result = budget_verify.check(settings)
+    assert (result["status"], result["ok"]) == ("skipped", True)
+    assert not (tmp_path / "budget.db").exists()
+
+
+def test_verify_budget_check_skips_when_the_group_consumed_nothing(sqlite_budget) -> None:
+    from adpipe import budget_verify
+
+    settings, _engine = sqlite_budget
+    result = budget_verify.check(settings)
+    assert result["status"] == "skipped" and "consumed nothing" in result["why"]
