@@ -72,6 +72,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         events=args.events,
         seed=args.seed,
         ads=args.ads,
+        ad_offset=args.ad_offset,
         campaigns=args.campaigns,
         minutes=args.minutes,
         start=produce.parse_start(args.start),
@@ -148,6 +149,13 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import stream, verify
 
     report = verify.reconcile(settings, stream.ledger_group(settings))
+    if args.hour:
+        from adpipe import load, table_verify
+
+        _ensure_local_metastore(settings)
+        tables = table_verify.check_hour(settings, load.parse_hour(args.hour))
+        report["tables"] = tables
+        report["ok"] = report["ok"] and tables["ok"]
     text = json.dumps(report, indent=2)
     print(text)
     if args.report:
@@ -204,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, required=True, help="distinct on-time events")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ads", type=int, default=20)
+    p.add_argument("--ad-offset", type=int, default=0, help="first ad number (disjoint ads per region)")
     p.add_argument("--campaigns", type=int, default=5)
     p.add_argument("--minutes", type=int, default=5, help="minutes of event time the events span")
     p.add_argument(
@@ -259,7 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recomputes expected aggregates from the raw topic independently and compares "
         "them with the read_committed output, the late topic and the DLQ. Prints a JSON report.",
     )
-    p.add_argument("--hour", help="(reserved for table checks) YYYY-MM-DDTHH")
+    p.add_argument(
+        "--hour",
+        help="also check the ads Delta tables for this UTC hour (YYYY-MM-DDTHH) against Kafka, for every "
+        "region in ADPIPE_REGIONS",
+    )
     p.add_argument("--report", help="also write the JSON report to this file")
     p.set_defaults(func=cmd_verify)
 

@@ -12,7 +12,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from adpipe import kafka_broker, kafka_io, produce, stream, verify
+from adpipe import kafka_broker, kafka_io, load, postgres, produce, quality, stream, table_verify, verify
+from adpipe.metastore import metastore_session
 from adpipe.settings import Settings, Topics
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def _stream(env: dict[str, str], log_path: Path, max_offsets: int, fault: dict[s
     for line in log_path.read_text().splitlines():
         if "adpipe.stream: batch" in line or "fault injection" in line or "already committed" in line:
             print("   " + line.split(": ", 1)[-1])
+    if proc.returncode != 0 and not fault:
+        print(f"   the stream job failed (exit {proc.returncode}); see {log_path}")
     return proc.returncode
 
 
@@ -84,9 +87,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     print(f"   the job died with exit code {rc} ({'SIGKILL' if rc in (-9, 137) else 'unexpected'})")
 
     print("4. stream job restarted: Spark replays the uncommitted batch; the open transaction was aborted")
-    rc = _stream(env, work / "stream-2.log", max_offsets)
-    if rc != 0:
-        print(f"   restart failed (exit {rc}); see {work / 'stream-2.log'}")
+    if _stream(env, work / "stream-2.log", max_offsets) != 0:
         return 1
 
     spec2 = produce.ProduceSpec(
@@ -95,23 +96,53 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     plan2 = produce.plan(spec2)
     produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan2)
     produce.write_summary(plan2.summary, work / "produce-2.json")
+    # A few events of the next hour: time moves on, the watermark passes the
+    # end of the demo's hour and closes it for Union & Load.
+    spec3 = produce.ProduceSpec(
+        events=20, seed=seed + 2, minutes=1, start=spec.start.replace(minute=0) + timedelta(hours=1, minutes=1)
+    )
+    plan3 = produce.plan(spec3)
+    produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan3)
     print(
         f"5. produced {plan2.summary['messages']} more: {plan2.summary['distinct_on_time']} events of the next "
-        f"minutes and {plan2.summary['late']} late ones for windows already closed"
+        f"minutes and {plan2.summary['late']} late ones for windows already closed, and "
+        f"{plan3.summary['distinct_on_time']} of the next hour (which closes the demo's hour)"
     )
-    rc = _stream(env, work / "stream-3.log", max_offsets)
-    if rc != 0:
-        print(f"   stream failed (exit {rc}); see {work / 'stream-3.log'}")
+    if _stream(env, work / "stream-3.log", max_offsets) != 0:
         return 1
 
-    print("6. verify (independent reconciliation of raw events, aggregates, late and DLQ topics)")
+    hour = load.hour_label(spec.start.replace(minute=0, second=0, microsecond=0))
+    print(f"6. Union & Load of hour {hour} into the ads Delta tables (Hive metastore in PostgreSQL)")
+    postgres.up(settings)
+    spark = metastore_session(demo_settings, "adpipe-demo")
+    the_hour = load.parse_hour(hour)
+    if not load.hour_closed(demo_settings, the_hour):
+        print(f"   hour {hour} is not closed: the stream's watermark has not passed its end")
+        return 1
+    print("   " + load.load_hour(demo_settings, the_hour, spark).describe())
+
+    print(f"7. Great Expectations: the exactly-once proof for hour {hour}")
+    quality_result = quality.validate_hour(demo_settings, the_hour, spark)
+    print("   " + quality_result.describe().replace("\n", "\n   "))
+
+    print("8. verify (independent reconciliation of raw events, aggregates, late and DLQ topics, and the tables)")
     report = verify.reconcile(demo_settings, stream.ledger_group(demo_settings))
+    report["tables"] = table_verify.check_hour(demo_settings, the_hour, spark)
+    report["great_expectations"] = {
+        "success": quality_result.success,
+        "failed": quality_result.failed,
+        "data_docs": str(quality_result.data_docs),
+    }
+    report["ok"] = report["ok"] and report["tables"]["ok"] and quality_result.success
     (work / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     agg = report["aggregates"]
     print(
         f"\nexactly-once {'HOLDS' if report['ok'] else 'BROKEN'}: {agg['records']} aggregates, "
         f"{agg['missing_count']} missing, {agg['duplicated_count']} duplicated, {agg['wrong_count']} wrong; "
-        f"{report['late']['records']} late, {report['dlq']['records']} in the DLQ. Files: {work}"
+        f"{report['late']['records']} late, {report['dlq']['records']} in the DLQ; tables "
+        f"{'match' if report['tables']['ok'] else 'DO NOT match'} ({report['tables']['aggregates']['rows']} "
+        f"aggregates, {report['tables']['raw']['rows']} raw events of hour {hour}); Great Expectations "
+        f"{'passed' if quality_result.success else 'FAILED'}. Files: {work}; Data Docs: {quality_result.data_docs}"
     )
     return 0 if report["ok"] else 1

@@ -185,6 +185,7 @@ def up(settings: Settings, timeout_s: float = 90.0) -> BrokerStatus:
     """Start the broker unless ours already runs; wait until it answers."""
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)
     pid = _read_pid(settings)
+    started: subprocess.Popen | None = None
     if pid is None:
         if answering(settings.kafka_bootstrap, timeout_s=1.0):
             raise BrokerError(
@@ -203,12 +204,15 @@ def up(settings: Settings, timeout_s: float = 90.0) -> BrokerStatus:
             start_new_session=True,
         )
         _pid_file(settings).write_text(f"{proc.pid}\n")
-        pid = proc.pid
+        pid, started = proc.pid, proc
         log.info("started Kafka broker pid %d on %s", pid, settings.kafka_bootstrap)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _read_pid(settings) is None:
-            raise BrokerError(f"the broker exited during start-up; see {settings.kafka_dir / 'broker.log'}")
+        # The child we started: ask it (its /proc cmdline is empty for a few
+        # milliseconds after fork, so _read_pid cannot tell yet).
+        gone = started.poll() is not None if started is not None else _read_pid(settings) is None
+        if gone:
+            raise BrokerError(f"the broker exited during start-up; see {settings.kafka_dir / 'broker.out'}")
         if answering(settings.kafka_bootstrap, timeout_s=2.0):
             return BrokerStatus(True, pid, True, settings.kafka_bootstrap)
         time.sleep(0.5)

@@ -39,6 +39,8 @@ class ProduceSpec:
     events: int
     seed: int = 0
     ads: int = 20
+    # Ad ids start here: regions (or tests) with disjoint ads use different offsets.
+    ad_offset: int = 0
     campaigns: int = 5
     minutes: int = 5
     start: datetime = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -54,8 +56,8 @@ class ProduceSpec:
     events_per_second: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.events < 0 or self.ads < 1 or self.minutes < 1 or self.campaigns < 1:
-            raise ValueError("events must be >= 0; ads, campaigns and minutes >= 1")
+        if self.events < 0 or self.ads < 1 or self.minutes < 1 or self.campaigns < 1 or self.ad_offset < 0:
+            raise ValueError("events and ad_offset must be >= 0; ads, campaigns and minutes >= 1")
         for name in ("click_rate", "duplicate_rate", "late_rate", "malformed_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
@@ -97,7 +99,7 @@ def _minute(ts: datetime) -> str:
 
 
 def _event(rng: random.Random, spec: ProduceSpec, ts: datetime) -> dict:
-    ad = rng.randrange(spec.ads)
+    ad = spec.ad_offset + rng.randrange(spec.ads)
     return {
         "event_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
         "ad_id": f"ad-{ad:06d}",

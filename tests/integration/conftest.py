@@ -126,6 +126,11 @@ def _wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:
 
 @pytest.fixture
 def pipeline(broker: Settings, tmp_path: Path) -> Pipeline:
+    return make_pipeline(tmp_path)
+
+
+def make_pipeline(workdir: Path) -> Pipeline:
+    """A pipeline with fresh topics and job id on the session broker."""
     name = f"t{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -140,4 +145,4 @@ def pipeline(broker: Settings, tmp_path: Path) -> Pipeline:
     }
     settings = load_settings(env)
     kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
-    return Pipeline(env, settings, tmp_path)
+    return Pipeline(env, settings, workdir)

@@ -103,11 +103,6 @@ def test_bad_values_raise_settings_error(env: dict[str, str], message: str) -> N
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_settings only checks that ':' occurs somewhere in the bootstrap list, so a second "
-    "server without a port passes although the message asks for host:port[,host:port]",
-)
 def test_every_bootstrap_server_needs_a_port() -> None:
     with pytest.raises(SettingsError):
         load_settings({"ADPIPE_KAFKA_BOOTSTRAP": "broker-a:9092,broker-b"})
