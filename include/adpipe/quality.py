@@ -600,15 +600,15 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
 def validate_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> QualityResult:
     """Read the hour from the tables and validate it (see :func:`validate_frames`).
 
-    Without ``spark``, builds the session with :func:`adpipe.spark.build_spark`
-    and stops it afterwards when this call started it."""
+    Without ``spark``, builds the session on the metastore (where the tables
+    are) and stops it afterwards when this call started it."""
     hour = normalize_hour(hour)
     owned = False
     if spark is None:
-        from adpipe.spark import build_spark
+        from adpipe.metastore import metastore_session
 
         owned = SparkSession.getActiveSession() is None
-        spark = build_spark(settings, "adpipe-quality")
+        spark = metastore_session(settings, "adpipe-quality")
     try:
         return validate_frames(settings, hour, hour_frames(spark, hour))
     finally:
