@@ -70,6 +70,8 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 
 dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
 scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+scheduler_dag.on_success_callback = dag.on_success_callback  # as dag.test() does
+scheduler_dag.on_failure_callback = dag.on_failure_callback
 session = settings.Session()
 backfill = session.scalars(select(Backfill).where(Backfill.dag_id == dag.dag_id).order_by(Backfill.id.desc())).first()
 runs = session.scalars(select(DagRun).where(DagRun.backfill_id == backfill.id).order_by(DagRun.logical_date)).all()
