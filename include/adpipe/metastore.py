@@ -17,9 +17,11 @@ import logging
 import os
 import subprocess
 import tempfile
-import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -103,11 +105,32 @@ def _create_schema(settings: Settings) -> None:
         raise MetastoreError(f"creating the metastore schema failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
 
 
+@contextmanager
+def _init_lock(settings: Settings) -> Iterator[Any]:
+    """Serialise first-time set-up across processes: a PostgreSQL advisory
+    lock (a no-op with Derby, which admits one JVM anyway). Yields a cursor
+    on the metastore database, or None."""
+    if settings.metastore == "derby":
+        yield None
+        return
+    from adpipe import postgres
+
+    conn = postgres.connect(settings, METASTORE_DATABASE)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_INIT_LOCK)
+            try:
+                yield cur
+            finally:
+                cur.execute(_INIT_UNLOCK)
+    finally:
+        conn.close()
+
+
 def ensure_schema(settings: Settings) -> bool:
-    """Create the metastore schema in PostgreSQL unless it is there. Safe to
-    call from several processes at once (an advisory lock serialises them).
-    Returns True when this call created it."""
-    if settings.metastore == "derby":  # one JVM at a time anyway
+    """Create the metastore schema unless it is there; safe to call from
+    several processes at once. Returns True when this call created it."""
+    if settings.metastore == "derby":
         marker = settings.home / "metastore_db" / "adpipe-schema.created"
         if marker.exists():
             return False
@@ -115,46 +138,23 @@ def ensure_schema(settings: Settings) -> bool:
         _create_schema(settings)
         marker.write_text("created by adpipe.metastore\n")
         return True
-    from adpipe import postgres
-
-    conn = postgres.connect(settings, METASTORE_DATABASE)
-    try:
-        with conn.cursor() as cur:
-            if _schema_exists(cur):
-                return False
-            cur.execute(_INIT_LOCK)
-            try:
-                if _schema_exists(cur):
-                    return False
-                log.info("creating the Hive metastore schema in PostgreSQL database %s", METASTORE_DATABASE)
-                _create_schema(settings)
-                return True
-            finally:
-                cur.execute(_INIT_UNLOCK)
-    finally:
-        conn.close()
+    with _init_lock(settings) as cur:
+        if _schema_exists(cur):
+            return False
+        log.info("creating the Hive metastore schema in PostgreSQL database %s", METASTORE_DATABASE)
+        _create_schema(settings)
+        return True
 
 
 def ensure_tables(spark: SparkSession) -> None:
-    """The ``ads`` database and its three Delta tables, if missing."""
+    """The ``ads`` database and its three Delta tables, if missing. Callers
+    hold the init lock: two applications creating the same Delta table at
+    once conflict (Delta's ProtocolChangedException on an empty directory)."""
     from delta.tables import DeltaTable
 
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {T.DATABASE}")
     for name, (schema, _keys) in T.TABLES.items():
-        for attempt in range(3):
-            try:
-                (
-                    DeltaTable.createIfNotExists(spark)
-                    .tableName(name)
-                    .addColumns(schema)
-                    .partitionedBy("event_hour")
-                    .execute()
-                )
-                break
-            except Exception as exc:  # another application created it first
-                if "already exists" not in str(exc) or attempt == 2:
-                    raise
-                time.sleep(1 + attempt)
+        DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema).partitionedBy("event_hour").execute()
 
 
 def metastore_session(settings: Settings, app_name: str) -> SparkSession:
@@ -163,5 +163,6 @@ def metastore_session(settings: Settings, app_name: str) -> SparkSession:
 
     ensure_schema(settings)
     spark = build_spark(settings, app_name, with_metastore=True)
-    ensure_tables(spark)
+    with _init_lock(settings):
+        ensure_tables(spark)
     return spark
