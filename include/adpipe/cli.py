@@ -147,9 +147,9 @@ def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _ensure_local_metastore(settings: Settings) -> None:
     """The embedded default: start the local PostgreSQL the metastore lives in."""
-    if settings.metastore == "postgres" and settings.pg_host in ("127.0.0.1", "localhost"):
-        from adpipe import postgres
+    from adpipe import postgres
 
+    if settings.metastore == "postgres" and postgres.is_local(settings):
         if not postgres.answering(settings, 1):
             postgres.up(settings)
 

@@ -171,10 +171,17 @@ def ensure_databases(settings: Settings, names: tuple[str, ...] = DATABASES) -> 
     return created
 
 
+def is_local(settings: Settings) -> bool:
+    """Whether ADPIPE_PG_HOST is this machine's loopback (our own cluster)
+    rather than a server run by someone else (docker-compose, a managed one)."""
+    return settings.pg_host in ("127.0.0.1", "localhost", "::1")
+
+
 def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
-    """Initialise (once) and start the cluster unless it runs; create the databases."""
+    """Initialise (once) and start the local cluster unless it runs; on a
+    server elsewhere, only wait for it. Then create the missing databases."""
     address = f"{settings.pg_host}:{settings.pg_port}"
-    if not _running(settings):
+    if is_local(settings) and not _running(settings):
         if answering(settings, 1):
             raise PostgresError(
                 f"something else already answers on {address}; stop it or point ADPIPE_PG_PORT elsewhere"
@@ -195,6 +202,8 @@ def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
             raise PostgresError(f"PostgreSQL did not answer on {address} within {timeout_s:.0f}s")
         time.sleep(0.5)
     created = ensure_databases(settings)
+    if not is_local(settings):
+        log.info("PostgreSQL at %s is not ours: nothing started, databases checked", address)
     if created:
         log.info("created databases: %s", ", ".join(created))
     return PostgresStatus(True, True, address)

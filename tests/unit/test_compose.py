@@ -32,8 +32,16 @@ def test_compose_broker_matches_local_broker_settings() -> None:
 
 def test_compose_services_and_stream_configuration() -> None:
     compose = _compose()
-    assert set(compose["services"]) == {"kafka", "postgres", "stream"}
-    stream_env = compose["services"]["stream"]["environment"]
-    assert stream_env["ADPIPE_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    assert set(compose["services"]) == {"kafka", "postgres", "init", "stream", "budget", "airflow"}
+    for name in ("init", "stream", "budget", "airflow"):
+        env = {k: str(v) for k, v in compose["services"][name]["environment"].items()}
+        # Every container reads the same settings, and they load cleanly.
+        settings = load_settings(env)
+        assert settings.kafka_bootstrap == "kafka:9092"
+        assert (settings.pg_host, settings.pg_port) == ("postgres", 5432)
+        assert settings.budget_db.startswith("postgresql+psycopg2://") and "@postgres:5432/" in settings.budget_db
+    airflow = compose["services"]["airflow"]
+    port = load_settings({k: str(v) for k, v in airflow["environment"].items()}).airflow_port
+    assert f"{port}:{port}" in airflow["ports"]
     assert compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
     assert set(compose["volumes"]) == {"kafka-data", "pg-data", "adpipe-home"}

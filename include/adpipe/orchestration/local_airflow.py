@@ -91,7 +91,8 @@ def airflow_env(settings: Settings, database_url: str, base: dict[str, str] | No
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__API__HOST": "127.0.0.1",
+            # In a container (docker-compose) the UI must listen on 0.0.0.0.
+            "AIRFLOW__API__HOST": env.get("AIRFLOW__API__HOST", "127.0.0.1"),
             "AIRFLOW__API__PORT": str(settings.airflow_port),
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{settings.airflow_port}",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{settings.airflow_port}/execution/",
