@@ -73,6 +73,8 @@ def parse_hour(text: str) -> datetime:
     """``YYYY-MM-DDTHH`` (also with ``:MM[:SS]`` and a zone) -> the UTC hour."""
     raw = text.strip()
     try:
+        if len(raw) < 13:  # a bare date would silently mean its midnight
+            raise ValueError(raw)
         if len(raw) == 13:
             ts = datetime.strptime(raw, "%Y-%m-%dT%H").replace(tzinfo=UTC)
         else:
