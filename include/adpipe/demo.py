@@ -12,7 +12,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from adpipe import kafka_broker, kafka_io, load, postgres, produce, quality, stream, table_verify, verify
+from adpipe import budget, kafka_broker, kafka_io, load, postgres, produce, quality, stream, table_verify, verify
 from adpipe.metastore import metastore_session
 from adpipe.settings import Settings, Topics
 
@@ -34,6 +34,9 @@ def demo_env(settings: Settings, run_id: str) -> dict[str, str]:
             "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
             "ADPIPE_TOPIC_BUDGET_EVENTS": f"{prefix}-{Topics.budget_events}",
             "ADPIPE_JOB_ID": prefix,
+            # The budget service's embedded default (SQLite), one per demo run,
+            # so the spend verify expects is this run's alone.
+            "ADPIPE_BUDGET_DB": f"sqlite:///{settings.home / 'demo' / run_id / 'budget.db'}",
         }
     )
     return env
@@ -111,8 +114,24 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     if _stream(env, work / "stream-3.log", max_offsets) != 0:
         return 1
 
+    print("6. ad budget service: spend per ad from the read_committed aggregates, once per record_uuid")
+    with (work / "budget.log").open("w") as out:
+        rc = subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "adpipe", "budget", "--once"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
+    if rc != 0:
+        print(f"   the budget service failed (exit {rc}); see {work / 'budget.log'}")
+        return 1
+    report_rows = budget.report(demo_settings) or []
+    paused = sum(1 for r in report_rows if r.status == "paused")
+    print(f"   spend recorded for {len(report_rows)} ads, {paused} paused at their budget ({work / 'budget.log'})")
+
     hour = load.hour_label(spec.start.replace(minute=0, second=0, microsecond=0))
-    print(f"6. Union & Load of hour {hour} into the ads Delta tables (Hive metastore in PostgreSQL)")
+    print(f"7. Union & Load of hour {hour} into the ads Delta tables (Hive metastore in PostgreSQL)")
     postgres.up(settings)
     spark = metastore_session(demo_settings, "adpipe-demo")
     the_hour = load.parse_hour(hour)
@@ -121,11 +140,11 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
         return 1
     print("   " + load.load_hour(demo_settings, the_hour, spark).describe())
 
-    print(f"7. Great Expectations: the exactly-once proof for hour {hour}")
+    print(f"8. Great Expectations: the exactly-once proof for hour {hour}")
     quality_result = quality.validate_hour(demo_settings, the_hour, spark)
     print("   " + quality_result.describe().replace("\n", "\n   "))
 
-    print("8. verify (independent reconciliation of raw events, aggregates, late and DLQ topics, and the tables)")
+    print("9. verify (independent reconciliation of raw events, aggregates, late and DLQ topics, and the tables)")
     report = verify.reconcile(demo_settings, stream.ledger_group(demo_settings))
     report["tables"] = table_verify.check_hour(demo_settings, the_hour, spark)
     report["great_expectations"] = {
@@ -143,6 +162,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
         f"{report['late']['records']} late, {report['dlq']['records']} in the DLQ; tables "
         f"{'match' if report['tables']['ok'] else 'DO NOT match'} ({report['tables']['aggregates']['rows']} "
         f"aggregates, {report['tables']['raw']['rows']} raw events of hour {hour}); Great Expectations "
-        f"{'passed' if quality_result.success else 'FAILED'}. Files: {work}; Data Docs: {quality_result.data_docs}"
+        f"{'passed' if quality_result.success else 'FAILED'}; budget spend {report['budget']['status']}. "
+        f"Files: {work}; Data Docs: {quality_result.data_docs}"
     )
     return 0 if report["ok"] else 1

@@ -1,0 +1,194 @@
+"""Union & Load against real parts: two regions (two stream jobs writing two
+aggregate topics on the broker), a Hive metastore in a real PostgreSQL, and
+Delta tables written by separate Spark applications at the same time."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from adpipe import tables as T
+from adpipe import verify
+from adpipe.settings import Settings
+
+from tests.integration.conftest import Pipeline, _wait_group_gone, make_pipeline
+
+HOUR = "2026-11-22T12"
+DUMP = Path(__file__).with_name("tables_dump.py")
+
+
+@dataclass
+class Regions:
+    a: Pipeline
+    b: Pipeline
+    env: dict[str, str]  # the loader's: both regions in ADPIPE_REGIONS
+
+    @property
+    def names(self) -> set[str]:
+        return {self.a.settings.job_id, self.b.settings.job_id}
+
+
+def _streams(*pipelines: Pipeline) -> None:
+    """Both regions' stream jobs at once, each to the end of its topic."""
+    procs = [p.start_stream("--available-now") for p in pipelines]
+    for proc, log_path in procs:
+        assert proc.wait(timeout=600) == 0, log_path.read_text()[-3000:]
+        _wait_group_gone(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Regions:
+    a, b = make_pipeline(tmp_path_factory.mktemp("a")), make_pipeline(tmp_path_factory.mktemp("b"))
+    start = datetime(2026, 11, 22, 12, 58, tzinfo=UTC)
+    # Seeds and ads no other test uses: the tables are shared by the session.
+    for p, seed, offset in ((a, 4101, 500), (b, 4102, 600)):
+        p.produce(events=700, seed=seed, ads=8, ad_offset=offset, minutes=4, start=start,
+                  duplicate_rate=0.05, malformed_rate=0.02)
+    _streams(a, b)
+    later = datetime(2026, 11, 22, 13, 2, tzinfo=UTC)
+    for p, seed, offset in ((a, 4201, 500), (b, 4202, 600)):
+        # Late events timed 12:56..13:00: in windows both jobs have closed.
+        p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=2, start=later,
+                  late_rate=0.1, late_by_minutes=4)
+    _streams(a, b)
+    regions_json = json.dumps(
+        [
+            {"job_id": p.settings.job_id, "events": p.settings.topics.events,
+             "aggregates": p.settings.topics.aggregates, "dlq": p.settings.topics.dlq,
+             "late": p.settings.topics.late}
+            for p in (a, b)
+        ]
+    )
+    return Regions(a, b, {**a.env, "ADPIPE_REGIONS": regions_json})
+
+
+def _adpipe(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "adpipe", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )
+
+
+def _dump(env: dict[str, str], names: set[str]) -> dict:
+    out = subprocess.run([sys.executable, str(DUMP), HOUR], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    data["rows"] = {t: [r for r in rows if r["region"] in names] for t, rows in data["rows"].items()}
+    return data
+
+
+def _in_hour(ms: int) -> bool:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H") == HOUR
+
+
+def _expected(regions: Regions) -> dict[str, set]:
+    """What the tables must hold for the hour, from plain Kafka reads and
+    verify's own (Python) reading of the raw events."""
+    aggregates, raw, late = set(), set(), set()
+    for p in (regions.a, regions.b):
+        for rec in p.aggregates():
+            if rec["window_start"].startswith(HOUR):
+                aggregates.add((rec["record_uuid"], rec["ad_id"], rec["window_start"], rec["impressions"],
+                                rec["clicks"]))
+        for rec in p.read(p.settings.topics.events):
+            event = verify.classify(rec.value)
+            if not isinstance(event, str) and _in_hour(event.event_ms):
+                raw.add(event.event_id)
+        for rec in p.read(p.settings.topics.late):
+            event = verify.classify(rec.value)
+            if not isinstance(event, str) and _in_hour(event.event_ms):
+                late.add(event.event_id)
+    return {"aggregates": aggregates, "raw": raw, "late": late}
+
+
+def test_two_concurrent_loads_of_overlapping_hours_union_both_regions_once(regions: Regions) -> None:
+    # Two Spark applications on the same metastore and tables at once: the
+    # hour alone, and a two-hour backfill that includes it.
+    one = _adpipe(regions.env, "load", "--hour", HOUR)
+    two = _adpipe(regions.env, "load", "--hour", "2026-11-22T11", "--to-hour", HOUR)
+    out_one, out_two = one.communicate(timeout=900), two.communicate(timeout=900)
+    assert one.returncode == 0, out_one[0][-4000:]
+    assert two.returncode == 0, out_two[0][-4000:]
+
+    expected = _expected(regions)
+    assert len(expected["aggregates"]) > 20 and expected["late"], "the scenario must have windows and late events"
+    rows = _dump(regions.env, regions.names)["rows"]
+
+    aggregates = rows[T.AGGREGATES]
+    got = {(r["record_uuid"], r["ad_id"], r["window_start"][:19] + "Z", r["impressions"],
+            r["clicks"]) for r in aggregates}
+    assert got == expected["aggregates"]
+    assert len(aggregates) == len(got), "a record_uuid landed twice"
+    assert {r["region"] for r in aggregates} == regions.names
+    assert max(Counter((r["ad_id"], r["window_start"]) for r in aggregates).values()) == 1
+
+    raw_ids = [r["event_id"] for r in rows[T.RAW]]
+    assert len(raw_ids) == len(set(raw_ids))
+    assert set(raw_ids) == expected["raw"]
+
+    quarantine = rows[T.QUARANTINE]
+    keys = [(r["source"], r["event_key"]) for r in quarantine]
+    assert len(keys) == len(set(keys))
+    assert {k for s, k in keys if s == T.SOURCE_LATE} == expected["late"]
+    assert all(r["reason"] for r in quarantine)
+    # Every late event is a valid raw event of the hour too.
+    assert expected["late"] <= set(raw_ids)
+
+
+def test_rerun_changes_nothing(regions: Regions) -> None:
+    before = _dump(regions.env, regions.names)
+    proc = _adpipe(regions.env, "load", "--hour", HOUR)
+    out = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, out[-4000:]
+    inserted = [int(n) for n in re.findall(r"\+(\d+) of", out)]
+    assert inserted == [0, 0, 0], out[-2000:]
+    after = _dump(regions.env, regions.names)
+    assert after["versions"] == before["versions"], "a rerun must not write a table version"
+    assert after["rows"] == before["rows"]
+
+
+def test_an_hour_the_stream_has_not_closed_is_refused(regions: Regions) -> None:
+    proc = _adpipe(regions.env, "load", "--hour", "2026-11-22T13")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2, out
+    assert "not closed yet" in out
+
+
+def test_a_bad_hour_is_a_clear_error(regions: Regions) -> None:
+    proc = _adpipe({**os.environ, **regions.env}, "load", "--hour", "2026-11-22 12:30")
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode != 0
+    assert "not the start of an hour" in out
+
+
+def test_verify_checks_the_tables_and_names_a_row_gone_missing(regions: Regions, tmp_path: Path) -> None:
+    report_path = tmp_path / "verify.json"
+    proc = _adpipe(regions.env, "verify", "--hour", HOUR, "--report", str(report_path))
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-4000:]
+    report = json.loads(report_path.read_text())
+    assert report["tables"]["ok"] and report["tables"]["aggregates"]["rows"] > 20
+
+    victim = _dump(regions.env, regions.names)["rows"][T.RAW][0]["event_id"]
+    delete = (
+        "from adpipe.metastore import metastore_session; from adpipe.settings import load_settings; "
+        f"metastore_session(load_settings(), 't').sql(\"DELETE FROM {T.RAW} WHERE event_id = '{victim}'\")"
+    )
+    subprocess.run([sys.executable, "-c", delete], env=regions.env, check=True, capture_output=True)
+    proc = _adpipe(regions.env, "verify", "--hour", HOUR, "--report", str(report_path))
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 1, out[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["tables"]["raw"]["missing"] == [victim]
+    # Loading the hour again repairs it (insert-if-absent puts back exactly that row).
+    proc = _adpipe(regions.env, "load", "--hour", HOUR)
+    out = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0 and "ads.ad_events_raw: +1 of" in out, out[-3000:]
