@@ -18,6 +18,9 @@ def metastore_conf(settings: Settings, jars: list) -> dict[str, str]:
     conf.update(
         {
             "spark.sql.catalogImplementation": "hive",
+            # Small hourly tables on a few cores: Delta's default of 50
+            # partitions for rebuilding a table snapshot is pure overhead.
+            "spark.databricks.delta.snapshotPartitions": "2",
             # adpipe.metastore.ensure_schema creates the schema up front.
             "spark.hadoop.datanucleus.schema.autoCreateAll": "false",
             "spark.hadoop.hive.metastore.schema.verification": "false",
