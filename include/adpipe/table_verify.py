@@ -60,11 +60,11 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
     return {"aggregates": aggregates, "raw": {e: () for e in raw}, "late": {e: () for e in late}}
 
 
-def actual_rows(spark: SparkSession, hour: datetime) -> dict[str, list[tuple]]:
-    """(key, value) rows of the hour from each table; duplicates kept."""
+def actual_rows(spark: SparkSession, hour: datetime, regions: list[str]) -> dict[str, list[tuple]]:
+    """(key, value) rows of the hour and regions from each table; duplicates kept."""
 
     def of_hour(name: str):  # noqa: ANN202 - a DataFrame
-        return spark.table(name).where(F.col("event_hour") == F.lit(hour))
+        return spark.table(name).where((F.col("event_hour") == F.lit(hour)) & F.col("region").isin(regions))
 
     aggregates = [
         (r.record_uuid, (r.ad_id, _iso(r.window_start), r.impressions, r.clicks))
@@ -113,7 +113,8 @@ def check_hour(settings: Settings, hour: datetime, spark: SparkSession | None = 
         from adpipe.metastore import metastore_session
 
         spark = metastore_session(settings, "adpipe-verify-tables")
-    report = compare(expected_rows(settings, hour), actual_rows(spark, hour))
+    regions = [r.job_id for r in settings.regions]
+    report = compare(expected_rows(settings, hour), actual_rows(spark, hour, regions))
     report["hour"] = hour.strftime("%Y-%m-%dT%H")
-    report["regions"] = [r.job_id for r in settings.regions]
+    report["regions"] = regions
     return report
