@@ -19,7 +19,7 @@ def _setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway", "great_expectations"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
