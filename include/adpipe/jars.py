@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 POM_DIR = Path(__file__).parent / "jvm"
 CLASSPATHS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml"}
-_VERSION_SUFFIX = re.compile(r"-\d[\w.+-]*\.jar$")
+_DOTTED = re.compile(r"\d+\.\d+")
 
 
 class JarFetchError(RuntimeError):
@@ -27,8 +27,17 @@ class JarFetchError(RuntimeError):
 
 
 def artifact_name(jar_name: str) -> str:
-    """``kafka-clients-3.9.1.jar`` -> ``kafka-clients``."""
-    return _VERSION_SUFFIX.sub("", jar_name)
+    """``kafka-clients-3.9.1.jar`` -> ``kafka-clients``.
+
+    The version is the first ``-``-separated part that starts with a digit
+    and is followed by no other dotted number: so ``log4j-1.2-api-2.24.3``
+    keeps ``1.2`` and ``spark-sql-kafka-0-10_2.13-4.1.3`` keeps ``0-10_2.13``
+    in the artifact id, while ``zstd-jni-1.5.6-10`` is ``zstd-jni``."""
+    parts = jar_name.removesuffix(".jar").split("-")
+    for i, part in enumerate(parts):
+        if i and part[:1].isdigit() and not any(_DOTTED.search(p) for p in parts[i + 1 :]):
+            return "-".join(parts[:i])
+    return "-".join(parts)
 
 
 def _pyspark_jar_artifacts() -> set[str]:

@@ -222,22 +222,10 @@ def test_hit_does_nothing_when_not_armed() -> None:
         ("guava-33.4.8-jre.jar", "guava"),
         ("netty-transport-native-epoll-4.2.7.Final-linux-x86_64.jar", "netty-transport-native-epoll"),
         ("kafka_2.13-3.9.1.jar", "kafka_2.13"),
-        pytest.param(
-            "spark-sql-kafka-0-10_2.13-4.1.3.jar",
-            "spark-sql-kafka-0-10_2.13",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the version pattern matches from the first '-<digit>', "
-                "so an artifact id with '-0-10' is cut to 'spark-sql-kafka'",
-            ),
-        ),
-        pytest.param(
-            "log4j-1.2-api-2.24.3.jar",
-            "log4j-1.2-api",
-            marks=pytest.mark.xfail(
-                strict=True, reason="cut at '-1.2': pyspark's own log4j-1.2-api jar is recorded as artifact 'log4j'"
-            ),
-        ),
+        ("spark-sql-kafka-0-10_2.13-4.1.3.jar", "spark-sql-kafka-0-10_2.13"),
+        ("log4j-1.2-api-2.24.3.jar", "log4j-1.2-api"),
+        ("zstd-jni-1.5.6-10.jar", "zstd-jni"),
+        ("hive-exec-2.3.10-core.jar", "hive-exec"),
     ],
 )
 def test_artifact_name(jar: str, artifact: str) -> None:
