@@ -9,7 +9,13 @@ EVENT_TYPES = ("impression", "click")
 # ISO-8601 date-time that carries a zone (Z or +hh:mm / +hhmm / +hh). The
 # contract rejects zone-less times; this pattern is applied before any
 # parsing so that Spark's special strings ('yesterday', 'now') are rejected.
-ISO_WITH_ZONE = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}(:?\d{2})?)$"
+# The same pattern serves Java (Spark's rlike) and Python (verify), so it
+# avoids '$' (both let it match before a final line terminator, Java before
+# '\r\n' too): "(?![\s\S])" means the text really ends there. Year 0000 is
+# out: Spark could hold it, Python's datetime cannot.
+ISO_WITH_ZONE = r"^(?!0000)\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}(:?\d{2})?)(?![\s\S])"
+# Spark's timestamp parser needs the seconds, which the contract's ISO-8601 may omit.
+ISO_NO_SECONDS = r"^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2})(Z|[+-]\d{2}(:?\d{2})?)$"
 # Epoch milliseconds accepted: 1970-01-01 .. 9999-12-31.
 EPOCH_MS_MAX = 253_402_300_799_999
 

@@ -40,7 +40,7 @@ def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
         F.timestamp_millis(time_millis),
     ).when(
         _true(time_type == "STRING") & _true(time_text.rlike(S.ISO_WITH_ZONE)),
-        F.try_to_timestamp(time_text),
+        F.try_to_timestamp(F.regexp_replace(time_text, S.ISO_NO_SECONDS, "$1:00$2")),
     )
     event_type = F.try_variant_get(v, "$.event_type", "string")
     reason = (
@@ -64,7 +64,11 @@ def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
             F.col("partition").cast("long").alias("partition"),
             F.col("offset").cast("long").alias("offset"),
         )
-        .withColumn("__v", F.try_parse_json(F.col("value").cast("string")))
+        # Invalid UTF-8 is not JSON (a cast alone would turn it into U+FFFD).
+        .withColumn(
+            "__v",
+            F.when(F.is_valid_utf8(F.col("value").cast("string")), F.try_parse_json(F.col("value").cast("string"))),
+        )
         .withColumn("event_time", event_time)
         .select(
             "key",

@@ -39,11 +39,28 @@ def _iso_minute(ms: int) -> str:
     return datetime.fromtimestamp((ms // 60_000) * 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _not_json(token: str) -> None:
+    """NaN and Infinity: Python's json accepts them, JSON (and Spark) do not."""
+    raise ValueError(f"{token} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A repeated key: Python's json keeps the last, Spark's parser rejects it."""
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
 def classify(value: bytes | None) -> RawEvent | str:
     """A valid event, or the reason the message is malformed."""
     try:
-        body = json.loads(value.decode("utf-8")) if value is not None else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = (
+            json.loads(value.decode("utf-8"), parse_constant=_not_json, object_pairs_hook=_unique_keys)
+            if value is not None
+            else None
+        )
+    except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError
         return S.REASON_NOT_JSON
     if value is None:
         return S.REASON_NOT_JSON
