@@ -7,7 +7,21 @@ loading the hours one by one; an injected duplicate aggregate fails the run
 and the notifier names the failed expectation.
 
 Each ``dag.test()`` runs in a subprocess with the Airflow environment of
-``make airflow`` (adpipe.orchestration.local_airflow.airflow_env)."""
+``make airflow`` (adpipe.orchestration.local_airflow.airflow_env).
+
+The backfill: ``airflow backfill create`` (the real CLI, against the metadata
+database in the test PostgreSQL) creates the three runs and their data
+intervals; they are then executed by an in-process driver, ``BACKFILL_RUN``,
+with the loop ``dag.test()`` itself uses (``update_state`` for the scheduling
+decisions, ``_run_task`` -> ``run_task_in_process`` for the real task code),
+in logical-date order. Chosen over a real ``airflow scheduler``: on two cores
+a scheduler needs an api-server (the Execution API) and a dag-processor beside
+it, with LocalExecutor worker processes each starting their own Spark; the
+driver runs the same task code and callbacks with one Spark session.
+
+On a failed run the assertion message carries the log of every task that did
+not succeed (``explain``); each run's whole output is kept under
+``$ADPIPE_HOME/test-logs`` of that run."""
 
 from __future__ import annotations
 
@@ -40,7 +54,7 @@ HOURS = [H0 + timedelta(hours=i) for i in range(3)]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
 # dag.test() for one DAG and one or more logical dates; prints one RESULT line
-# per run, then (with --tables) the rows of the three tables for the hours.
+# per run, then (with ADPIPE_TEST_TABLE_HOURS) the rows of the three tables.
 DAG_TEST = r"""
 import json, sys
 from datetime import datetime
@@ -53,11 +67,14 @@ for ld in sys.argv[3].split(","):
           "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
 """
 
-# Runs the runs of the latest backfill of a DAG in this process, with the same
-# loop dag.test() uses (no scheduler): Airflow's backfill made the runs and
-# their data intervals; this only executes them, in logical-date order.
+# Runs the runs of the latest backfill of a DAG in this process, with the loop
+# dag.test() uses (no scheduler, no executor): `airflow backfill create` made
+# the runs and their data intervals; this executes their real task code
+# (run_task_in_process, as dag.test()) in logical-date order. Each run is read
+# afresh by id: running a task closes the scoped session, which detaches (and,
+# after expire_all, empties) every DagRun object loaded before.
 BACKFILL_RUN = r"""
-import json, sys
+import json, logging, sys, time
 from sqlalchemy import select
 from airflow import settings
 from airflow.dag_processing.dagbag import DagBag
@@ -66,16 +83,21 @@ from airflow.models.dagrun import DagRun
 from airflow.sdk import timezone
 from airflow.sdk.definitions.dag import _run_task
 from airflow.serialization.serialized_objects import DagSerialization
-from airflow.utils.state import DagRunState, TaskInstanceState
+from airflow.utils.state import DagRunState, State, TaskInstanceState
 
+log = logging.getLogger("backfill_run")
 dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
 scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
 scheduler_dag.on_success_callback = dag.on_success_callback  # as dag.test() does
 scheduler_dag.on_failure_callback = dag.on_failure_callback
 session = settings.Session()
 backfill = session.scalars(select(Backfill).where(Backfill.dag_id == dag.dag_id).order_by(Backfill.id.desc())).first()
-runs = session.scalars(select(DagRun).where(DagRun.backfill_id == backfill.id).order_by(DagRun.logical_date)).all()
-for dr in runs:
+run_ids = session.scalars(
+    select(DagRun.id).where(DagRun.backfill_id == backfill.id).order_by(DagRun.logical_date)
+).all()
+for run_pk in run_ids:
+    session = settings.Session()
+    dr = session.scalars(select(DagRun).where(DagRun.id == run_pk)).one()
     dr.dag = scheduler_dag
     dr.state = DagRunState.RUNNING
     dr.start_date = timezone.utcnow()
@@ -84,53 +106,97 @@ for dr in runs:
         session.expire_all()
         schedulable, _ = dr.update_state(session=session)
         for ti in schedulable:
-            ti.try_number += 1
+            if ti.state != TaskInstanceState.UP_FOR_RESCHEDULE:
+                ti.try_number += 1
             ti.state = TaskInstanceState.SCHEDULED
+            ti.scheduled_dttm = timezone.utcnow()
         session.commit()
-        for ti in [t for t in dr.get_task_instances(session=session) if t.state == TaskInstanceState.SCHEDULED]:
-            _run_task(ti=ti, task=dag.task_dict[ti.task_id])
+        tis = set(dr.get_task_instances(session=session))
+        scheduled = [t for t in tis if t.state == TaskInstanceState.SCHEDULED]
+        if not scheduled and any(t.state not in State.finished for t in tis):
+            time.sleep(1)  # a retry or reschedule delay
+        for ti in scheduled:
+            try:
+                _run_task(ti=ti, task=dag.task_dict[ti.task_id], run_triggerer=True)
+            except Exception:
+                log.exception("Task failed; ti=%s", ti)
+    session = settings.Session()
+    dr = session.scalars(select(DagRun).where(DagRun.id == run_pk)).one()
     tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
     print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis, "run_id": dr.run_id,
           "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
 """
 
-# The three tables' rows of the hours, without the load time, sorted.
+# Appended to a driver script when ADPIPE_TEST_TABLE_HOURS is set: after the
+# runs, the three tables' rows of those hours (without the load time, sorted),
+# read through the metastore in the same process (its Spark session is up
+# already; a separate reader would start a second JVM for a few hundred rows).
 TABLE_ROWS = r"""
-import json, sys
+import os
 from datetime import datetime
 from adpipe import tables
-from adpipe.load import metastore_session
+from adpipe.metastore import metastore_session
 from adpipe.settings import load_settings
 from pyspark.sql import functions as F
-spark = metastore_session(load_settings(), "adpipe-test-read")
-hours = [datetime.fromisoformat(h) for h in sys.argv[1].split(",")]
-out = {}
-for name in (tables.RAW, tables.AGGREGATES, tables.QUARANTINE):
-    df = spark.table(name).where(F.col("event_hour").isin(hours)).drop("loaded_at")
-    out[name] = sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in df.collect())
-print("TABLES " + json.dumps(out), flush=True)
+hours = os.environ.get("ADPIPE_TEST_TABLE_HOURS")
+if hours:
+    spark = metastore_session(load_settings(), "adpipe-test-read")
+    hours = [datetime.fromisoformat(h) for h in hours.split(",")]
+    out = {}
+    for name in (tables.RAW, tables.AGGREGATES, tables.QUARANTINE):
+        df = spark.table(name).where(F.col("event_hour").isin(hours)).drop("loaded_at")
+        out[name] = sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in df.collect())
+    print("TABLES " + json.dumps(out), flush=True)
 """
+TABLE_HOURS = {"ADPIPE_TEST_TABLE_HOURS": ",".join(h.isoformat() for h in HOURS)}
 
 
 def _run(script: str, args: list[str], env: dict[str, str], timeout: int = 600) -> tuple[list[dict], str]:
     proc = subprocess.run(  # noqa: S603
-        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", script + TABLE_ROWS, *args], env=env, capture_output=True, text=True, timeout=timeout
     )
     output = proc.stdout + proc.stderr
+    # The whole output stays next to the run's home for a post-mortem.
+    log_dir = Path(env["ADPIPE_HOME"]) / "test-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log").write_text(output)
     results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     return results, output
 
 
-def _tables(env: dict[str, str]) -> dict[str, list[str]]:
-    proc = subprocess.run(  # noqa: S603
-        [sys.executable, "-c", TABLE_ROWS, ",".join(h.isoformat() for h in HOURS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("TABLES ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+def task_log(output: str, task_id: str) -> str:
+    """The log of the last try of ``task_id`` in a dag.test()-style run's
+    output: the lines between Airflow's ``[DAG TEST] starting task_id=...``
+    and ``[DAG TEST] end task task_id=...`` markers."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if f"[DAG TEST] starting task_id={task_id} " in line]
+    if not starts:
+        return ""
+    section = []
+    for line in lines[starts[-1] :]:
+        section.append(line)
+        if f"[DAG TEST] end task task_id={task_id} " in line:
+            break
+    return "\n".join(section)
+
+
+def explain(results: list[dict], output: str, limit: int = 12000) -> str:
+    """Why runs failed: the log of every task that did not succeed (or, with
+    no RESULT line at all, the output's tail)."""
+    parts = [f"RESULTS: {json.dumps(results)}"]
+    for result in results:
+        for task_id, state in result.get("tis", {}).items():
+            if state in ("failed", "up_for_retry", "up_for_reschedule", "None", "queued", "scheduled"):
+                parts.append(f"--- log of {task_id} ({state}) in {result.get('run_id', '')} ---")
+                parts.append(task_log(output, task_id)[-limit:] or "(no log section found)")
+    if len(parts) == 1:
+        parts.append(output[-limit:])
+    return "\n".join(parts)
+
+
+def _tables(output: str) -> dict[str, list[str]]:
+    lines = [line for line in output.splitlines() if line.startswith("TABLES ")]
+    assert lines, output[-5000:]
     return json.loads(lines[0][7:])
 
 
@@ -209,7 +275,7 @@ def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactor
 def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> None:
     # 1. The stream is down: the DAG starts it (spark-submit through the provider).
     results, out = _run(DAG_TEST, [str(DAGS_FOLDER), "ad_aggregation_stream", ""], flow.env)
-    assert results and results[0]["state"] == "success", out[-4000:]
+    assert results and results[0]["state"] == "success", explain(results, out)
     assert set(results[0]["tis"].values()) == {"success"}
     first = read_state(flow.settings)
     assert len(first["starts"]) == 1 and first["restarts"] == []
@@ -226,7 +292,7 @@ def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> 
     results, out = _run(
         DAG_TEST, [str(DAGS_FOLDER), "ad_aggregation_stream", ""], {**flow.env, "ADPIPE_STREAM_MAX_RESTARTS": "0"}
     )
-    assert results and results[0]["state"] == "failed", out[-4000:]
+    assert results and results[0]["state"] == "failed", explain(results, out)
     assert results[0]["tis"] == {
         "start_stream_if_down": "success",
         "wait_for_stream": "success",
@@ -267,22 +333,22 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
         # The DAG is not serialized in this database yet: a first dag.test() writes it.
         pytest.fail("ad_union_and_load not in the metadata database:\n" + created.stderr[-2000:])
     assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
-    results, out = _run(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], env_b)
+    results, out = _run(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], {**env_b, **TABLE_HOURS})
     assert [r["interval"][0][:13].replace(" ", "T") for r in results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], (
-        out[-4000:]
+        explain(results, out)
     )
-    assert all(r["state"] == "success" for r in results), out[-6000:]
+    assert all(r["state"] == "success" for r in results), explain(results, out)
     assert all(r["run_id"].startswith("backfill__") for r in results)
-    backfilled = _tables(env_b)
+    backfilled = _tables(out)
 
     env_a = flow.load_env("one-by-one")
     logical = ",".join((h + timedelta(hours=1)).isoformat() for h in HOURS)  # a manual run ends at its date
-    results, out = _run(DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", logical], env_a)
-    assert [r["state"] for r in results] == ["success"] * 3, out[-6000:]
+    results, out = _run(DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", logical], {**env_a, **TABLE_HOURS})
+    assert [r["state"] for r in results] == ["success"] * 3, explain(results, out)
     assert [r["tis"] for r in results] == [
         {"wait_for_hour_closed": "success", "load": "success", "validate": "success", "publish_data_docs": "success"}
     ] * 3
-    one_by_one = _tables(env_a)
+    one_by_one = _tables(out)
 
     for table, rows in one_by_one.items():
         assert rows, f"{table}: nothing loaded"
@@ -310,7 +376,7 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     results, out = _run(
         DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", (HOURS[1] + timedelta(hours=1)).isoformat()], env
     )
-    assert results and results[0]["state"] == "failed", out[-4000:]
+    assert results and results[0]["state"] == "failed", explain(results, out)
     assert results[0]["tis"]["load"] == "success"
     assert results[0]["tis"]["validate"] == "failed"
     assert results[0]["tis"]["publish_data_docs"] == "upstream_failed"
@@ -320,6 +386,10 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     assert validate_alerts, alerts
     message = validate_alerts[-1]["message"]
     assert message.startswith("QualityError")
-    assert "expect_compound_columns_to_be_unique" in message, message
+    # The failing expectation, its columns and the duplicated key are named.
+    assert "expect_compound_columns_to_be_unique(column_list=['ad_id', 'window_start'])" in message, message
+    assert f"ad_id={original['ad_id']!r}, window_start={original['window_start'][:19]}" in message, message
+    # A new record_uuid: the record_uuid uniqueness check itself still holds.
+    assert "expect_column_values_to_be_unique(column='record_uuid')" not in message, message
     posted = [p for p in _Capture.received if p.get("task_id") == "validate"]
     assert posted and posted[-1]["message"] == message

@@ -76,7 +76,8 @@ def load(settings: Settings, hour: datetime) -> dict[str, Any]:
 
 def validate(settings: Settings, hour: datetime) -> dict[str, Any]:
     """Raises ``QualityError`` (naming every failed expectation) on failure."""
-    from adpipe.load import hour_label, metastore_session
+    from adpipe.load import hour_label
+    from adpipe.metastore import metastore_session
     from adpipe.quality import validate_hour
 
     # The tables are found through the Hive metastore: in a task process of
