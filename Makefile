@@ -31,6 +31,9 @@ demo: jars ## the pipeline end to end with a crash injected, ending in the verif
 test: jars ## the whole suite: unit tests, then real broker + Spark + SIGKILL tests
 	$(BIN)/pytest
 
+bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/)
+	$(BIN)/adpipe bench
+
 test-unit: jars ## unit tests only
 	$(BIN)/pytest tests/unit
 

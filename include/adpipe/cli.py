@@ -172,6 +172,13 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe import bench
+
+    print(json.dumps(bench.run(settings, events=args.events), indent=2))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import demo
 
@@ -294,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--report", help="also write the JSON report to this file")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "bench",
+        help="time each stage (produce, stream, budget, load, rerun, validate) for N events",
+        description="Runs every stage as the real command on fresh topics and prints the seconds each took "
+        "(also kept under $ADPIPE_HOME/bench/). Speed targets live here, not in the tests.",
+    )
+    p.add_argument("--events", type=int, default=20_000)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
         "demo",
