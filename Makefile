@@ -28,8 +28,8 @@ jars: venv ## JVM jars from Maven Central into .cache/jvm (once)
 demo: jars ## the pipeline end to end with a crash injected, ending in the verify report
 	$(BIN)/adpipe demo
 
-test: jars ## the whole suite: unit tests, then real broker + Spark + SIGKILL tests
-	$(BIN)/pytest
+test: jars ## the whole suite: real broker + Spark + SIGKILL tests on one worker, unit tests beside them
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/)
 	$(BIN)/adpipe bench

@@ -13,9 +13,17 @@ from adpipe.settings import PROJECT_ROOT
 # own ADPIPE_TEST_HOME and ADPIPE_TEST_PORT_BASE (Kafka, controller, PostgreSQL).
 TEST_HOME = Path(os.environ.get("ADPIPE_TEST_HOME") or PROJECT_ROOT / ".adpipe-test").resolve()
 PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092"))
+# The tests' JVMs (Spark drivers, the broker) are short-lived on few cores:
+# C1 only spends about a third less CPU per stream run (adpipe.settings).
+JVM_OPTIONS = os.environ.get("ADPIPE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in item.nodeid.split("/"):
             item.add_marker(pytest.mark.integration)
+            # Under `pytest -n N --dist loadgroup` (make test) the integration
+            # tests share one worker, its broker and PostgreSQL, in file
+            # order; unit tests run on the other workers meanwhile.
+            item.add_marker(pytest.mark.xdist_group("integration"))

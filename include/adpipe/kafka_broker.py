@@ -134,6 +134,7 @@ def _java(settings: Settings, main: str, *args: str) -> list[str]:
         "-Xms256m",
         "-Xmx768m",
         "-XX:+UseG1GC",
+        *settings.jvm_options,
         f"-Dlog4j2.configurationFile={_log4j_config(settings)}",
         f"-Dkafka.logs.dir={settings.kafka_dir}",
         "-cp",

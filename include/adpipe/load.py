@@ -377,15 +377,17 @@ def merge_new_rows(spark: SparkSession, table: str, source: DataFrame, keys: tup
             new_rows = source.join(existing, list(keys), "left_anti")
             if new_rows.isEmpty():
                 return 0
-            (
+            # The MERGE's own metrics row: the table's latest history entry
+            # may already be another load's commit.
+            metrics = (
                 DeltaTable.forName(spark, table)
                 .alias("t")
                 .merge(source.alias("s"), condition)
                 .whenNotMatchedInsertAll()
                 .execute()
+                .first()
             )
-            metrics = DeltaTable.forName(spark, table).history(1).select("operationMetrics").first()[0]
-            return int(metrics.get("numTargetRowsInserted", 0))
+            return int(metrics["num_inserted_rows"]) if metrics is not None else 0
         except DeltaConcurrentModificationException as exc:
             if attempt == MERGE_ATTEMPTS:
                 raise LoadError(f"{table}: still conflicting after {attempt} attempts: {exc}") from exc

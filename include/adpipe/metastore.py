@@ -90,6 +90,7 @@ def _create_schema(settings: Settings) -> None:
         )
         cmd = [
             "java",
+            *settings.jvm_options,
             "-cp",
             os.pathsep.join([str(jars / "*"), str(postgres_jar)]),
             "org.datanucleus.store.schema.SchemaTool",

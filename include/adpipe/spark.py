@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 from pyspark.sql import SparkSession
 
@@ -52,7 +53,10 @@ def spark_conf(settings: Settings, app_name: str, with_metastore: bool = False) 
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
         "spark.sql.adaptive.enabled": "false",
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={settings.home / 'derby'}",
+        # Only where pyspark launches the JVM (not under spark-submit).
+        "spark.driver.extraJavaOptions": shlex.join(
+            [f"-Dderby.system.home={settings.home / 'derby'}", *settings.jvm_options]
+        ),
         # Delta retries its own commits; ours retry whole MERGEs (adpipe.load).
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
     }

@@ -17,13 +17,14 @@ import pytest
 from adpipe import kafka_broker, kafka_io, postgres, produce, stream, verify
 from adpipe.settings import Settings, load_settings
 
-from tests.conftest import PORT_BASE, TEST_HOME
+from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
 
 BROKER_ENV = {
     "ADPIPE_HOME": str(TEST_HOME / "it"),
     "ADPIPE_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORT_BASE}",
     "ADPIPE_KAFKA_CONTROLLER_PORT": str(PORT_BASE + 1),
     "ADPIPE_PG_PORT": str(PORT_BASE + 2),
+    "ADPIPE_JVM_OPTIONS": JVM_OPTIONS,
 }
 
 

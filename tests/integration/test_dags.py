@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -165,17 +166,40 @@ for h in sys.argv[1].split(","):
 TABLE_HOURS = {"ADPIPE_TEST_TABLE_HOURS": ",".join(h.isoformat() for h in HOURS)}
 
 
-def _run(script: str, args: list[str], env: dict[str, str], timeout: int = 600) -> tuple[list[dict], str]:
-    proc = subprocess.run(  # noqa: S603
-        [sys.executable, "-c", script + TABLE_ROWS, *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    output = proc.stdout + proc.stderr
-    # The whole output stays next to the run's home for a post-mortem.
+@dataclass
+class Driver:
+    """A driver script running as a subprocess; its whole output goes to a
+    file next to the run's home (kept for a post-mortem, and no pipe to
+    fill while another driver is waited on)."""
+
+    proc: subprocess.Popen
+    log_path: Path
+
+    def finish(self, timeout: int = 600) -> tuple[list[dict], str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        output = self.log_path.read_text()
+        results = [json.loads(line[7:]) for line in output.splitlines() if line.startswith("RESULT ")]
+        return results, output
+
+
+def _start(script: str, args: list[str], env: dict[str, str]) -> Driver:
     log_dir = Path(env["ADPIPE_HOME"]) / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log").write_text(output)
-    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    return results, output
+    log_path = log_dir / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-c", script + TABLE_ROWS, *args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    return Driver(proc, log_path)
+
+
+def _run(script: str, args: list[str], env: dict[str, str], timeout: int = 600) -> tuple[list[dict], str]:
+    return _start(script, args, env).finish(timeout)
 
 
 def task_log(output: str, task_id: str) -> str:
@@ -347,7 +371,15 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
         # The DAG is not serialized in this database yet: a first dag.test() writes it.
         pytest.fail("ad_union_and_load not in the metadata database:\n" + created.stderr[-2000:])
     assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
-    results, out = _run(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], {**env_b, **TABLE_HOURS})
+    # The runs, and beside them (another home, so other tables) the same
+    # hours loaded one by one: two Spark applications at once.
+    env_a = flow.load_env("one-by-one")
+    backfill_run = _start(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], {**env_b, **TABLE_HOURS})
+    one_by_one_run = _start(ONE_BY_ONE, [",".join(h.isoformat() for h in HOURS)], {**env_a, **TABLE_HOURS})
+    try:
+        results, out = backfill_run.finish()
+    finally:
+        one_results, one_out = one_by_one_run.finish()
     assert [r["interval"][0][:13].replace(" ", "T") for r in results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], (
         explain(results, out)
     )
@@ -355,10 +387,8 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
     assert all(r["run_id"].startswith("backfill__") for r in results)
     backfilled = _tables(out)
 
-    env_a = flow.load_env("one-by-one")
-    results, out = _run(ONE_BY_ONE, [",".join(h.isoformat() for h in HOURS)], {**env_a, **TABLE_HOURS})
-    assert [r["hour"] for r in results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], out[-5000:]
-    one_by_one = _tables(out)
+    assert [r["hour"] for r in one_results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], one_out[-5000:]
+    one_by_one = _tables(one_out)
 
     for table, rows in one_by_one.items():
         assert rows, f"{table}: nothing loaded"
@@ -381,7 +411,9 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     )
     producer.flush(30)
 
-    env = flow.load_env("duplicate")
+    # The backfill's tables (hours 0..2 loaded): the rerun of hour 1 adds
+    # the duplicate, whose record_uuid is new.
+    env = flow.load_env("backfill")
     _Capture.received.clear()
     results, out = _run(
         DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", (HOURS[1] + timedelta(hours=1)).isoformat()], env

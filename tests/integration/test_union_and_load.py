@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from adpipe import tables as T
 from adpipe import verify
-from adpipe.settings import Settings
+from adpipe.settings import Settings, load_settings
 
 from tests.integration.conftest import Pipeline, _wait_group_gone, make_pipeline
 
@@ -37,8 +37,10 @@ class Regions:
 
 
 def _streams(*pipelines: Pipeline) -> None:
-    """Both regions' stream jobs at once, each to the end of its topic."""
-    procs = [p.start_stream("--available-now") for p in pipelines]
+    """Both regions' stream jobs at once, each to the end of its topic, in
+    micro-batches small enough that the watermark passes 13:00 before the
+    late events (sent last) are read."""
+    procs = [p.start_stream("--available-now", "--max-offsets-per-trigger", "300") for p in pipelines]
     for proc, log_path in procs:
         assert proc.wait(timeout=600) == 0, log_path.read_text()[-3000:]
         _wait_group_gone(proc.pid)
@@ -47,17 +49,15 @@ def _streams(*pipelines: Pipeline) -> None:
 @pytest.fixture(scope="module")
 def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Regions:
     a, b = make_pipeline(tmp_path_factory.mktemp("a")), make_pipeline(tmp_path_factory.mktemp("b"))
-    start = datetime(2026, 11, 22, 12, 58, tzinfo=UTC)
     # Seeds and ads no other test uses: the tables are shared by the session.
+    # 12:58..13:02 on time, then 13:02..13:04 with late events timed
+    # 12:56..13:00 at the end: one stream run per region covers both.
     for p, seed, offset in ((a, 4101, 500), (b, 4102, 600)):
-        p.produce(events=700, seed=seed, ads=8, ad_offset=offset, minutes=4, start=start,
-                  duplicate_rate=0.05, malformed_rate=0.02)
-    _streams(a, b)
-    later = datetime(2026, 11, 22, 13, 2, tzinfo=UTC)
+        p.produce(events=700, seed=seed, ads=8, ad_offset=offset, minutes=4,
+                  start=datetime(2026, 11, 22, 12, 58, tzinfo=UTC), duplicate_rate=0.05, malformed_rate=0.02)
     for p, seed, offset in ((a, 4201, 500), (b, 4202, 600)):
-        # Late events timed 12:56..13:00: in windows both jobs have closed.
-        p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=2, start=later,
-                  late_rate=0.1, late_by_minutes=4)
+        p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=2,
+                  start=datetime(2026, 11, 22, 13, 2, tzinfo=UTC), late_rate=0.1, late_by_minutes=4)
     _streams(a, b)
     regions_json = json.dumps(
         [
@@ -75,6 +75,12 @@ def _adpipe(env: dict[str, str], *args: str) -> subprocess.Popen:
         [sys.executable, "-m", "adpipe", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
+
+
+def _tail(output: str) -> str:
+    """A failed run's Python log lines first (Spark's WARN lines bury them)."""
+    ours = [line for line in output.splitlines() if " adpipe" in line or "Error" in line or "Exception" in line]
+    return "\n".join(ours[-40:]) + "\n--- tail ---\n" + output[-3000:]
 
 
 def _dump(env: dict[str, str], names: set[str]) -> dict:
@@ -109,22 +115,18 @@ def _expected(regions: Regions) -> dict[str, set]:
     return {"aggregates": aggregates, "raw": raw, "late": late}
 
 
-_FIRST_DUMP: dict = {}
-
-
 def test_two_concurrent_loads_of_overlapping_hours_union_both_regions_once(regions: Regions) -> None:
     # Two Spark applications on the same metastore and tables at once: the
     # hour alone, and a two-hour backfill that includes it.
     one = _adpipe(regions.env, "load", "--hour", HOUR)
     two = _adpipe(regions.env, "load", "--hour", "2026-11-22T11", "--to-hour", HOUR)
-    out_one, out_two = one.communicate(timeout=900), two.communicate(timeout=900)
-    assert one.returncode == 0, out_one[0][-4000:]
-    assert two.returncode == 0, out_two[0][-4000:]
+    out_one, out_two = one.communicate(timeout=900)[0], two.communicate(timeout=900)[0]
+    assert one.returncode == 0, f"exit {one.returncode}:\n{_tail(out_one)}"
+    assert two.returncode == 0, f"exit {two.returncode}:\n{_tail(out_two)}"
 
     expected = _expected(regions)
     assert len(expected["aggregates"]) > 20 and expected["late"], "the scenario must have windows and late events"
-    _FIRST_DUMP.update(_dump(regions.env, regions.names))
-    rows = _FIRST_DUMP["rows"]
+    rows = _dump(regions.env, regions.names)["rows"]
 
     aggregates = rows[T.AGGREGATES]
     got = {(r["record_uuid"], r["ad_id"], r["window_start"][:19] + "Z", r["impressions"],
@@ -147,16 +149,27 @@ def test_two_concurrent_loads_of_overlapping_hours_union_both_regions_once(regio
     assert expected["late"] <= set(raw_ids)
 
 
+def _commits(regions: Regions) -> dict[str, list[str]]:
+    """Each table's Delta commit files: a table changes only by a new one."""
+    warehouse = load_settings(regions.env).warehouse_dir
+    commits = {}
+    for name in T.TABLES:
+        log_dir = warehouse / f"{name.replace('.', '.db/', 1)}" / "_delta_log"
+        commits[name] = sorted(p.name for p in log_dir.glob("*.json"))
+        assert commits[name], f"no Delta log at {log_dir}"
+    return commits
+
+
 def test_rerun_changes_nothing(regions: Regions) -> None:
-    before = _FIRST_DUMP or _dump(regions.env, regions.names)
+    before = _commits(regions)
     proc = _adpipe(regions.env, "load", "--hour", HOUR)
     out = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, out[-4000:]
     inserted = [int(n) for n in re.findall(r"\+(\d+) of", out)]
     assert inserted == [0, 0, 0], out[-2000:]
-    after = _dump(regions.env, regions.names)
-    assert after["versions"] == before["versions"], "a rerun must not write a table version"
-    assert after["rows"] == before["rows"]
+    # No new commit means every table is still at the version the first
+    # load wrote: the same rows, by Delta's definition of a version.
+    assert _commits(regions) == before, "a rerun must not write a table version"
 
 
 def test_an_hour_the_stream_has_not_closed_is_refused(regions: Regions) -> None:

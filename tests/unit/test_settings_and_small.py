@@ -327,3 +327,19 @@ def test_exception_records_use_the_configured_topics() -> None:
     rows = [exception_row(0, 1, b"[]", reason=S.REASON_NOT_OBJECT), exception_row(0, 2, b"{}", event_id="e", ad_id="a")]
     records, _, _ = exception_records(settings, rows, OFFSETS)
     assert [r.topic for r in records] == ["my-dlq", "my-late"]
+
+
+def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> None:
+    from adpipe import kafka_broker
+    from adpipe.spark import spark_conf
+
+    settings = load_settings(
+        {"ADPIPE_HOME": str(tmp_path / "my home"), "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='a b'"}
+    )
+    assert settings.jvm_options == ("-XX:TieredStopAtLevel=1", "-Dx=a b")
+    options = spark_conf(settings, "t")["spark.driver.extraJavaOptions"]
+    assert options == f"'-Dderby.system.home={tmp_path / 'my home' / 'derby'}' -XX:TieredStopAtLevel=1 '-Dx=a b'"
+    (tmp_path / "my home" / "kafka").mkdir(parents=True)
+    command = kafka_broker._java(settings, "Main")
+    assert command[command.index("-XX:TieredStopAtLevel=1") + 1] == "-Dx=a b"
+    assert load_settings({"ADPIPE_HOME": str(tmp_path)}).jvm_options == ()
