@@ -67,7 +67,13 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     from adpipe.settings import load_settings
 
     demo_settings = load_settings(env)
-    work = settings.home / "demo" / run_id
+    runs_dir = settings.home / "demo"
+    # Each run in a home gets an hour of its own (the n-th run: n days after
+    # the first), so the Delta tables' hour holds this run's rows only and
+    # the checks below judge this run, not earlier ones with the same seed.
+    earlier_runs = sum(1 for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.exists() else 0
+    start = produce.ProduceSpec.start + timedelta(days=earlier_runs)
+    work = runs_dir / run_id
     work.mkdir(parents=True, exist_ok=True)
     max_offsets = max(200, events // 3)
 
@@ -76,7 +82,9 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     kafka_io.ensure_topics(settings.kafka_bootstrap, demo_settings.topics.all(), settings.topic_partitions)
     print(f"   topics: {', '.join(demo_settings.topics.all())}")
 
-    spec = produce.ProduceSpec(events=events, seed=seed, minutes=5, duplicate_rate=0.05, malformed_rate=0.01)
+    spec = produce.ProduceSpec(
+        events=events, seed=seed, minutes=5, start=start, duplicate_rate=0.05, malformed_rate=0.01
+    )
     plan = produce.plan(spec)
     produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan)
     produce.write_summary(plan.summary, work / "produce-1.json")
