@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from adpipe import budget, kafka_broker, kafka_io, load, postgres, produce, quality, stream, table_verify, verify
@@ -61,6 +61,15 @@ def _stream(env: dict[str, str], log_path: Path, max_offsets: int, fault: dict[s
     return proc.returncode
 
 
+def run_start(runs_dir: Path) -> datetime:
+    """The first event time of the next demo run. Each run in a home gets an
+    hour of its own (the n-th run: n days after the first), so the Delta
+    tables' hour holds that run's rows only and the checks judge that run,
+    not earlier ones with the same seed (and so the same event ids)."""
+    earlier_runs = sum(1 for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.exists() else 0
+    return produce.ProduceSpec.start + timedelta(days=earlier_runs)
+
+
 def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     run_id = time.strftime("%Y%m%d%H%M%S")
     env = demo_env(settings, run_id)
@@ -68,11 +77,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
 
     demo_settings = load_settings(env)
     runs_dir = settings.home / "demo"
-    # Each run in a home gets an hour of its own (the n-th run: n days after
-    # the first), so the Delta tables' hour holds this run's rows only and
-    # the checks below judge this run, not earlier ones with the same seed.
-    earlier_runs = sum(1 for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.exists() else 0
-    start = produce.ProduceSpec.start + timedelta(days=earlier_runs)
+    start = run_start(runs_dir)
     work = runs_dir / run_id
     work.mkdir(parents=True, exist_ok=True)
     max_offsets = max(200, events // 3)
