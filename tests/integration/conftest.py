@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,18 +88,20 @@ class Pipeline:
             )
         return proc, log_path
 
+    @contextmanager
+    def continuous_stream(self) -> Iterator[tuple[subprocess.Popen, Path]]:
+        """``adpipe stream`` with a 1 s trigger for the length of the block."""
+        proc, log_path = self.start_stream(extra_env={"ADPIPE_TRIGGER_INTERVAL_S": "1"})
+        with _reaped(proc):
+            yield proc, log_path
+
     def stream(self, max_offsets: int = 700, fault: dict[str, str] | None = None, timeout: int = 300) -> StreamRun:
         """One ``--available-now`` run to its end (or its injected death)."""
         proc, log_path = self.start_stream(
             "--available-now", "--max-offsets-per-trigger", str(max_offsets), extra_env=fault
         )
-        try:
+        with _reaped(proc):
             proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-        _wait_group_gone(proc.pid)
         return StreamRun(proc.returncode, log_path.read_text())
 
     def read(self, topic: str, isolation: str = "read_committed") -> list[kafka_io.Record]:
@@ -109,6 +112,19 @@ class Pipeline:
 
     def verify(self) -> dict:
         return verify.reconcile(self.settings, stream.ledger_group(self.settings))
+
+
+@contextmanager
+def _reaped(proc: subprocess.Popen) -> Iterator[None]:
+    """On leaving: SIGKILL the job's process group if it still runs, and wait
+    until the whole group (Spark's JVM too) is gone."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        _wait_group_gone(proc.pid)
 
 
 def _wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:

@@ -181,15 +181,10 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
     s1 = pipeline.produce(events=600, seed=31, minutes=3, start=START)
     # 1. SIGTERM to the driver only, as a supervisor would: it finishes the
     # current batch and exits 0.
-    job, log_path = pipeline.start_stream(extra_env={"ADPIPE_TRIGGER_INTERVAL_S": "1"})
-    try:
+    with pipeline.continuous_stream() as (job, log_path):
         _wait_for(pipeline.aggregates, job, log_path, "the stream job never committed aggregates")
         job.terminate()
         assert job.wait(timeout=120) == 0, log_path.read_text()[-3000:]
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     log = log_path.read_text()
     assert "stopping after the current batch" in log
     assert "stopped after" in log
@@ -199,8 +194,7 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
     # the same transactional.id takes over: init fences it. What is visible
     # then stays so: nothing the zombie writes after the fence is seen.
     s2 = pipeline.produce(events=600, seed=32, minutes=3, start=START + timedelta(minutes=3))
-    zombie, log_path = pipeline.start_stream(extra_env={"ADPIPE_TRIGGER_INTERVAL_S": "1"})
-    try:
+    with pipeline.continuous_stream() as (zombie, log_path):
         _wait_for(lambda: "adpipe.stream: batch" in log_path.read_text(), zombie, log_path, "no batch after restart")
         successor = TransactionalSink(
             pipeline.settings.kafka_bootstrap,
@@ -214,10 +208,6 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
         visible_at_fence = pipeline.aggregates()
         s3 = pipeline.produce(events=600, seed=33, minutes=3, start=START + timedelta(minutes=6))
         zombie.wait(timeout=180)
-    finally:
-        if zombie.poll() is None:
-            zombie.kill()
-            zombie.wait()
     log = log_path.read_text()
     assert zombie.returncode == 4, log[-3000:]
     assert "was fenced" in log
