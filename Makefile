@@ -53,7 +53,7 @@ pg-down: venv ## stop the local PostgreSQL
 	$(BIN)/adpipe pg down
 
 airflow: jars ## Airflow 3 locally (metadata in the local PostgreSQL), DAGs loaded; prints the UI address and login
-	$(BIN)/python -m adpipe.orchestration.local_airflow
+	$(BIN)/python -m adpipe.local.airflow
 
 clean: ## remove local state (broker data, checkpoints), keep the caches
 	-$(BIN)/adpipe kafka down

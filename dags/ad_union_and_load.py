@@ -16,10 +16,10 @@ data interval, never from the clock.
 1. `wait_for_hour_closed` — sensor (reschedule mode, timeout
    `ADPIPE_LOAD_WAIT_TIMEOUT_S`): every region's stream watermark (delay plus
    allowed lateness) is past the hour's end, so all its windows are committed.
-2. `load` — `adpipe.load.load_hour`: union of the regions' raw events,
+2. `load` — `adpipe.lakehouse.load.load_hour`: union of the regions' raw events,
    aggregates and quarantined records into `ads.*` (insert-only MERGE on each
    key: rerunning an hour changes nothing).
-3. `validate` — `adpipe.quality.validate_hour`: the Great Expectations suites
+3. `validate` — `adpipe.lakehouse.quality.validate_hour`: the Great Expectations suites
    on the hour. **A failed expectation fails the run**, and the failure
    notifier names it.
 4. `publish_data_docs` — the hour's Data Docs under

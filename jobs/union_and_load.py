@@ -3,7 +3,7 @@
     spark-submit jobs/union_and_load.py --hour 2026-11-22T12
 
 Thin by design: parse arguments, read settings, hand over to
-``adpipe.load.load_hour`` (which builds the one SparkSession)."""
+``adpipe.lakehouse.load.load_hour`` (through ``adpipe load``)."""
 
 from __future__ import annotations
 

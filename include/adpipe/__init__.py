@@ -1,3 +1,22 @@
-"""adpipe: exactly-once ad event counting on Kafka, Spark and Delta."""
+"""adpipe: exactly-once ad event counting on Kafka, Spark and Delta.
+
+The package is layered; imports point down only (``tests/unit/test_layout.py``
+keeps it so):
+
+* ``adpipe.cli`` - the ``adpipe`` command: a thin dispatcher to each
+  package's own ``cli`` module.
+* ``adpipe.tools`` - around the pipeline: synthetic producer, the
+  independent verify, the demo, the benchmark.
+* ``adpipe.orchestration`` - what the Airflow DAGs in ``dags/`` call.
+* the parts of the pipeline, none of which imports another:
+  ``adpipe.stream`` (the aggregation job and its transactional sink),
+  ``adpipe.lakehouse`` (Union & Load, Delta tables, metastore, the quality
+  gate), ``adpipe.budget`` (the budget service), ``adpipe.local`` (the
+  embedded default's servers: Kafka broker, PostgreSQL, Airflow).
+* shared pieces of the contract, at the top of the package: ``settings``
+  (the one place that reads configuration), ``schemas``, ``raw_events``,
+  ``kafka_io``, ``spark`` (the one SparkSession builder), ``jars`` (JVM
+  classpaths), ``pg``, ``money``, ``faults`` (named crash points).
+"""
 
 __version__ = "0.1.0"

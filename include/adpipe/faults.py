@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 AFTER_PRODUCE = "after_produce"  # (a) records in the transaction, not committed
 DURING_COMMIT = "during_commit"  # (c) EndTxn in flight
 AFTER_COMMIT = "after_commit"  # (b) Kafka committed, Spark's checkpoint not
-# The budget service (include/adpipe/budget.py); "batch" is the number of the
+# The budget service (adpipe.budget.service); "batch" is the number of the
 # service's batch in this process (1, 2, ...), "records" the aggregates in it.
 BUDGET_BEFORE_DB_COMMIT = "budget_before_db_commit"  # ledger, spend, offsets written, not committed
 BUDGET_AFTER_DB_COMMIT = "budget_after_db_commit"  # database committed, Kafka offsets not

@@ -1,5 +1,6 @@
-"""Kafka clients as adpipe uses them: topic creation, client configs, and a
-bounded read of a whole topic (for verify and tests)."""
+"""Kafka clients as adpipe uses them: topic creation, client configs, a
+bounded read of a whole topic (for verify and tests), and where a stream
+job's committed input offsets are (its ledger group)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from adpipe.settings import Region, Settings
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,19 @@ def group_commits(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int
         }
     finally:
         consumer.close()
+
+
+def ledger_group(job_id: str) -> str:
+    """The consumer group a stream job commits each micro-batch's input
+    offsets to, inside the batch's output transaction: its readers take the
+    raw records below these offsets as final (counted, late or in the DLQ)."""
+    return f"adpipe-agg-{job_id}"
+
+
+def stream_commits(region: Settings | Region) -> dict[int, tuple[int, str]]:
+    """A region's stream job's committed (offset, metadata) per raw-topic
+    partition (see :func:`ledger_group`)."""
+    return group_commits(region.kafka_bootstrap, ledger_group(region.job_id), region.topics.events)
 
 
 def read_topic(

@@ -12,10 +12,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from adpipe.budget_money import PERIODS, MoneyError, parse_micros
+from adpipe.money import MoneyError, parse_micros
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
+
+# What ADPIPE_BUDGET_PERIOD may be (adpipe.budget.money.period_of).
+BUDGET_PERIODS = ("day", "hour", "month", "total")
 
 _HOST_PORT = re.compile(r"^[^\s:,]+:\d{1,5}$")
 
@@ -68,8 +71,8 @@ def _budget(env: dict[str, str], name: str, default: str) -> int | None:
 
 def _budget_period(env: dict[str, str]) -> str:
     period = env.get("ADPIPE_BUDGET_PERIOD") or "day"
-    if period not in PERIODS:
-        raise SettingsError(f"ADPIPE_BUDGET_PERIOD={period!r} must be one of {', '.join(PERIODS)}")
+    if period not in BUDGET_PERIODS:
+        raise SettingsError(f"ADPIPE_BUDGET_PERIOD={period!r} must be one of {', '.join(BUDGET_PERIODS)}")
     return period
 
 
@@ -132,7 +135,7 @@ class Settings:
     pg_port: int = 5433
     pg_user: str = "adpipe"
     pg_password: str = "adpipe"  # noqa: S105 - loopback-only local default
-    # The budget service (include/adpipe/budget.py): its consumer group, the
+    # The budget service (adpipe.budget.service): its consumer group, the
     # records per database transaction, the budget period (from each
     # aggregate's window_start: day, hour, month or total), the default price
     # row seeded into an empty pricing table (micro-units; budget None =

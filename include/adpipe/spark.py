@@ -8,33 +8,12 @@ import shlex
 from pyspark.sql import SparkSession
 
 from adpipe.jars import ensure_classpath
-from adpipe.metastore import connection_options
 from adpipe.settings import Settings
 
 
-def metastore_conf(settings: Settings, jars: list) -> dict[str, str]:
-    """Hive catalog options (see adpipe.metastore for the why)."""
-    postgres_jar = next(str(j) for j in jars if j.name.startswith("postgresql-"))
-    conf = {f"spark.hadoop.{k}": v for k, v in connection_options(settings).items()}
-    conf.update(
-        {
-            "spark.sql.catalogImplementation": "hive",
-            # Small hourly tables on a few cores: Delta's default of 50
-            # partitions for rebuilding a table snapshot is pure overhead.
-            "spark.databricks.delta.snapshotPartitions": "2",
-            # adpipe.metastore.ensure_schema creates the schema up front.
-            "spark.hadoop.datanucleus.schema.autoCreateAll": "false",
-            "spark.hadoop.hive.metastore.schema.verification": "false",
-            # The metastore client loads the JDBC driver from the JVM's own
-            # classpath, not from spark.jars.
-            "spark.driver.extraClassPath": postgres_jar,
-        }
-    )
-    return conf
-
-
-def spark_conf(settings: Settings, app_name: str, with_metastore: bool = False) -> dict[str, str]:
-    """Every Spark setting adpipe relies on, in one place."""
+def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Every Spark setting adpipe relies on, in one place; ``extra_conf`` is a
+    part's own (the lakehouse's Hive catalog, adpipe.lakehouse.metastore)."""
     jars = ensure_classpath(settings.jar_cache, "spark")
     conf = {
         "spark.app.name": app_name,
@@ -57,20 +36,19 @@ def spark_conf(settings: Settings, app_name: str, with_metastore: bool = False) 
         "spark.driver.extraJavaOptions": shlex.join(
             [f"-Dderby.system.home={settings.home / 'derby'}", *settings.jvm_options]
         ),
-        # Delta retries its own commits; ours retry whole MERGEs (adpipe.load).
+        # Delta retries its own commits; ours retry whole MERGEs (adpipe.lakehouse.load).
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
     }
-    if with_metastore:
-        conf.update(metastore_conf(settings, jars))
+    conf.update(extra_conf or {})
     return conf
 
 
-def build_spark(settings: Settings, app_name: str = "adpipe", with_metastore: bool = False) -> SparkSession:
-    """The session of a job; ``with_metastore`` for jobs that use the ``ads``
-    tables (the stream job does not, so it never waits on the metastore)."""
+def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """The session of a job, with a part's ``extra_conf`` on top (see
+    :func:`spark_conf`)."""
     settings.home.mkdir(parents=True, exist_ok=True)
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, app_name, with_metastore).items():
+    for key, value in spark_conf(settings, app_name, extra_conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("ADPIPE_SPARK_LOG_LEVEL", "WARN"))

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from adpipe import kafka_broker, kafka_io, postgres, produce, stream, verify
+from adpipe import kafka_io
+from adpipe.local import kafka_broker, postgres
 from adpipe.settings import Settings, load_settings
+from adpipe.tools import produce, verify
 
 from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
 
@@ -111,7 +113,7 @@ class Pipeline:
         return [json.loads(r.value) for r in self.read(self.settings.topics.aggregates, isolation)]
 
     def verify(self) -> dict:
-        return verify.reconcile(self.settings, stream.ledger_group(self.settings))
+        return verify.reconcile(self.settings, kafka_io.ledger_group(self.settings.job_id))
 
 
 @contextmanager

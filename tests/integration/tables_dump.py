@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from adpipe import tables as T
-from adpipe.load import parse_hour
-from adpipe.metastore import metastore_session
+from adpipe.lakehouse import tables as T
+from adpipe.lakehouse.load import parse_hour
+from adpipe.lakehouse.metastore import metastore_session
 from adpipe.settings import load_settings
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from adpipe import kafka_broker, kafka_io
+from adpipe import kafka_io
+from adpipe.local import kafka_broker
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 

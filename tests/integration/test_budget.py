@@ -23,7 +23,9 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
 import pytest
-from adpipe import budget_verify, kafka_io, postgres
+from adpipe import kafka_io
+from adpipe.budget import verify as budget_verify
+from adpipe.local import postgres
 from adpipe.settings import Settings, load_settings
 from confluent_kafka import Consumer, Producer, TopicPartition
 

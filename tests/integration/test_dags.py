@@ -7,7 +7,7 @@ loading the hours one by one; an injected duplicate aggregate fails the run
 and the notifier names the failed expectation.
 
 Each ``dag.test()`` runs in a subprocess with the Airflow environment of
-``make airflow`` (adpipe.orchestration.local_airflow.airflow_env).
+``make airflow`` (adpipe.local.airflow.airflow_env).
 
 The backfill: ``airflow backfill create`` (the real CLI, against the metadata
 database in the test PostgreSQL) creates the three runs and their data
@@ -40,12 +40,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from adpipe import kafka_io, produce
-from adpipe.load import hour_closed
+from adpipe import kafka_io
+from adpipe.lakehouse.load import hour_closed
+from adpipe.local.airflow import DAGS_FOLDER, airflow_env
 from adpipe.orchestration.alerts import alerts_file
-from adpipe.orchestration.local_airflow import DAGS_FOLDER, airflow_env
 from adpipe.orchestration.stream_supervisor import process_alive, read_state
 from adpipe.settings import Settings, load_settings
+from adpipe.tools import produce
 from confluent_kafka import Producer
 
 from tests.integration.conftest import BROKER_ENV
@@ -135,8 +136,8 @@ for run_pk in run_ids:
 TABLE_ROWS = r"""
 import os
 from datetime import datetime
-from adpipe import tables
-from adpipe.metastore import metastore_session
+from adpipe.lakehouse import tables
+from adpipe.lakehouse.metastore import metastore_session
 from adpipe.settings import load_settings
 from pyspark.sql import functions as F
 hours = os.environ.get("ADPIPE_TEST_TABLE_HOURS")
@@ -154,8 +155,8 @@ if hours:
 ONE_BY_ONE = r"""
 import json, sys
 from datetime import datetime
-from adpipe.load import load_hour
-from adpipe.metastore import metastore_session
+from adpipe.lakehouse.load import load_hour
+from adpipe.lakehouse.metastore import metastore_session
 from adpipe.settings import load_settings
 settings = load_settings()
 spark = metastore_session(settings, "adpipe-test-one-by-one")

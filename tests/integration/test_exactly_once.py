@@ -14,11 +14,11 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from adpipe import kafka_io
 from adpipe import schemas as S
-from adpipe import stream
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT
-from adpipe.kafka_io import committed_offsets
-from adpipe.tx_sink import TransactionalSink
+from adpipe.stream import job as stream
+from adpipe.stream.sink import TransactionalSink
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -52,14 +52,14 @@ def closed_watermark_ms(pipeline) -> int:  # noqa: ANN001
     consumer = Consumer(
         {
             "bootstrap.servers": pipeline.settings.kafka_bootstrap,
-            "group.id": stream.ledger_group(pipeline.settings),
+            "group.id": kafka_io.ledger_group(pipeline.settings.job_id),
             "isolation.level": "read_committed",
         }
     )
     try:
         topic = pipeline.settings.topics.events
         parts = [TopicPartition(topic, p) for p in range(pipeline.settings.topic_partitions)]
-        return max(json.loads(tp.metadata)["watermark_ms"] for tp in committed_offsets(consumer, parts))
+        return max(json.loads(tp.metadata)["watermark_ms"] for tp in kafka_io.committed_offsets(consumer, parts))
     finally:
         consumer.close()
 
@@ -199,7 +199,7 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
         successor = TransactionalSink(
             pipeline.settings.kafka_bootstrap,
             stream.transactional_id(pipeline.settings),
-            stream.ledger_group(pipeline.settings),
+            kafka_io.ledger_group(pipeline.settings.job_id),
             pipeline.settings.topics.events,
             None,
             60_000,

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from adpipe import tables as T
-from adpipe import verify
+from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
+from adpipe.tools import verify
 
 from tests.integration.conftest import Pipeline, _wait_group_gone, make_pipeline
 

@@ -3,8 +3,10 @@
 * :mod:`adpipe.orchestration.alerts` - the one notifier of every DAG.
 * :mod:`adpipe.orchestration.stream_supervisor` - keeps the stream job alive.
 * :mod:`adpipe.orchestration.load_tasks` - bodies of the hourly load DAG.
-* :mod:`adpipe.orchestration.local_airflow` - ``make airflow``: Airflow on
-  this machine, configured from the same settings the jobs read.
+
+(``make airflow``, Airflow on this machine, is :mod:`adpipe.local.airflow`.)
+May import: the parts (``adpipe.stream``, ``adpipe.lakehouse``) and the
+shared modules; not ``adpipe.local`` nor the tools.
 
 DAG files import these at parse time, so module level stays light: no
 Spark, no Kafka client, no I/O until a task runs."""

@@ -3,7 +3,7 @@ taken from the run's data interval (never from the clock), so a rerun, a
 catchup run or a backfill run of an hour does the same thing.
 
 1. ``wait_for_hour_closed`` - every region's stream watermark (delay and
-   allowed lateness included) is past the hour's end (``adpipe.load.hour_closed``).
+   allowed lateness included) is past the hour's end (``adpipe.lakehouse.load.hour_closed``).
 2. ``load`` - Union & Load of the hour into the Delta tables (idempotent:
    insert-only MERGE on each table's key).
 3. ``validate`` - the Great Expectations suites on the hour; a failed
@@ -59,7 +59,7 @@ def _plain(value: Any) -> Any:
 
 
 def hour_is_closed(settings: Settings, hour: datetime) -> bool:
-    from adpipe.load import hour_closed
+    from adpipe.lakehouse.load import hour_closed
 
     closed = hour_closed(settings, hour)
     log.info("hour %s closed: %s", hour.isoformat(), closed)
@@ -67,7 +67,7 @@ def hour_is_closed(settings: Settings, hour: datetime) -> bool:
 
 
 def load(settings: Settings, hour: datetime) -> dict[str, Any]:
-    from adpipe.load import load_hour
+    from adpipe.lakehouse.load import load_hour
 
     result = load_hour(settings, hour)
     log.info("%s", result.describe())
@@ -76,9 +76,9 @@ def load(settings: Settings, hour: datetime) -> dict[str, Any]:
 
 def validate(settings: Settings, hour: datetime) -> dict[str, Any]:
     """Raises ``QualityError`` (naming every failed expectation) on failure."""
-    from adpipe.load import hour_label
-    from adpipe.metastore import metastore_session
-    from adpipe.quality import validate_hour
+    from adpipe.lakehouse.load import hour_label
+    from adpipe.lakehouse.metastore import metastore_session
+    from adpipe.lakehouse.quality import validate_hour
 
     # The tables are found through the Hive metastore: in a task process of
     # its own (Airflow's executors) there is no session yet to reuse.

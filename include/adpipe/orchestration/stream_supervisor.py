@@ -6,7 +6,7 @@ is a short run every few minutes that (1) inspects the job, (2) starts it
 through the Spark provider when it is down, detached from the task, and
 (3) checks it against the alert thresholds. Nothing is lost while it is
 down: the job's checkpoint and its Kafka ledger say where it stopped, and a
-restart resumes from there exactly once (see ``adpipe.tx_sink``).
+restart resumes from there exactly once (see ``adpipe.stream.sink``).
 
 What "alive" means:
 
@@ -111,10 +111,10 @@ def read_heartbeat(settings: Settings) -> dict[str, Any] | None:
 
 def input_lag(settings: Settings) -> dict[int, int]:
     """Per partition of the raw topic: records the job has not committed."""
-    from adpipe import kafka_io, stream
+    from adpipe import kafka_io
 
     ends = kafka_io.end_offsets(settings.kafka_bootstrap, settings.topics.events)
-    done = kafka_io.group_commits(settings.kafka_bootstrap, stream.ledger_group(settings), settings.topics.events)
+    done = kafka_io.stream_commits(settings)
     return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
 
 
@@ -312,7 +312,7 @@ class StreamSubmitOperator(SparkSubmitOperator):
         if hook._connection["master"] != settings.spark_master:  # noqa: SLF001
             raise StreamStartError(
                 f"Spark connection {self._conn_id!r} gives master {hook._connection['master']!r}, "  # noqa: SLF001
-                f"settings say {settings.spark_master!r}: start Airflow with adpipe.orchestration.local_airflow"
+                f"settings say {settings.spark_master!r}: start Airflow with adpipe.local.airflow"
             )
         command = hook._build_spark_submit_command(self.application)  # noqa: SLF001 - the provider's own command line
         log_path = stream_dir(settings) / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.log"

@@ -1,0 +1,104 @@
+"""``adpipe budget``: the budget service, its report and its prices.
+
+Heavy imports happen when a command runs, so ``adpipe --help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from adpipe.settings import Settings
+
+log = logging.getLogger("adpipe.budget")
+
+PRICE_FILE_HELP = (
+    "CSV with header scope,key,campaign_id,cpm,cpc,budget. scope is default (key *), campaign (key = campaign "
+    "id) or ad (key = ad id; campaign_id maps the ad to a campaign). Amounts in currency units with at most 6 "
+    "decimals; an empty cell inherits: ad -> its campaign -> default. cpm is per thousand impressions, cpc per "
+    "click, budget per budget period (ADPIPE_BUDGET_PERIOD)."
+)
+
+
+def cmd_budget(args: argparse.Namespace, settings: Settings) -> int:
+    action = getattr(args, "budget_action", None)
+    if action == "report":
+        return _report(args, settings)
+    if action == "prices":
+        return _prices(args, settings)
+    from adpipe.budget.service import BudgetService
+    from adpipe.faults import FaultPlan
+
+    return BudgetService(settings, once=args.once, fault=FaultPlan.from_env()).run(once_timeout_s=args.timeout)
+
+
+def _report(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.budget.service import format_report, report
+
+    rows = report(settings)
+    if rows is None:
+        print("no budget database yet (run `adpipe budget` first)")
+        return 3
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+    else:
+        print(format_report(rows))
+    return 0
+
+
+def _prices(args: argparse.Namespace, settings: Settings) -> int:
+    import sqlalchemy as sa
+
+    from adpipe.budget import db
+    from adpipe.money import format_micros
+
+    engine = db.make_engine(settings.budget_db)
+    try:
+        db.ensure_schema(engine, settings)
+        if args.file:
+            rows = db.read_price_file(Path(args.file))
+            with engine.begin() as conn:
+                n = db.upsert_prices(conn, rows)
+            print(f"loaded {n} pricing rows from {args.file}")
+        with engine.connect() as conn:
+            for r in conn.execute(sa.select(db.pricing).order_by(db.pricing.c.scope, db.pricing.c.key)).mappings():
+                print(
+                    f"{r['scope']:<9} {r['key']:<20} campaign={r['campaign_id'] or '-':<12} "
+                    f"cpm={format_micros(r['cpm_micros'])} cpc={format_micros(r['cpc_micros'])} "
+                    f"budget={format_micros(r['budget_micros'])}"
+                )
+    finally:
+        engine.dispose()
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "budget",
+        help="the ad budget service (exactly-once spend into the budget database)",
+        description="Consumes the aggregates topic (read_committed) in consumer group ADPIPE_BUDGET_GROUP and "
+        "applies spend = impressions x CPM / 1000 + clicks x CPC per ad into ADPIPE_BUDGET_DB, one database "
+        "transaction per batch holding the ledger (keyed by record_uuid), the spend and the consumer's offsets. "
+        "An ad whose spend reaches its budget is paused and one event goes to the budget-events topic. "
+        "Stops cleanly on SIGTERM. Sub-commands: report, prices.",
+    )
+    p.add_argument("--once", action="store_true", help="drain what is in the topic now, then stop")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="with --once: give up (exit 1) when not drained after this many s"
+    )
+    p.set_defaults(func=cmd_budget, budget_action=None)
+    actions = p.add_subparsers(dest="budget_action", metavar="ACTION")
+    r = actions.add_parser(
+        "report",
+        help="spend, budget and status per ad and period (read-only)",
+        description="Prints spend, budget and status per ad and budget period from the budget database. "
+        "Read-only; exit 3 when there is no budget database yet.",
+    )
+    r.add_argument("--json", action="store_true", help="JSON instead of a table")
+    q = actions.add_parser(
+        "prices",
+        help="load or list the pricing table (prices and budgets)",
+        description="Without --file: list the pricing table. " + PRICE_FILE_HELP,
+    )
+    q.add_argument("--file", help="CSV to load (insert or replace by scope and key)")

@@ -1,0 +1,121 @@
+"""Money and the charge of one aggregate: pure functions, exact integers.
+
+Amounts are integers of micro-units of the account currency (1.00 =
+1_000_000). Prices come in as decimal strings and are converted exactly
+(more than six decimal places is an error, never a silent rounding); no
+float is ever involved.
+
+The charge of one minute aggregate is::
+
+    impressions x CPM / 1000 + clicks x CPC
+
+``impressions x cpm_micros`` is an exact integer; dividing by 1000 may leave
+a fraction of a micro-unit, which is rounded half-to-even, once per
+aggregate (the record is the billing line). An ad's spend is the sum of the
+charges of its distinct records.
+
+This module is shared by the budget service and by ``adpipe verify``: it is
+the *definition* of the price, not the service's way of applying batches.
+Verify's independence lies in what it reads (a plain read_committed read of
+the aggregates topic, its own dedupe by record_uuid, its own price lookup
+and sums); the unit tests pin this function to hand-computed values, and
+the integration tests recompute charges with their own Decimal arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from adpipe.settings import BUDGET_PERIODS as PERIODS
+
+
+def _div_round_half_even(numerator: int, denominator: int) -> int:
+    quotient, remainder = divmod(numerator, denominator)
+    twice = 2 * remainder
+    if twice > denominator or (twice == denominator and quotient % 2 == 1):
+        quotient += 1
+    return quotient
+
+
+@dataclass(frozen=True)
+class Price:
+    """What one ad pays: per thousand impressions, per click; its budget per
+    budget period (``None``: no budget, never paused)."""
+
+    cpm_micros: int
+    cpc_micros: int
+    budget_micros: int | None = None
+
+
+def spend_micros(impressions: int, clicks: int, price: Price) -> int:
+    """The charge of one aggregate in micro-units (see the module doc)."""
+    if impressions < 0 or clicks < 0:
+        raise ValueError(f"negative counts: impressions={impressions} clicks={clicks}")
+    return _div_round_half_even(impressions * price.cpm_micros, 1000) + clicks * price.cpc_micros
+
+
+def period_of(window_start: str, period: str) -> str:
+    """The budget period an aggregate counts in, from its event-time window
+    (never the wall clock): ``day`` 2026-11-22, ``hour`` 2026-11-22T12,
+    ``month`` 2026-11, ``total`` total."""
+    if period == "total":
+        return "total"
+    ts = datetime.fromisoformat(window_start.replace("Z", "+00:00"))
+    if ts.tzinfo is None:
+        raise ValueError(f"window_start {window_start!r} has no zone")
+    ts = ts.astimezone(UTC)
+    if period == "day":
+        return ts.strftime("%Y-%m-%d")
+    if period == "hour":
+        return ts.strftime("%Y-%m-%dT%H")
+    if period == "month":
+        return ts.strftime("%Y-%m")
+    raise ValueError(f"unknown budget period {period!r}; expected one of {', '.join(PERIODS)}")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """The fields of a minute aggregate the budget needs."""
+
+    record_uuid: str
+    ad_id: str
+    window_start: str
+    impressions: int
+    clicks: int
+
+
+class BadAggregate(ValueError):
+    """The value is not a minute aggregate of the contract."""
+
+
+def _count(body: dict, name: str) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadAggregate(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def parse_aggregate(value: bytes | None) -> Aggregate:
+    """Parse and validate one aggregate; raises :class:`BadAggregate`."""
+    if value is None:
+        raise BadAggregate("empty value (tombstone)")
+    try:
+        body = json.loads(value.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadAggregate(f"not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadAggregate("not a JSON object")
+    for name in ("record_uuid", "ad_id", "window_start"):
+        if not isinstance(body.get(name), str) or not body[name]:
+            raise BadAggregate(f"{name} must be a non-empty string")
+    try:
+        period_of(body["window_start"], "day")
+    except ValueError as exc:
+        raise BadAggregate(f"window_start {body['window_start']!r} is not an ISO-8601 time") from exc
+    if len(body["record_uuid"]) > 64 or len(body["ad_id"]) > 200:
+        raise BadAggregate("record_uuid or ad_id too long")
+    return Aggregate(
+        body["record_uuid"], body["ad_id"], body["window_start"], _count(body, "impressions"), _count(body, "clicks")
+    )

@@ -1,0 +1,192 @@
+"""The Hive metastore the ``ads`` tables are registered in.
+
+Default: a metastore database in the local PostgreSQL, shared by every Spark
+application at once (each JVM runs its own metastore client against it).
+Fallback (``ADPIPE_METASTORE=derby``): Spark's embedded Derby, one JVM at a
+time.
+
+The PostgreSQL schema is created once, up front, by DataNucleus' SchemaTool
+from the metastore's own JDO mapping (``package.jdo`` in the hive-metastore
+jar pyspark ships). Letting DataNucleus create tables lazily instead
+deadlocks: the first CREATE TABLE holds row locks in one connection while
+the lazily created privilege table's foreign keys wait for them in another."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from adpipe.jars import ensure_classpath
+from adpipe.lakehouse import tables as T
+from adpipe.pg import connect
+from adpipe.settings import Settings
+from adpipe.spark import build_spark
+
+log = logging.getLogger(__name__)
+
+METASTORE_DATABASE = "adpipe_metastore"
+_INIT_LOCK = "SELECT pg_advisory_lock(hashtext('adpipe-metastore-init'))"
+_INIT_UNLOCK = "SELECT pg_advisory_unlock(hashtext('adpipe-metastore-init'))"
+
+
+class MetastoreError(RuntimeError):
+    """The metastore schema could not be created."""
+
+
+def _pyspark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def _schema_exists(cur) -> bool:  # noqa: ANN001 - psycopg2 cursor
+    cur.execute("SELECT to_regclass('public.\"DBS\"') IS NOT NULL AND to_regclass('public.\"TBL_PRIVS\"') IS NOT NULL")
+    return bool(cur.fetchone()[0])
+
+
+def connection_options(settings: Settings) -> dict[str, str]:
+    """JDO connection options of the configured metastore database."""
+    if settings.metastore == "derby":
+        return {
+            "javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={settings.home / 'metastore_db'};create=true",
+            "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
+            "javax.jdo.option.ConnectionUserName": "APP",
+            "javax.jdo.option.ConnectionPassword": "mine",
+        }
+    return {
+        "javax.jdo.option.ConnectionURL": settings.jdbc_url(METASTORE_DATABASE),
+        "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
+        "javax.jdo.option.ConnectionUserName": settings.pg_user,
+        "javax.jdo.option.ConnectionPassword": settings.pg_password,
+    }
+
+
+def metastore_conf(settings: Settings) -> dict[str, str]:
+    """Spark's Hive catalog on the configured metastore database."""
+    postgres_jar = str(_postgres_jar(settings))
+    conf = {f"spark.hadoop.{k}": v for k, v in connection_options(settings).items()}
+    conf.update(
+        {
+            "spark.sql.catalogImplementation": "hive",
+            # Small hourly tables on a few cores: Delta's default of 50
+            # partitions for rebuilding a table snapshot is pure overhead.
+            "spark.databricks.delta.snapshotPartitions": "2",
+            # ensure_schema creates the schema up front.
+            "spark.hadoop.datanucleus.schema.autoCreateAll": "false",
+            "spark.hadoop.hive.metastore.schema.verification": "false",
+            # The metastore client loads the JDBC driver from the JVM's own
+            # classpath, not from spark.jars.
+            "spark.driver.extraClassPath": postgres_jar,
+        }
+    )
+    return conf
+
+
+def _postgres_jar(settings: Settings) -> Path:
+    return next(j for j in ensure_classpath(settings.jar_cache, "spark") if j.name.startswith("postgresql-"))
+
+
+def _create_schema(settings: Settings) -> None:
+    jars = _pyspark_jars()
+    metastore_jar = next(jars.glob("hive-metastore-*.jar"))
+    postgres_jar = _postgres_jar(settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(metastore_jar) as jar:
+            jar.extract("package.jdo", tmp)
+        props = Path(tmp) / "datanucleus.properties"
+        # The identifier and value strategies Hive's ObjectStore uses.
+        props.write_text(
+            "\n".join(
+                [
+                    *(f"{k}={v}" for k, v in connection_options(settings).items()),
+                    "datanucleus.storeManagerType=rdbms",
+                    "datanucleus.identifierFactory=datanucleus1",
+                    "datanucleus.rdbms.useLegacyNativeValueStrategy=true",
+                    "",
+                ]
+            )
+        )
+        cmd = [
+            "java",
+            *settings.jvm_options,
+            "-cp",
+            os.pathsep.join([str(jars / "*"), str(postgres_jar)]),
+            "org.datanucleus.store.schema.SchemaTool",
+            "-create",
+            "-api",
+            "JDO",
+            "-props",
+            str(props),
+            str(Path(tmp) / "package.jdo"),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+    if proc.returncode != 0 or "completed successfully" not in proc.stdout:
+        raise MetastoreError(f"creating the metastore schema failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+
+
+@contextmanager
+def _init_lock(settings: Settings) -> Iterator[Any]:
+    """Serialise first-time set-up across processes: a PostgreSQL advisory
+    lock (a no-op with Derby, which admits one JVM anyway). Yields a cursor
+    on the metastore database, or None."""
+    if settings.metastore == "derby":
+        yield None
+        return
+    conn = connect(settings, METASTORE_DATABASE)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_INIT_LOCK)
+            try:
+                yield cur
+            finally:
+                cur.execute(_INIT_UNLOCK)
+    finally:
+        conn.close()
+
+
+def ensure_schema(settings: Settings) -> bool:
+    """Create the metastore schema unless it is there; safe to call from
+    several processes at once. Returns True when this call created it."""
+    if settings.metastore == "derby":
+        marker = settings.home / "metastore_db" / "adpipe-schema.created"
+        if marker.exists():
+            return False
+        settings.home.mkdir(parents=True, exist_ok=True)
+        _create_schema(settings)
+        marker.write_text("created by adpipe.metastore\n")
+        return True
+    with _init_lock(settings) as cur:
+        if _schema_exists(cur):
+            return False
+        log.info("creating the Hive metastore schema in PostgreSQL database %s", METASTORE_DATABASE)
+        _create_schema(settings)
+        return True
+
+
+def ensure_tables(spark: SparkSession) -> None:
+    """The ``ads`` database and its three Delta tables, if missing. Callers
+    hold the init lock: two applications creating the same Delta table at
+    once conflict (Delta's ProtocolChangedException on an empty directory)."""
+    from delta.tables import DeltaTable
+
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {T.DATABASE}")
+    for name, (schema, _keys) in T.TABLES.items():
+        DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema).partitionedBy("event_hour").execute()
+
+
+def metastore_session(settings: Settings, app_name: str) -> SparkSession:
+    """A Spark session on the metastore, with the ``ads`` tables in place."""
+    ensure_schema(settings)
+    spark = build_spark(settings, app_name, metastore_conf(settings))
+    with _init_lock(settings):
+        ensure_tables(spark)
+    return spark

@@ -1,0 +1,211 @@
+"""``make airflow``: Airflow 3 on this machine, configured from the same
+settings the jobs read.
+
+    python -m adpipe.local.airflow [--no-kafka] [--exit-when-ready]
+
+1. Start the local PostgreSQL (``adpipe pg up``) and keep Airflow's metadata
+   in its ``airflow`` database; when PostgreSQL cannot start, fall back to
+   SQLite under ``$ADPIPE_HOME/airflow`` (and say so).
+2. Start the local Kafka broker (the stream DAG needs it) unless ``--no-kafka``.
+3. ``airflow db migrate`` with ``AIRFLOW_HOME=$ADPIPE_HOME/airflow``, the DAGs
+   folder of this repository, no examples.
+4. ``airflow standalone`` (api-server, scheduler, dag-processor, triggerer;
+   LocalExecutor) with the Connections ``adpipe_spark``, ``adpipe_kafka``,
+   ``adpipe_budget_db`` given as ``AIRFLOW_CONN_*`` variables built from
+   :class:`adpipe.settings.Settings`, so Airflow and the jobs cannot disagree.
+5. Once the UI answers, print its address and the login (Airflow's simple
+   auth manager: user ``admin``, generated password kept in
+   ``$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated``).
+
+DAGs start paused (Airflow's default): unpause them in the UI or with
+``airflow dags unpause``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from adpipe.settings import PROJECT_ROOT, Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+DAGS_FOLDER = PROJECT_ROOT / "dags"
+ADMIN_USER = "admin"
+
+
+def airflow_home(settings: Settings) -> Path:
+    return settings.home / "airflow"
+
+
+def sqlite_url(settings: Settings) -> str:
+    return f"sqlite:///{airflow_home(settings) / 'airflow.db'}"
+
+
+def _db_connection(url: str) -> dict:
+    """An Airflow connection (JSON form) for a SQLAlchemy URL."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme == "sqlite":
+        return {"conn_type": "sqlite", "host": unquote(parts.path)}
+    return {
+        "conn_type": "postgres" if scheme.startswith("postgres") else scheme,
+        "host": parts.hostname or "",
+        "port": parts.port,
+        "login": unquote(parts.username or ""),
+        "password": unquote(parts.password or ""),
+        "schema": parts.path.lstrip("/"),
+    }
+
+
+def connections_env(settings: Settings) -> dict[str, str]:
+    """``AIRFLOW_CONN_*`` variables from the settings the jobs read."""
+    return {
+        # The provider reads a master without "://" from the host field.
+        "AIRFLOW_CONN_ADPIPE_SPARK": json.dumps({"conn_type": "spark", "host": settings.spark_master}),
+        "AIRFLOW_CONN_ADPIPE_KAFKA": json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": settings.kafka_bootstrap}}
+        ),
+        "AIRFLOW_CONN_ADPIPE_BUDGET_DB": json.dumps(_db_connection(settings.budget_db)),
+    }
+
+
+def airflow_env(settings: Settings, database_url: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment Airflow runs in (every component, and ``dag.test``)."""
+    env = dict(os.environ if base is None else base)
+    home = airflow_home(settings)
+    bin_dir = str(Path(sys.executable).parent)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # In a container (docker-compose) the UI must listen on 0.0.0.0.
+            "AIRFLOW__API__HOST": env.get("AIRFLOW__API__HOST", "127.0.0.1"),
+            "AIRFLOW__API__PORT": str(settings.airflow_port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{settings.airflow_port}",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{settings.airflow_port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            # Two cores: one Spark job at a time is plenty.
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "ADPIPE_HOME": str(settings.home),
+            "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+            **connections_env(settings),
+        }
+    )
+    return env
+
+
+def metadata_database(settings: Settings) -> str:
+    """PostgreSQL's ``airflow`` database, started if needed; SQLite otherwise."""
+    from adpipe.local import postgres
+
+    try:
+        postgres.up(settings)
+        return settings.pg_url("airflow")
+    except Exception as exc:  # noqa: BLE001 - any failure means: use the fallback
+        log.warning("PostgreSQL unavailable (%s): Airflow metadata falls back to SQLite", exc)
+        airflow_home(settings).mkdir(parents=True, exist_ok=True)
+        return sqlite_url(settings)
+
+
+def migrate(env: dict[str, str]) -> None:
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
+
+
+def ui_answers(port: int, timeout_s: float = 3.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=timeout_s) as r:  # noqa: S310
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def admin_password(settings: Settings) -> str | None:
+    path = airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
+    try:
+        return json.loads(path.read_text()).get(ADMIN_USER)
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-kafka", action="store_true", help="do not start the local Kafka broker")
+    parser.add_argument("--exit-when-ready", action="store_true", help="stop again once the UI answers (a check)")
+    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+
+    database_url = metadata_database(settings)  # Step 1
+    if not args.no_kafka:  # Step 2
+        from adpipe import kafka_io
+        from adpipe.local import kafka_broker
+
+        kafka_broker.up(settings)
+        kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    env = airflow_env(settings, database_url)
+    airflow_home(settings).mkdir(parents=True, exist_ok=True)
+    log.info("airflow db migrate (%s)", database_url.split("@")[-1])
+    migrate(env)  # Step 3
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C, or SIGTERM (a background job ignores SIGINT): stop Airflow too.
+    signal.signal(signal.SIGTERM, stop)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    proc = subprocess.Popen([airflow, "standalone"], env=env, start_new_session=True)  # noqa: S603 - Step 4
+    deadline = time.monotonic() + args.ready_timeout
+    try:
+        while not ui_answers(settings.airflow_port):  # Step 5
+            if proc.poll() is not None:
+                log.error("airflow standalone exited with %s", proc.returncode)
+                return 1
+            if time.monotonic() > deadline:
+                log.error("the Airflow UI did not answer within %.0fs", args.ready_timeout)
+                return 1
+            time.sleep(2)
+        password = admin_password(settings) or "(see the standalone output above)"
+        print(
+            "\n"
+            f"  Airflow UI:  http://127.0.0.1:{settings.airflow_port}\n"
+            f"  login:       {ADMIN_USER} / {password}\n"
+            f"  metadata:    {database_url.split('@')[-1]}\n"
+            f"  DAGs:        {DAGS_FOLDER} (paused at creation: unpause in the UI)\n"
+            f"  AIRFLOW_HOME={airflow_home(settings)}\n",
+            flush=True,
+        )
+        if args.exit_when_ready:
+            return 0
+        proc.wait()
+        return proc.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            # Its own process group: the scheduler, api-server, dag-processor
+            # and triggerer each stop cleanly on SIGTERM.
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

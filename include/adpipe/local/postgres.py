@@ -1,0 +1,210 @@
+"""The local PostgreSQL of the embedded default.
+
+Debian's PostgreSQL server binaries (``make deps`` installs them), run as a
+private cluster under ``$ADPIPE_HOME/postgres`` on loopback only. It holds the
+Hive metastore that Spark applications share, the budget service's database
+and Airflow's metadata. ``initdb`` refuses to run as root, so as root the
+cluster belongs to the ``postgres`` system user the Debian package creates."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from adpipe.pg import connect
+from adpipe.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Every database the project uses; `up` creates the missing ones.
+DATABASES = ("adpipe", "adpipe_budget", "adpipe_metastore", "airflow")
+
+
+class PostgresError(RuntimeError):
+    """The local PostgreSQL could not be found, started or reached."""
+
+
+@dataclass(frozen=True)
+class PostgresStatus:
+    running: bool
+    answering: bool
+    address: str
+
+    def describe(self) -> str:
+        if self.running and self.answering:
+            return f"postgres up: answering on {self.address}"
+        if self.running:
+            return f"postgres starting or unhealthy on {self.address}"
+        return f"postgres down (no cluster of ours runs; {self.address} answering={self.answering})"
+
+
+def bin_dir() -> Path:
+    """The server binaries: $ADPIPE_PG_BIN, else the newest Debian install."""
+    override = os.environ.get("ADPIPE_PG_BIN")
+    if override:
+        return Path(override)
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    if not versions:
+        found = shutil.which("initdb")
+        if found:
+            return Path(found).parent
+        raise PostgresError("PostgreSQL server binaries not found; run `make deps` (apt-get install postgresql)")
+    return versions[-1].parent
+
+
+def _as_owner(cmd: list[str]) -> list[str]:
+    """Run as the cluster owner: ``postgres`` when we are root."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *cmd]
+    return cmd
+
+
+def _run(cmd: list[str], what: str) -> str:
+    proc = subprocess.run(_as_owner(cmd), capture_output=True, text=True, check=False)  # noqa: S603
+    if proc.returncode != 0:
+        raise PostgresError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def _data_dir(settings: Settings) -> Path:
+    return settings.pg_dir / "data"
+
+
+def _chown(path: Path) -> None:
+    if os.geteuid() == 0:
+        shutil.chown(path, "postgres", "postgres")
+
+
+def _initdb(settings: Settings) -> None:
+    data = _data_dir(settings)
+    if (data / "PG_VERSION").exists():
+        return
+    settings.pg_dir.mkdir(parents=True, exist_ok=True)
+    _chown(settings.pg_dir)
+    pwfile = settings.pg_dir / "pwfile"
+    pwfile.write_text(settings.pg_password + "\n")
+    _chown(pwfile)
+    log.info("initialising a PostgreSQL cluster in %s", data)
+    _run(
+        [
+            str(bin_dir() / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            settings.pg_user,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C",
+        ],
+        "initdb",
+    )
+    pwfile.unlink()
+    with (data / "postgresql.conf").open("a") as conf:
+        conf.write(
+            "\n# adpipe: loopback only, no Unix socket (paths under ADPIPE_HOME can be too long)\n"
+            f"listen_addresses = '{settings.pg_host}'\n"
+            f"port = {settings.pg_port}\n"
+            "unix_socket_directories = ''\n"
+            "max_connections = 200\n"
+            "shared_buffers = 64MB\n"
+            "fsync = on\n"
+        )
+
+
+def answering(settings: Settings, timeout_s: int = 3) -> bool:
+    proc = subprocess.run(  # noqa: S603
+        [str(bin_dir() / "pg_isready"), "-h", settings.pg_host, "-p", str(settings.pg_port), "-t", str(timeout_s)],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+def _running(settings: Settings) -> bool:
+    data = _data_dir(settings)
+    if not (data / "postmaster.pid").exists():
+        return False
+    proc = subprocess.run(  # noqa: S603
+        _as_owner([str(bin_dir() / "pg_ctl"), "status", "-D", str(data)]), capture_output=True, check=False
+    )
+    return proc.returncode == 0
+
+
+def status(settings: Settings) -> PostgresStatus:
+    return PostgresStatus(_running(settings), answering(settings), f"{settings.pg_host}:{settings.pg_port}")
+
+
+def ensure_databases(settings: Settings, names: tuple[str, ...] = DATABASES) -> list[str]:
+    """Create the databases that do not exist yet; return those created."""
+    conn = connect(settings, "postgres")
+    created = []
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database")
+            existing = {row[0] for row in cur.fetchall()}
+            for name in names:
+                if name not in existing:
+                    cur.execute(f'CREATE DATABASE "{name}"')
+                    created.append(name)
+    finally:
+        conn.close()
+    return created
+
+
+def is_local(settings: Settings) -> bool:
+    """Whether ADPIPE_PG_HOST is this machine's loopback (our own cluster)
+    rather than a server run by someone else (docker-compose, a managed one)."""
+    return settings.pg_host in ("127.0.0.1", "localhost", "::1")
+
+
+def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
+    """Initialise (once) and start the local cluster unless it runs; on a
+    server elsewhere, only wait for it. Then create the missing databases."""
+    address = f"{settings.pg_host}:{settings.pg_port}"
+    if is_local(settings) and not _running(settings):
+        if answering(settings, 1):
+            raise PostgresError(
+                f"something else already answers on {address}; stop it or point ADPIPE_PG_PORT elsewhere"
+            )
+        _initdb(settings)
+        logfile = settings.pg_dir / "postgres.log"
+        logfile.touch()
+        _chown(logfile)
+        log.info("starting PostgreSQL on %s", address)
+        _run(
+            [str(bin_dir() / "pg_ctl"), "start", "-D", str(_data_dir(settings)), "-l", str(logfile), "-w",
+             "-t", str(int(timeout_s))],
+            f"starting PostgreSQL (see {logfile})",
+        )
+    deadline = time.monotonic() + timeout_s
+    while not answering(settings, 2):
+        if time.monotonic() > deadline:
+            raise PostgresError(f"PostgreSQL did not answer on {address} within {timeout_s:.0f}s")
+        time.sleep(0.5)
+    created = ensure_databases(settings)
+    if not is_local(settings):
+        log.info("PostgreSQL at %s is not ours: nothing started, databases checked", address)
+    if created:
+        log.info("created databases: %s", ", ".join(created))
+    return PostgresStatus(True, True, address)
+
+
+def down(settings: Settings) -> bool:
+    """Stop our cluster (fast shutdown). True if one was running."""
+    if not _running(settings):
+        return False
+    _run([str(bin_dir() / "pg_ctl"), "stop", "-D", str(_data_dir(settings)), "-m", "fast", "-w"], "stopping PostgreSQL")
+    return True
+
+
+def serve_metastore(settings: Settings) -> None:
+    """The embedded default: start the local PostgreSQL the Hive metastore
+    lives in, when the metastore is configured there and it is not up."""
+    if settings.metastore == "postgres" and is_local(settings) and not answering(settings, 1):
+        up(settings)

@@ -1,0 +1,24 @@
+"""Connections to the configured PostgreSQL server (``ADPIPE_PG_*``).
+
+A shared piece: the metastore's set-up lock and the local server's
+database creation use it; the server may be the local one
+(``adpipe.local.postgres``) or any other (docker-compose, a managed one)."""
+
+from __future__ import annotations
+
+from adpipe.settings import Settings
+
+
+def connect(settings: Settings, database: str = "adpipe", autocommit: bool = True):  # noqa: ANN201 - psycopg2 connection
+    import psycopg2
+
+    conn = psycopg2.connect(
+        host=settings.pg_host,
+        port=settings.pg_port,
+        user=settings.pg_user,
+        password=settings.pg_password,
+        dbname=database,
+        connect_timeout=10,
+    )
+    conn.autocommit = autocommit
+    return conn

@@ -1,0 +1,97 @@
+"""The contract's raw ad event, read in Spark: parse, validate, split.
+
+A shared piece: the aggregation stream job counts what :func:`valid_events`
+keeps and sends what :func:`rejected_events` keeps to the DLQ; Union & Load
+files the same rows into the ``ads`` tables. ``adpipe verify`` has a reading
+of its own in plain Python (``adpipe.tools.verify.classify``), and the unit
+tests hold the two to the same verdicts, edge cases included."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from adpipe import schemas as S
+
+_INTEGER_VARIANTS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
+
+
+def _field_type(variant: Column, name: str) -> Column:
+    return F.schema_of_variant(F.try_variant_get(variant, f"$.{name}", "variant"))
+
+
+def _non_empty_string(variant: Column, name: str) -> Column:
+    value = F.try_variant_get(variant, f"$.{name}", "string")
+    return _true(_field_type(variant, name) == "STRING") & _true(F.length(value) > 0)
+
+
+def _true(condition: Column) -> Column:
+    """SQL's NULL (a missing field) counts as false, never as 'unknown'."""
+    return F.coalesce(condition, F.lit(False))
+
+
+def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
+    """Kafka rows -> one row per message with the event's fields and
+    ``reject_reason`` (null for a valid event). Never drops a row: a
+    malformed message is kept, with the first reason it fails."""
+    v = F.col("__v")
+    time_type = _field_type(v, "event_time")
+    time_text = F.try_variant_get(v, "$.event_time", "string")
+    time_millis = F.try_variant_get(v, "$.event_time", "long")
+    event_time = F.when(
+        _true(time_type.isin(*_INTEGER_VARIANTS)) & _true(time_millis.between(0, S.EPOCH_MS_MAX)),
+        F.timestamp_millis(time_millis),
+    ).when(
+        _true(time_type == "STRING") & _true(time_text.rlike(S.ISO_WITH_ZONE)),
+        F.try_to_timestamp(F.regexp_replace(time_text, S.ISO_NO_SECONDS, "$1:00$2")),
+    )
+    event_type = F.try_variant_get(v, "$.event_type", "string")
+    reason = (
+        F.when(v.isNull(), F.lit(S.REASON_NOT_JSON))
+        .when(~_true(F.schema_of_variant(v).startswith("OBJECT")), F.lit(S.REASON_NOT_OBJECT))
+        .when(~_non_empty_string(v, "event_id"), F.lit(S.REASON_BAD_EVENT_ID))
+        .when(~_non_empty_string(v, "ad_id"), F.lit(S.REASON_BAD_AD_ID))
+        .when(
+            ~(_true(_field_type(v, "event_type") == "STRING") & _true(event_type.isin(*S.EVENT_TYPES))),
+            F.lit(S.REASON_BAD_EVENT_TYPE),
+        )
+        .when(F.col("event_time").isNull(), F.lit(S.REASON_BAD_EVENT_TIME))
+    )
+    valid_campaign = _true(_field_type(v, "campaign_id") == "STRING")
+    return (
+        kafka_df.select(
+            # Kept as received: the DLQ and late topics carry the raw bytes.
+            F.col("key").cast("binary").alias("key"),
+            F.col("value").cast("binary").alias("value"),
+            "topic",
+            F.col("partition").cast("long").alias("partition"),
+            F.col("offset").cast("long").alias("offset"),
+        )
+        # Invalid UTF-8 is not JSON (a cast alone would turn it into U+FFFD).
+        .withColumn(
+            "__v",
+            F.when(F.is_valid_utf8(F.col("value").cast("string")), F.try_parse_json(F.col("value").cast("string"))),
+        )
+        .withColumn("event_time", event_time)
+        .select(
+            "key",
+            "value",
+            "topic",
+            "partition",
+            "offset",
+            F.try_variant_get(v, "$.event_id", "string").alias("event_id"),
+            F.try_variant_get(v, "$.ad_id", "string").alias("ad_id"),
+            F.when(valid_campaign, F.try_variant_get(v, "$.campaign_id", "string")).alias("campaign_id"),
+            event_type.alias("event_type"),
+            "event_time",
+            reason.alias("reject_reason"),
+        )
+    )
+
+
+def valid_events(parsed_df: DataFrame) -> DataFrame:
+    return parsed_df.where(F.col("reject_reason").isNull())
+
+
+def rejected_events(parsed_df: DataFrame) -> DataFrame:
+    return parsed_df.where(F.col("reject_reason").isNotNull())

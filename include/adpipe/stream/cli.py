@@ -1,0 +1,42 @@
+"""``adpipe stream``: the aggregation stream job (also
+``jobs/aggregation_stream.py`` under spark-submit)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from adpipe.settings import Settings
+
+log = logging.getLogger("adpipe.stream")
+
+# A fenced job (a successor took over its transactional.id) or a ledger
+# that another query wrote: stopping is right, restarting blindly is not.
+EXIT_FENCED = 4
+
+
+def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.faults import FaultPlan
+    from adpipe.stream import job
+    from adpipe.stream.sink import LedgerMismatchError, ProducerFencedError
+
+    if args.max_offsets_per_trigger is not None:
+        settings = settings.with_overrides(max_offsets_per_trigger=args.max_offsets_per_trigger)
+    try:
+        job.run(settings, available_now=args.available_now, fault=FaultPlan.from_env())
+    except (ProducerFencedError, LedgerMismatchError) as exc:
+        log.error("%s", exc)
+        return EXIT_FENCED
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "stream",
+        help="the aggregation stream job",
+        description="Spark Structured Streaming from the raw topic to one-minute aggregates, "
+        "written to Kafka transactionally. Stops cleanly on SIGTERM; exit 4 when fenced by a successor.",
+    )
+    p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
+    p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
+    p.set_defaults(func=cmd_stream)

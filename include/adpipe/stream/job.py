@@ -1,0 +1,329 @@
+"""The aggregation stream job: Kafka ``ad-events`` -> one-minute aggregates
+per ad -> ``ad-aggregates``, exactly once, through the transactional sink.
+
+Routing late events. Spark's stateful operators drop input rows older than
+the watermark silently. We need those rows in ``ad-events-late``, in the same
+transaction as the batch's aggregates, and a replayed batch must route
+exactly the same rows. We re-derive them from the checkpoint rather than
+using an arbitrary-state operator: for batch N Spark records in
+``offsets/N`` the batch's end offsets and watermark, before running it, and
+a replay reads the very same entries. The first stateful operator
+(dedupe by event_id) drops rows whose event time is <= the watermark of the
+previous batch (``offsets/N-1``), which is the late-event watermark of
+batch N. So the sink re-reads batch N's exact offset range from Kafka and
+routes the rows that satisfy that same predicate, plus every malformed one.
+A listener compares our late count with Spark's own
+``numRowsDroppedByWatermark`` for every batch and logs an error on any
+difference. This keeps Spark's tested window/state machinery for the counts
+and adds one deterministic read per batch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQueryListener
+
+from adpipe import kafka_io, raw_events
+from adpipe import schemas as S
+from adpipe.faults import FaultPlan
+from adpipe.settings import Settings
+from adpipe.spark import build_spark
+from adpipe.stream import transforms as T
+from adpipe.stream.offset_log import BatchOffsets, batch_offsets, query_id
+from adpipe.stream.sink import LedgerMismatchError, OutRecord, ProducerFencedError, TransactionalSink
+
+# Named after the part: operators grep "adpipe.stream: batch N".
+log = logging.getLogger("adpipe.stream")
+
+# record_uuid namespace: uuid5 of the job id, the ad and the window. It is
+# a pure function of those, so a window that is recomputed after a crash
+# (the replay of an uncommitted batch) carries the same record_uuid, and
+# consumers deduplicate it; the job id keeps two regions' aggregates of the
+# same ad and minute distinct.
+RECORD_UUID_NAMESPACE = uuid.UUID("6f1c2b9e-4a55-5d1e-9a7e-2f3b8c0d4e61")
+
+
+def record_uuid(job_id: str, ad_id: str, window_start: datetime) -> str:
+    return str(uuid.uuid5(RECORD_UUID_NAMESPACE, f"{job_id}|{ad_id}|{iso_utc(window_start)}"))
+
+
+def iso_utc(ts: datetime) -> str:
+    if ts.tzinfo is None:  # Spark hands back naive datetimes in the session zone (UTC)
+        ts = ts.replace(tzinfo=UTC)
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def transactional_id(settings: Settings) -> str:
+    return f"adpipe-agg-{settings.job_id}-{settings.topics.aggregates}"
+
+
+def aggregate_record(settings: Settings, row: dict, batch_id: int) -> OutRecord:
+    value = {
+        "record_uuid": record_uuid(settings.job_id, row["ad_id"], row["window_start"]),
+        "ad_id": row["ad_id"],
+        "window_start": iso_utc(row["window_start"]),
+        "window_end": iso_utc(row["window_end"]),
+        "impressions": int(row["impressions"]),
+        "clicks": int(row["clicks"]),
+    }
+    headers = [
+        ("adpipe.kind", b"aggregate"),
+        (S.HEADER_JOB, settings.job_id.encode()),
+        (S.HEADER_BATCH, str(batch_id).encode()),
+    ]
+    return OutRecord(settings.topics.aggregates, row["ad_id"].encode(), json.dumps(value).encode(), headers)
+
+
+def _source(row: dict) -> bytes:
+    return f"{row['topic']}/{row['partition']}/{row['offset']}".encode()
+
+
+def exception_records(settings: Settings, rows: list[dict], offsets: BatchOffsets) -> tuple[list[OutRecord], int, int]:
+    """DLQ records for malformed rows and late records for late ones (a
+    late event listed once per batch even if its retry came too)."""
+    records: list[OutRecord] = []
+    seen_late: set[str] = set()
+    dlq = late = 0
+    common = [(S.HEADER_JOB, settings.job_id.encode()), (S.HEADER_BATCH, str(offsets.batch_id).encode())]
+    for row in sorted(rows, key=lambda r: (r["partition"], r["offset"])):
+        value = bytes(row["value"]) if row["value"] is not None else b""
+        key = bytes(row["key"]) if row["key"] is not None else None
+        if row["reject_reason"] is not None:
+            dlq += 1
+            headers = [
+                ("adpipe.kind", b"dlq"),
+                (S.HEADER_REASON, row["reject_reason"].encode()),
+                (S.HEADER_SOURCE, _source(row)),
+                *common,
+            ]
+            records.append(OutRecord(settings.topics.dlq, key, value, headers))
+        elif row["event_id"] not in seen_late:
+            seen_late.add(row["event_id"])
+            late += 1
+            headers = [
+                ("adpipe.kind", b"late"),
+                (S.HEADER_REASON, b"late"),
+                (S.HEADER_SOURCE, _source(row)),
+                (S.HEADER_WATERMARK, str(offsets.late_watermark_ms).encode()),
+                *common,
+            ]
+            records.append(OutRecord(settings.topics.late, row["ad_id"].encode(), value, headers))
+    return records, dlq, late
+
+
+class BatchHandler:
+    """The foreachBatch function: gather the batch's output, commit it."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, sink: TransactionalSink) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.sink = sink
+        self.late_rows_by_batch: dict[int, int] = {}
+        self.in_batch = threading.Event()
+        self.batches = 0
+        self.fatal: Exception | None = None
+
+    def _raw_range(self, offsets: BatchOffsets) -> DataFrame:
+        return (
+            self.spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", self.settings.kafka_bootstrap)
+            .option("kafka.isolation.level", "read_committed")
+            .option("subscribe", offsets.topic)
+            .option("startingOffsets", offsets.kafka_json("start"))
+            .option("endingOffsets", offsets.kafka_json("end"))
+            .load()
+        )
+
+    def __call__(self, aggregates_df: DataFrame, batch_id: int) -> None:
+        self.in_batch.set()
+        try:
+            self._handle(aggregates_df, batch_id)
+        except (ProducerFencedError, LedgerMismatchError) as exc:
+            self.fatal = exc  # Spark wraps it; run() re-raises the original
+            raise
+        finally:
+            self.in_batch.clear()
+
+    def _handle(self, aggregates_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        offsets = batch_offsets(self.settings.checkpoint_dir, batch_id)
+        exception_rows: list[dict] = []
+        if offsets.has_input():
+            parsed_df = self._raw_range(offsets).transform(raw_events.parse_raw_events)
+            late_cut = F.timestamp_millis(F.lit(offsets.late_watermark_ms))
+            exception_rows = [
+                r.asDict()
+                for r in parsed_df.where(F.col("reject_reason").isNotNull() | (F.col("event_time") <= late_cut))
+                .select("key", "value", "topic", "partition", "offset", "event_id", "ad_id", "reject_reason")
+                .collect()
+            ]
+        late_rows = sum(1 for r in exception_rows if r["reject_reason"] is None)
+        self.late_rows_by_batch[batch_id] = late_rows
+        aggregate_rows = [r.asDict() for r in aggregates_df.collect()]
+        records = [aggregate_record(self.settings, r, batch_id) for r in aggregate_rows]
+        extra, dlq, late = exception_records(self.settings, exception_rows, offsets)
+        if self.sink.query_id is None:  # written by Spark before the first batch
+            self.sink.query_id = query_id(self.settings.checkpoint_dir)
+        result = self.sink.commit_batch(batch_id, offsets.end, records + extra, offsets.watermark_ms)
+        self.batches += 1
+        log.info(
+            "batch %d: input offsets %d, windows emitted %d, dlq %d, late %d, watermark %s, "
+            "transaction %s %s in %.0f ms (batch %.0f ms)",
+            batch_id,
+            offsets.input_offsets,
+            len(records),
+            dlq,
+            late,
+            iso_utc(datetime.fromtimestamp(offsets.watermark_ms / 1000, UTC)),
+            result.transactional_id,
+            "skipped (already committed)" if result.skipped else "committed",
+            result.duration_ms,
+            (time.monotonic() - started) * 1000,
+        )
+        write_heartbeat(self.settings, batch_id, offsets, len(records), dlq, late, result.skipped)
+
+
+def write_heartbeat(
+    settings: Settings, batch_id: int, offsets: BatchOffsets, windows: int, dlq: int, late: int, skipped: bool
+) -> None:
+    """Liveness for supervisors: the last batch this job finished."""
+    path = settings.home / "stream" / settings.job_id / "heartbeat.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {
+                "job_id": settings.job_id,
+                "batch_id": batch_id,
+                "at": time.time(),
+                "watermark_ms": offsets.watermark_ms,
+                "end_offsets": offsets.end,
+                "windows": windows,
+                "dlq": dlq,
+                "late": late,
+                "replay_skipped": skipped,
+            }
+        )
+    )
+    tmp.replace(path)
+
+
+class _DropCheck(StreamingQueryListener):
+    """Cross-checks the late routing against Spark's own drop counter."""
+
+    def __init__(self, handler: BatchHandler) -> None:
+        self.handler = handler
+        self.mismatches: list[tuple[int, int, int]] = []
+
+    def onQueryStarted(self, event) -> None:  # noqa: ANN001, N802
+        pass
+
+    def onQueryIdle(self, event) -> None:  # noqa: ANN001, N802
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # noqa: ANN001, N802
+        pass
+
+    def onQueryProgress(self, event) -> None:  # noqa: ANN001, N802
+        progress = event.progress
+        dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+        routed = self.handler.late_rows_by_batch.pop(progress.batchId, None)
+        if routed is not None and routed != dropped:
+            self.mismatches.append((progress.batchId, routed, dropped))
+            log.error("batch %d: routed %d late rows but Spark dropped %d", progress.batchId, routed, dropped)
+
+
+def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .option("subscribe", settings.topics.events)
+        .option("kafka.isolation.level", "read_committed")
+        .option("startingOffsets", "earliest")
+        .option("failOnDataLoss", "true")
+    )
+    if settings.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    return (
+        reader.load()
+        .transform(raw_events.parse_raw_events)
+        .transform(raw_events.valid_events)
+        .transform(lambda df: T.count_minute_windows(df, settings.lateness_ms))
+    )
+
+
+def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None = None) -> int:
+    """Run the stream job until stopped (SIGTERM/SIGINT) or, with
+    ``available_now``, until what is in the topic now is processed.
+    Returns the number of batches handled."""
+    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
+    settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    query_df = build_query_df(spark, settings)
+    writer = query_df.writeStream.outputMode("append").option("checkpointLocation", str(settings.checkpoint_dir))
+    writer = writer.queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=f"{settings.trigger_interval_s} seconds")
+    )
+
+    sink = TransactionalSink(
+        settings.kafka_bootstrap,
+        transactional_id(settings),
+        kafka_io.ledger_group(settings.job_id),
+        settings.topics.events,
+        None,
+        settings.transaction_timeout_ms,
+        fault,
+    )
+    handler = BatchHandler(spark, settings, sink)
+    listener = _DropCheck(handler)
+    spark.streams.addListener(listener)
+    query = writer.foreachBatch(handler).start()
+    log.info(
+        "stream job %s started: query %s, checkpoint %s, %s",
+        settings.job_id,
+        query.id,
+        settings.checkpoint_dir,
+        "available-now" if available_now else "continuous",
+    )
+
+    stop_requested = threading.Event()
+
+    def request_stop(signum, _frame) -> None:  # noqa: ANN001
+        log.info("signal %d: stopping after the current batch", signum)
+        stop_requested.set()
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while query.isActive:
+            if stop_requested.is_set() and not handler.in_batch.is_set():
+                query.stop()
+                break
+            try:
+                query.awaitTermination(0.5)
+            except StreamingQueryException:
+                break  # reported below
+        if handler.fatal is not None:
+            raise handler.fatal
+        exc = query.exception()
+        if exc is not None:
+            raise RuntimeError(f"stream query failed: {str(exc).splitlines()[0]}")
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        sink.close()
+        spark.streams.removeListener(listener)
+        spark.stop()
+    log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
+    return handler.batches

@@ -1,0 +1,14 @@
+"""Tools around the pipeline, not part of it: they drive it through the
+contract and check it from outside.
+
+* :mod:`~adpipe.tools.produce` - seeded synthetic raw events and the
+  producer's own summary of what it sent.
+* :mod:`~adpipe.tools.verify` - the independent reconciliation (its own
+  plain-Python reading of the raw events); :mod:`~adpipe.tools.table_verify`
+  adds the Delta tables of an hour.
+* :mod:`~adpipe.tools.demo` - ``adpipe demo``; :mod:`~adpipe.tools.bench` -
+  ``adpipe bench``.
+* :mod:`~adpipe.tools.cli` - those verbs.
+
+May import: the parts, ``adpipe.local`` and the shared modules; nothing
+imports the tools but the command line (and tests)."""

@@ -1,0 +1,166 @@
+"""Union & Load's pure parts on small local DataFrames, and its settings."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from adpipe import schemas as S
+from adpipe.lakehouse import load
+from adpipe.lakehouse import tables as T
+from adpipe.settings import SettingsError, load_settings
+from pyspark.sql import DataFrame, SparkSession
+
+HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
+LOADED = datetime(2026, 11, 23, 9, tzinfo=UTC)
+KAFKA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string,value:binary>>"
+)
+
+
+def _kafka(spark: SparkSession, values: list[object], headers: list[dict] | None = None) -> DataFrame:
+    rows = []
+    for i, value in enumerate(values):
+        body = value if isinstance(value, bytes) else json.dumps(value).encode()
+        hdrs = [(k, v.encode()) for k, v in (headers[i] if headers else {}).items()]
+        rows.append((None, body, "t", i % 2, i, datetime(2026, 11, 23, 8, 30), 0, hdrs))
+    return spark.createDataFrame(rows, KAFKA)
+
+
+def _event(event_id: str, minute: int, ad: str = "ad-1", kind: str = "impression", hour: int = 12) -> dict:
+    return {"event_id": event_id, "ad_id": ad, "event_type": kind, "event_time": f"2026-11-22T{hour}:{minute:02d}:05Z"}
+
+
+# --- hours -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["2026-11-22T12", "2026-11-22T12:00:00Z", "2026-11-22T13:00+01:00"])
+def test_parse_hour_accepts_the_hour_in_any_zone(text: str) -> None:
+    assert load.parse_hour(text) == HOUR
+
+
+@pytest.mark.parametrize("text", ["2026-11-22T12:30", "2026-11-22", "yesterday", "2026-11-22T25"])
+def test_parse_hour_rejects_what_is_not_an_hour(text: str) -> None:
+    with pytest.raises(ValueError, match="--hour"):
+        load.parse_hour(text)
+
+
+def test_hours_between_is_inclusive_and_ordered() -> None:
+    hours = load.hours_between(HOUR, load.parse_hour("2026-11-22T14"))
+    assert [load.hour_label(h) for h in hours] == ["2026-11-22T12", "2026-11-22T13", "2026-11-22T14"]
+    assert load.hours_between(HOUR) == [HOUR]
+    with pytest.raises(ValueError, match="before"):
+        load.hours_between(HOUR, load.parse_hour("2026-11-22T11"))
+
+
+def test_topic_range_options_read_exactly_the_non_empty_partitions() -> None:
+    rng = load.TopicRange("t", {0: 5, 1: 3, 2: 0}, {0: 9, 1: 3, 2: 4})
+    assert rng.partitions() == [0, 2]
+    assert rng.records() == 8
+    opts = rng.options()
+    assert json.loads(opts["assign"]) == {"t": [0, 2]}
+    assert json.loads(opts["startingOffsets"]) == {"t": {"0": 5, "2": 0}}
+    assert json.loads(opts["endingOffsets"]) == {"t": {"0": 9, "2": 4}}
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+
+def test_raw_rows_keep_valid_events_of_the_hour_only(spark: SparkSession) -> None:
+    df = _kafka(spark, [_event("e1", 1), _event("e2", 59, kind="click"), _event("e3", 0, hour=13), b"{oops"])
+    rows = load.raw_table_rows(df, "r1", HOUR, LOADED).collect()
+    assert sorted(r.event_id for r in rows) == ["e1", "e2"]
+    assert {r.event_hour for r in rows} == {datetime(2026, 11, 22, 12)}
+    assert {(r.region, r.kafka_topic) for r in rows} == {("r1", "t")}
+    assert load.raw_table_rows(df, "r1", HOUR, LOADED).schema.fieldNames() == T.RAW_SCHEMA.fieldNames()
+
+
+def test_aggregate_rows_parse_the_contract_json_and_filter_the_hour(spark: SparkSession) -> None:
+    good = {
+        "record_uuid": "u1",
+        "ad_id": "ad-1",
+        "window_start": "2026-11-22T12:07:00Z",
+        "window_end": "2026-11-22T12:08:00Z",
+        "impressions": 4,
+        "clicks": 1,
+    }
+    next_hour = {
+        **good,
+        "record_uuid": "u2",
+        "window_start": "2026-11-22T13:00:00Z",
+        "window_end": "2026-11-22T13:01:00Z",
+    }
+    broken = {"record_uuid": "u3", "ad_id": "ad-1"}
+    df = _kafka(spark, [good, next_hour, broken, b"not json"])
+    rows = load.aggregate_table_rows(df, "r1", HOUR, LOADED).collect()
+    assert [(r.record_uuid, r.impressions, r.clicks, r.window_start) for r in rows] == [
+        ("u1", 4, 1, datetime(2026, 11, 22, 12, 7))
+    ]
+    # The unreadable ones are quarantined (by the hour they reached Kafka), not dropped.
+    empty = _kafka(spark, [])
+    q = load.quarantine_table_rows(empty, empty, df, "r1", datetime(2026, 11, 23, 8, tzinfo=UTC), LOADED).collect()
+    assert sorted(r.event_key for r in q) == ["t/0/2", "t/1/3"]
+    assert {r.source for r in q} == {load.SOURCE_BAD_AGGREGATE}
+
+
+def test_quarantine_rows_carry_reason_and_key(spark: SparkSession) -> None:
+    dlq = _kafka(
+        spark,
+        [{"event_id": "d1", "ad_id": "ad-1", "event_type": "view", "event_time": "2026-11-22T12:10:00Z"}, b"\x00"],
+        [
+            {S.HEADER_REASON: S.REASON_BAD_EVENT_TYPE, S.HEADER_SOURCE: "raw/3/17"},
+            {S.HEADER_REASON: S.REASON_NOT_JSON, S.HEADER_SOURCE: "raw/1/4"},
+        ],
+    )
+    late = _kafka(spark, [_event("late-1", 30), _event("late-2", 30, hour=11)], [{}, {}])
+    empty = _kafka(spark, [])
+    rows = load.quarantine_table_rows(dlq, late, empty, "r1", HOUR, LOADED).collect()
+    got = sorted((r.source, r.event_key, r.reason) for r in rows)
+    # The unparseable DLQ record has no event time: it belongs to the hour it
+    # reached the DLQ (2026-11-23T08), not to this one.
+    assert got == [(T.SOURCE_DLQ, "raw/3/17", S.REASON_BAD_EVENT_TYPE), (T.SOURCE_LATE, "late-1", "late")]
+
+
+def test_first_per_key_is_deterministic_across_regions(spark: SparkSession) -> None:
+    df = spark.createDataFrame(
+        [("e1", "r2", "t", 0, 1), ("e1", "r1", "t", 3, 9), ("e1", "r1", "t", 3, 2), ("e2", "r2", "t", 1, 1)],
+        "event_id string, region string, kafka_topic string, kafka_partition int, kafka_offset long",
+    )
+    kept = sorted((r.event_id, r.region, r.kafka_offset) for r in load._first_per_key(df, ["event_id"]).collect())
+    assert kept == [("e1", "r1", 2), ("e2", "r2", 1)]
+
+
+# --- regions -----------------------------------------------------------------------------------
+
+
+def test_regions_default_to_this_job_and_parse_from_json() -> None:
+    only = load_settings({"ADPIPE_JOB_ID": "eu"})
+    assert [r.job_id for r in only.regions] == ["eu"]
+    two = load_settings(
+        {
+            "ADPIPE_KAFKA_BOOTSTRAP": "k:1",
+            "ADPIPE_REGIONS": json.dumps(
+                [{"job_id": "eu", "aggregates": "eu-agg"}, {"job_id": "us", "kafka_bootstrap": "k2:2"}]
+            ),
+        }
+    )
+    eu, us = two.regions
+    assert (eu.kafka_bootstrap, eu.topics.aggregates, eu.topics.events) == ("k:1", "eu-agg", "ad-events")
+    assert (us.kafka_bootstrap, us.topics.aggregates) == ("k2:2", "ad-aggregates")
+    assert two.for_region(us).job_id == "us" and two.for_region(us).kafka_bootstrap == "k2:2"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{", "not a JSON list"),
+        ('[{"aggregates": "x"}]', "job_id"),
+        ('[{"job_id": "a", "colour": "x"}]', "unknown keys"),
+        ('[{"job_id": "a"}, {"job_id": "a"}]', "distinct"),
+    ],
+)
+def test_bad_regions_are_clear_errors(raw: str, message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load_settings({"ADPIPE_REGIONS": raw})

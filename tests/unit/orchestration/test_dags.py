@@ -1,0 +1,293 @@
+"""DAG integrity (imports, docs, callbacks, task graphs, the hourly data
+interval), the stream supervisor's pure parts, and the one notifier posting
+to a real local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from adpipe.settings import PROJECT_ROOT, Settings, load_settings
+
+from tests.conftest import TEST_HOME
+
+DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load"}
+EDGES = {
+    "ad_aggregation_stream": {
+        ("start_stream_if_down", "wait_for_stream"),
+        ("wait_for_stream", "check_stream"),
+    },
+    "ad_union_and_load": {
+        ("wait_for_hour_closed", "load"),
+        ("load", "validate"),
+        ("validate", "publish_data_docs"),
+    },
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def airflow_home() -> Iterator[None]:
+    """Airflow reads AIRFLOW_HOME when first imported: give it a scratch one."""
+    home = TEST_HOME / "unit-airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("AIRFLOW_HOME", "AIRFLOW__CORE__LOAD_EXAMPLES")}
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def dagbag():  # noqa: ANN201 - airflow's DagBag, imported late on purpose
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+
+
+def test_dagbag_imports_with_zero_errors(dagbag) -> None:  # noqa: ANN001
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == DAG_IDS
+
+
+@pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
+def test_dag_docs_tags_and_failure_notifier(dagbag, dag_id: str) -> None:  # noqa: ANN001
+    from adpipe.orchestration.alerts import AdpipeNotifier, notify_failure
+
+    dag = dagbag.dags[dag_id]
+    assert dag.doc_md and len(dag.doc_md) > 200
+    assert "adpipe" in dag.tags
+    assert dag.on_failure_callback is notify_failure
+    assert isinstance(notify_failure, AdpipeNotifier)
+    for task in dag.tasks:
+        callbacks = task.on_failure_callback
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        assert notify_failure in callbacks, task.task_id
+        assert task.retries is not None
+
+
+@pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
+def test_exact_task_graph(dagbag, dag_id: str) -> None:  # noqa: ANN001
+    dag = dagbag.dags[dag_id]
+    edges = {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
+    assert edges == EDGES[dag_id]
+
+
+def test_load_dag_hourly_data_interval_catchup_and_doc(dagbag) -> None:  # noqa: ANN001
+    import pendulum
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    dag = dagbag.dags["ad_union_and_load"]
+    assert dag.catchup is True
+    assert dag.max_active_runs == 1
+    assert "Uber" in dag.doc_md and "hourly by design" in dag.doc_md.lower()
+    timetable = coerce_to_core_timetable(dag.timetable)
+    first = timetable.next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(earliest=pendulum.datetime(2026, 11, 22, 5), latest=None, catchup=True),
+    )
+    assert (first.data_interval.start, first.data_interval.end) == (
+        pendulum.datetime(2026, 11, 22, 5),
+        pendulum.datetime(2026, 11, 22, 6),
+    )
+    following = timetable.next_dagrun_info(
+        last_automated_data_interval=first.data_interval,
+        restriction=TimeRestriction(earliest=pendulum.datetime(2026, 11, 22, 5), latest=None, catchup=True),
+    )
+    assert (following.data_interval.start, following.data_interval.end) == (
+        pendulum.datetime(2026, 11, 22, 6),
+        pendulum.datetime(2026, 11, 22, 7),
+    )
+    # A manual run (dag.test) covers the whole hour ending at its logical date.
+    manual = timetable.infer_manual_data_interval(run_after=pendulum.datetime(2026, 11, 22, 13, 20))
+    assert (manual.start, manual.end) == (pendulum.datetime(2026, 11, 22, 12), pendulum.datetime(2026, 11, 22, 13))
+
+
+def test_load_start_is_configurable(dagbag) -> None:  # noqa: ANN001
+    assert dagbag.dags["ad_union_and_load"].start_date == load_settings().load_start
+    assert load_settings({"ADPIPE_LOAD_START": "2026-11-20T05:00:00Z"}).load_start == datetime(
+        2026, 11, 20, 5, tzinfo=UTC
+    )
+
+
+def test_hour_of_interval_takes_only_whole_utc_hours() -> None:
+    from adpipe.orchestration.load_tasks import IntervalError, hour_of_interval
+
+    start = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    assert hour_of_interval(start, datetime(2026, 11, 22, 13, tzinfo=UTC)) == start
+    for bad in (
+        (start, start),
+        (start, datetime(2026, 11, 22, 14, tzinfo=UTC)),
+        (datetime(2026, 11, 22, 12, 30, tzinfo=UTC), datetime(2026, 11, 22, 13, 30, tzinfo=UTC)),
+        (None, start),
+    ):
+        with pytest.raises(IntervalError):
+            hour_of_interval(*bad)
+
+
+def test_spark_connection_from_settings_gives_the_provider_our_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adpipe.local.airflow import connections_env
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    settings = load_settings({"ADPIPE_SPARK_MASTER": "local[2]", "ADPIPE_KAFKA_BOOTSTRAP": "127.0.0.1:39092"})
+    env = connections_env(settings)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert SparkSubmitHook(conn_id="adpipe_spark")._connection["master"] == "local[2]"
+    assert json.loads(env["AIRFLOW_CONN_ADPIPE_KAFKA"])["extra"]["bootstrap.servers"] == "127.0.0.1:39092"
+    budget = json.loads(env["AIRFLOW_CONN_ADPIPE_BUDGET_DB"])
+    assert budget["conn_type"] == "sqlite" and budget["host"].endswith("budget.db")
+
+
+# --- stream supervisor ------------------------------------------------------
+
+
+def _settings(tmp_path: Path, **env: str) -> Settings:
+    return load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "unit", **env})
+
+
+def _health(**changes: object):  # noqa: ANN202
+    from adpipe.orchestration.stream_supervisor import StreamHealth
+
+    base = dict(
+        job_id="unit", alive=True, how="process", pid=1, heartbeat_age_s=1.0, last_batch=3, watermark_ms=0, lag=0
+    )
+    return StreamHealth(**{**base, **changes})
+
+
+def test_thresholds_name_each_breach(tmp_path: Path) -> None:
+    from adpipe.orchestration.stream_supervisor import threshold_breaches
+
+    settings = _settings(tmp_path, ADPIPE_STREAM_MAX_RESTARTS="2", ADPIPE_STREAM_MAX_LAG="100")
+    assert threshold_breaches(_health(restarts_in_window=2, lag=100), settings) == []
+    breaches = threshold_breaches(_health(restarts_in_window=3, lag=101), settings)
+    assert len(breaches) == 2
+    assert "restarted 3 times" in breaches[0] and "ADPIPE_STREAM_MAX_RESTARTS=2" in breaches[0]
+    assert "lag 101" in breaches[1] and "ADPIPE_STREAM_MAX_LAG=100" in breaches[1]
+    assert threshold_breaches(_health(alive=False, how="down"), settings) == ["stream unit is down"]
+
+
+def test_restarts_are_counted_after_the_first_start_and_age_out(tmp_path: Path) -> None:
+    from adpipe.orchestration.stream_supervisor import read_state, record_start
+
+    settings = _settings(tmp_path, ADPIPE_STREAM_RESTART_WINDOW_S="3600")
+    t0 = 1_800_000_000.0
+    record_start(settings, 101, tmp_path / "a.log", now=t0)
+    assert read_state(settings)["restarts"] == []
+    record_start(settings, 102, tmp_path / "b.log", now=t0 + 60)
+    record_start(settings, 103, tmp_path / "c.log", now=t0 + 120)
+    state = read_state(settings)
+    assert state["restarts"] == [t0 + 60, t0 + 120]
+    assert state["pid"] == 103 and state["log"].endswith("c.log")
+    # Two days later the old restarts have aged out of the kept history.
+    record_start(settings, 104, tmp_path / "d.log", now=t0 + 2 * 86_400)
+    assert read_state(settings)["restarts"] == [t0 + 2 * 86_400]
+
+
+def test_process_alive_needs_the_stream_command_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from adpipe.orchestration.stream_supervisor import process_alive
+
+    assert not process_alive(None)
+    assert not process_alive(os.getpid())  # alive, but pytest is not the stream job
+    script = tmp_path / "aggregation_stream.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, str(script)])  # noqa: S603
+    try:
+        # Right after fork the child's /proc cmdline is empty, until it execs.
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process_alive(proc.pid)
+        proc.kill()
+        time.sleep(0.3)  # not reaped yet: a zombie is not alive
+        assert not process_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not process_alive(proc.pid)
+
+
+# --- the notifier -------------------------------------------------------------
+
+
+class _Capture(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append({"content_type": self.headers["Content-Type"], "body": json.loads(body)})
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict]]]:
+    _Capture.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Capture)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/alerts", _Capture.received
+    server.shutdown()
+    server.server_close()
+
+
+def _failure_context(dagbag) -> dict:  # noqa: ANN001
+    dag = dagbag.dags["ad_union_and_load"]
+    return {
+        "dag": dag,
+        "ti": SimpleNamespace(dag_id=dag.dag_id, task_id="validate", run_id="manual__x", try_number=1),
+        "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__x"),
+        "exception": RuntimeError("1 expectation failed: aggregates_unique_ad_window"),
+        "data_interval_start": datetime(2026, 11, 22, 12, tzinfo=UTC),
+        "data_interval_end": datetime(2026, 11, 22, 13, tzinfo=UTC),
+    }
+
+
+def test_notifier_records_and_posts_the_alert(tmp_path: Path, webhook, dagbag) -> None:  # noqa: ANN001
+    from adpipe.orchestration.alerts import AdpipeNotifier, alerts_file
+
+    url, received = webhook
+    settings = _settings(tmp_path, ADPIPE_ALERT_WEBHOOK=url)
+    AdpipeNotifier(settings)(_failure_context(dagbag))
+
+    assert len(received) == 1
+    posted = received[0]["body"]
+    assert received[0]["content_type"] == "application/json"
+    assert posted["dag_id"] == "ad_union_and_load" and posted["task_id"] == "validate"
+    assert posted["message"] == "RuntimeError: 1 expectation failed: aggregates_unique_ad_window"
+    assert posted["data_interval_start"] == "2026-11-22T12:00:00+00:00"
+    recorded = [json.loads(line) for line in alerts_file(settings).read_text().splitlines()]
+    assert recorded == [posted]
+
+
+def test_notifier_survives_a_dead_webhook(tmp_path: Path, dagbag) -> None:  # noqa: ANN001
+    import socket
+
+    from adpipe.orchestration.alerts import AdpipeNotifier, alerts_file
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = _settings(tmp_path, ADPIPE_ALERT_WEBHOOK=f"http://127.0.0.1:{port}/", ADPIPE_ALERT_WEBHOOK_TIMEOUT_S="2")
+    started = time.monotonic()
+    AdpipeNotifier(settings)(_failure_context(dagbag))  # must not raise
+    assert time.monotonic() - started < 5
+    assert len(alerts_file(settings).read_text().splitlines()) == 1

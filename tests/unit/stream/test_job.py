@@ -1,0 +1,176 @@
+"""The stream job's pure parts: record identity, the aggregate record, and
+the DLQ/late routing of one batch's exception rows."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+from adpipe import schemas as S
+from adpipe.settings import load_settings
+from adpipe.stream.job import aggregate_record, exception_records, iso_utc, record_uuid
+from adpipe.stream.offset_log import BatchOffsets
+from adpipe.stream.sink import OutRecord
+
+# --- record_uuid and iso_utc -------------------------------------------------
+
+NOON = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def test_record_uuid_is_a_stable_uuid5() -> None:
+    value = record_uuid("region-local", "ad-000001", NOON)
+    # Pinned: consumers deduplicate on it, so it must never change between releases.
+    assert value == "642a194a-8dd8-5646-aab9-489275eb6560"
+    assert record_uuid("region-local", "ad-000001", NOON) == value
+    parsed = uuid.UUID(value)
+    assert (parsed.version, parsed.variant) == (5, uuid.RFC_4122)
+
+
+def test_record_uuid_same_window_in_any_representation() -> None:
+    expected = "642a194a-8dd8-5646-aab9-489275eb6560"
+    assert record_uuid("region-local", "ad-000001", datetime(2026, 11, 22, 12, 0)) == expected  # noqa: DTZ001
+    plus_one = timezone(timedelta(hours=1))
+    assert record_uuid("region-local", "ad-000001", datetime(2026, 11, 22, 13, 0, tzinfo=plus_one)) == expected
+
+
+def test_record_uuid_differs_by_job_ad_and_window() -> None:
+    values = {
+        record_uuid("region-local", "ad-000001", NOON),
+        record_uuid("region-eu", "ad-000001", NOON),
+        record_uuid("region-local", "ad-000002", NOON),
+        record_uuid("region-local", "ad-000001", NOON + timedelta(minutes=1)),
+    }
+    assert len(values) == 4
+
+
+def test_iso_utc() -> None:
+    assert iso_utc(datetime(2026, 11, 22, 12, 1, 2)) == "2026-11-22T12:01:02Z"  # noqa: DTZ001 - naive is UTC
+    assert iso_utc(datetime(2026, 11, 22, 12, 1, 2, 999_999, tzinfo=UTC)) == "2026-11-22T12:01:02Z"
+    minus_five = timezone(timedelta(hours=-5))
+    assert iso_utc(datetime(2026, 11, 22, 21, 30, tzinfo=minus_five)) == "2026-11-23T02:30:00Z"
+
+
+def test_aggregate_record() -> None:
+    settings = load_settings({"ADPIPE_JOB_ID": "region-local"})
+    row = {
+        "ad_id": "ad-000001",
+        "window_start": datetime(2026, 11, 22, 12, 0),  # noqa: DTZ001
+        "window_end": datetime(2026, 11, 22, 12, 1),
+        "impressions": 7,
+        "clicks": 2,
+    }  # noqa: DTZ001
+    record = aggregate_record(settings, row, 12)
+    assert (record.topic, record.key) == ("ad-aggregates", b"ad-000001")
+    assert json.loads(record.value) == {
+        "record_uuid": "642a194a-8dd8-5646-aab9-489275eb6560",
+        "ad_id": "ad-000001",
+        "window_start": "2026-11-22T12:00:00Z",
+        "window_end": "2026-11-22T12:01:00Z",
+        "impressions": 7,
+        "clicks": 2,
+    }
+    assert list(record.headers) == [
+        ("adpipe.kind", b"aggregate"),
+        ("adpipe.job", b"region-local"),
+        ("adpipe.batch", b"12"),
+    ]
+
+
+
+
+# --- exception_records -------------------------------------------------------
+
+OFFSETS = BatchOffsets(
+    batch_id=7,
+    topic="ad-events",
+    start={0: 10, 1: 20},
+    end={0: 30, 1: 40},
+    watermark_ms=1_795_349_070_000,
+    late_watermark_ms=1_795_349_010_000,
+)
+
+
+def exception_row(
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    reason: str | None = None,
+    event_id: str | None = None,
+    ad_id: str | None = None,
+    key: bytes | None = b"raw-key",
+) -> dict:
+    return {
+        "key": bytearray(key) if key is not None else None,
+        "value": bytearray(value) if value is not None else None,
+        "topic": "ad-events",
+        "partition": partition,
+        "offset": offset,
+        "event_id": event_id,
+        "ad_id": ad_id,
+        "reject_reason": reason,
+    }
+
+
+def test_exception_records_route_dlq_and_late() -> None:
+    settings = load_settings({"ADPIPE_JOB_ID": "region-eu"})
+    late_value = b'{"event_id":"e-1","ad_id":"ad-9","event_type":"click","event_time":1}'
+    rows = [
+        exception_row(1, 25, late_value, event_id="e-1", ad_id="ad-9"),
+        exception_row(0, 12, b"{not json", reason=S.REASON_NOT_JSON, key=b"\xff\x00"),
+        exception_row(1, 31, late_value, event_id="e-1", ad_id="ad-9"),  # the producer's retry
+        exception_row(0, 14, None, reason=S.REASON_NOT_JSON, key=None),
+    ]
+    records, dlq, late = exception_records(settings, rows, OFFSETS)
+    assert (dlq, late) == (2, 1)
+    assert records == [
+        OutRecord(
+            "ad-events-dlq",
+            b"\xff\x00",
+            b"{not json",
+            [
+                ("adpipe.kind", b"dlq"),
+                ("adpipe.reason", b"not_json"),
+                ("adpipe.source", b"ad-events/0/12"),
+                ("adpipe.job", b"region-eu"),
+                ("adpipe.batch", b"7"),
+            ],
+        ),
+        OutRecord(
+            "ad-events-dlq",
+            None,
+            b"",
+            [
+                ("adpipe.kind", b"dlq"),
+                ("adpipe.reason", b"not_json"),
+                ("adpipe.source", b"ad-events/0/14"),
+                ("adpipe.job", b"region-eu"),
+                ("adpipe.batch", b"7"),
+            ],
+        ),
+        OutRecord(
+            "ad-events-late",
+            b"ad-9",
+            late_value,
+            [
+                ("adpipe.kind", b"late"),
+                ("adpipe.reason", b"late"),
+                ("adpipe.source", b"ad-events/1/25"),
+                ("adpipe.watermark_ms", b"1795349010000"),
+                ("adpipe.job", b"region-eu"),
+                ("adpipe.batch", b"7"),
+            ],
+        ),
+    ]
+    assert all(type(r.value) is bytes for r in records)
+
+
+def test_exception_records_of_a_clean_batch() -> None:
+    assert exception_records(load_settings({}), [], OFFSETS) == ([], 0, 0)
+
+
+def test_exception_records_use_the_configured_topics() -> None:
+    settings = load_settings({"ADPIPE_TOPIC_DLQ": "my-dlq", "ADPIPE_TOPIC_LATE": "my-late"})
+    rows = [exception_row(0, 1, b"[]", reason=S.REASON_NOT_OBJECT), exception_row(0, 2, b"{}", event_id="e", ad_id="a")]
+    records, _, _ = exception_records(settings, rows, OFFSETS)
+    assert [r.topic for r in records] == ["my-dlq", "my-late"]

@@ -1,0 +1,66 @@
+"""Fault plans (named crash points) and JVM jar names."""
+
+from __future__ import annotations
+
+import pytest
+from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT, FaultPlan
+from adpipe.jars import artifact_name
+
+# --- fault plans -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env", [{}, {"ADPIPE_FAULT": ""}, {"ADPIPE_FAULT_BATCH": "3"}], ids=["unset", "empty", "batch_only"]
+)
+def test_no_fault_plan_when_unset(env: dict[str, str]) -> None:
+    assert FaultPlan.from_env(env) is None
+
+
+def test_fault_plan_from_env() -> None:
+    assert FaultPlan.from_env({"ADPIPE_FAULT": "after_produce"}) == FaultPlan(AFTER_PRODUCE, 1, 0)
+    plan = FaultPlan.from_env(
+        {"ADPIPE_FAULT": "during_commit", "ADPIPE_FAULT_BATCH": "3", "ADPIPE_FAULT_DELAY_MS": "250"}
+    )
+    assert plan == FaultPlan(DURING_COMMIT, 3, 250)
+
+
+def test_unknown_fault_point_raises() -> None:
+    with pytest.raises(ValueError, match="ADPIPE_FAULT='before_produce'"):
+        FaultPlan.from_env({"ADPIPE_FAULT": "before_produce"})
+
+
+def test_fault_armed_only_at_or_after_its_batch_with_records() -> None:
+    plan = FaultPlan(AFTER_COMMIT, from_batch=3)
+    assert plan.armed(AFTER_COMMIT, 2, 10) is False
+    assert plan.armed(AFTER_COMMIT, 3, 10) is True
+    assert plan.armed(AFTER_COMMIT, 4, 1) is True
+    assert plan.armed(AFTER_COMMIT, 3, 0) is False
+    assert plan.armed(AFTER_PRODUCE, 3, 10) is False
+
+
+def test_hit_does_nothing_when_not_armed() -> None:
+    # Armed it would SIGKILL the test process.
+    assert FaultPlan(AFTER_COMMIT, from_batch=5).hit(AFTER_COMMIT, 4, 10) is None
+
+
+# --- jar names ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("jar", "artifact"),
+    [
+        ("kafka-clients-3.9.1.jar", "kafka-clients"),
+        ("commons-pool2-2.12.1.jar", "commons-pool2"),
+        ("jackson-datatype-jdk8-2.13.5.jar", "jackson-datatype-jdk8"),
+        ("delta-spark_4.1_2.13-4.4.0.jar", "delta-spark_4.1_2.13"),
+        ("guava-33.4.8-jre.jar", "guava"),
+        ("netty-transport-native-epoll-4.2.7.Final-linux-x86_64.jar", "netty-transport-native-epoll"),
+        ("kafka_2.13-3.9.1.jar", "kafka_2.13"),
+        ("spark-sql-kafka-0-10_2.13-4.1.3.jar", "spark-sql-kafka-0-10_2.13"),
+        ("log4j-1.2-api-2.24.3.jar", "log4j-1.2-api"),
+        ("zstd-jni-1.5.6-10.jar", "zstd-jni"),
+        ("hive-exec-2.3.10-core.jar", "hive-exec"),
+    ],
+)
+def test_artifact_name(jar: str, artifact: str) -> None:
+    assert artifact_name(jar) == artifact

@@ -1,0 +1,223 @@
+"""The package's layout holds: imports point down, parts stay apart, no
+circle between modules (see the docstring of ``adpipe/__init__.py``).
+
+The graph is read from the source with ``ast`` (function-level imports
+included, since adpipe defers heavy imports into functions), so a new
+import that breaks a rule fails here before anyone has to find it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from adpipe.settings import PROJECT_ROOT
+
+PACKAGE_DIR = PROJECT_ROOT / "include" / "adpipe"
+
+# The pieces of the contract every part may use.
+SHARED = {
+    "adpipe",
+    "adpipe.faults",
+    "adpipe.jars",
+    "adpipe.kafka_io",
+    "adpipe.money",
+    "adpipe.pg",
+    "adpipe.raw_events",
+    "adpipe.schemas",
+    "adpipe.settings",
+    "adpipe.spark",
+}
+PARTS = ("adpipe.stream", "adpipe.lakehouse", "adpipe.budget", "adpipe.local")
+# Rank: a module may import modules of its own rank or lower, never higher.
+RANKS = {"shared": 0, "part": 1, "adpipe.orchestration": 2, "adpipe.tools": 3, "entry": 4}
+ENTRY = {"adpipe.cli", "adpipe.__main__"}
+
+
+def module_name(path: Path, root: Path = PACKAGE_DIR) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules(root: Path = PACKAGE_DIR) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+
+def _resolve(name: str, modules: set[str]) -> str:
+    """The module an imported name lives in: itself, or its package."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def imports_of(path: Path, modules: set[str], this: str = "") -> set[str]:
+    """Every adpipe module ``path`` (the module ``this``) imports, at any
+    depth of the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
+                for _ in range(node.level - 1):
+                    package = package.rsplit(".", 1)[0]
+                base = f"{package}.{base}" if base else package
+            names = [f"{base}.{a.name}" for a in node.names] or [base]
+        else:
+            continue
+        for name in names:
+            if name == "adpipe" or name.startswith("adpipe."):
+                target = _resolve(name, modules)
+                if target != this:
+                    found.add(target)
+    return found
+
+
+def import_graph(root: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    modules = all_modules(root)
+    return {name: imports_of(path, set(modules), name) for name, path in modules.items()}
+
+
+def layer(module: str) -> str:
+    """``shared``, a part's package name, orchestration, tools or entry."""
+    if module in SHARED:
+        return "shared"
+    if module in ENTRY:
+        return "entry"
+    for top in (*PARTS, "adpipe.orchestration", "adpipe.tools"):
+        if module == top or module.startswith(top + "."):
+            return top
+    raise ValueError(f"{module} belongs to no layer: add it to a package, or to SHARED in {__file__}")
+
+
+def rank(module: str) -> int:
+    name = layer(module)
+    return RANKS["part"] if name in PARTS else RANKS[name]
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every broken rule of the layout, as one line each."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if rank(target) > rank(module):
+                found.append(f"upward import: {module} ({layer(module)}) imports {target} ({layer(target)})")
+            elif layer(module) in PARTS and layer(target) in PARTS and layer(module) != layer(target):
+                found.append(f"part imports another part: {module} imports {target}")
+            elif layer(module) == "adpipe.orchestration" and layer(target) == "adpipe.local":
+                found.append(f"orchestration imports the local servers: {module} imports {target}")
+    return found + [f"import circle: {' -> '.join(c)}" for c in cycles(graph)]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append([*sorted(group), sorted(group)[0]])
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in import_graph():
+        layer(module)  # raises for a module no rule covers
+
+
+def test_the_package_keeps_its_layout() -> None:
+    graph = import_graph()
+    assert len(graph) > 30, sorted(graph)  # the reader found the package
+    assert "adpipe.settings" in graph["adpipe.lakehouse.load"]  # and reads its imports
+    assert violations(graph) == []
+
+
+def test_every_package_says_what_it_owns_and_may_import() -> None:
+    for package in (*PARTS, "adpipe.orchestration", "adpipe.tools"):
+        doc = ast.get_docstring(ast.parse((PACKAGE_DIR.parent / package.replace(".", "/") / "__init__.py").read_text()))
+        assert doc and "May import" in doc, package
+
+
+def test_dags_and_jobs_stay_thin() -> None:
+    """DAG files wire tasks from adpipe.orchestration; jobs hand over to the CLI."""
+    modules = set(all_modules())
+    for folder, allowed in (("dags", ("adpipe.orchestration", *SHARED)), ("jobs", ("adpipe.cli",))):
+        for path in sorted((PROJECT_ROOT / folder).glob("*.py")):
+            for target in imports_of(path, modules):
+                assert target in allowed or target.startswith("adpipe.orchestration."), f"{path.name} imports {target}"
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    for folder in sorted(p for p in (PROJECT_ROOT / "tests" / "unit").iterdir() if p.is_dir()):
+        if folder.name.startswith("__"):
+            continue
+        assert (PACKAGE_DIR / folder.name / "__init__.py").exists(), f"tests/unit/{folder.name} mirrors no package"
+
+
+# The checker itself can fail: each rule on a small made-up graph.
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"adpipe.settings": {"adpipe.stream.job"}, "adpipe.stream.job": set()}, "upward import"),
+        ({"adpipe.stream.job": {"adpipe.tools.verify"}, "adpipe.tools.verify": set()}, "upward import"),
+        ({"adpipe.lakehouse.load": {"adpipe.stream.job"}, "adpipe.stream.job": set()}, "part imports another part"),
+        ({"adpipe.lakehouse.metastore": {"adpipe.local.postgres"}}, "part imports another part"),
+        ({"adpipe.orchestration.x": {"adpipe.local.postgres"}}, "orchestration imports the local servers"),
+        ({"adpipe.spark": {"adpipe.pg"}, "adpipe.pg": {"adpipe.spark"}}, "import circle: adpipe.pg -> adpipe.spark"),
+    ],
+)
+def test_the_rules_catch_a_broken_layout(graph: dict[str, set[str]], expected: str) -> None:
+    assert any(v.startswith(expected) for v in violations(graph)), violations(graph)
+
+
+def test_the_rules_pass_a_sound_layout() -> None:
+    graph = {
+        "adpipe.cli": {"adpipe.tools.demo", "adpipe.stream.cli"},
+        "adpipe.tools.demo": {"adpipe.stream.job", "adpipe.local.postgres", "adpipe.settings"},
+        "adpipe.stream.job": {"adpipe.stream.sink", "adpipe.kafka_io"},
+        "adpipe.stream.sink": {"adpipe.faults"},
+        "adpipe.kafka_io": {"adpipe.settings"},
+    }
+    assert violations(graph) == []
+
+
+def test_the_reader_sees_imports_inside_functions(tmp_path: Path) -> None:
+    root = tmp_path / "adpipe"
+    (root / "stream").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "settings.py").write_text("")
+    (root / "stream" / "__init__.py").write_text("")
+    (root / "stream" / "job.py").write_text("from . import sink\n")
+    (root / "stream" / "sink.py").write_text("def f():\n    from adpipe.settings import X\n    import adpipe.stream\n")
+    graph = import_graph(root)
+    assert graph["adpipe.stream.sink"] == {"adpipe.settings", "adpipe.stream"}
+    assert graph["adpipe.stream.job"] == {"adpipe.stream.sink"}

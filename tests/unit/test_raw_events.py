@@ -1,0 +1,255 @@
+"""The contract's raw-event reading in Spark (adpipe.raw_events) on a table
+of cases, and the Python reading (adpipe.tools.verify.classify) held to
+the same verdicts, edge cases included."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+from adpipe import raw_events
+from adpipe import schemas as S
+from adpipe.tools.verify import RawEvent, classify
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from tests.unit.raw_kafka import DROP, RAW_KAFKA, TOPIC, body
+
+# id, raw value, expected reject_reason, expected event_time (naive UTC, as
+# Spark returns it), expected epoch milliseconds (classify's reading).
+CASES = [
+    ("iso_z", body(), None, datetime(2026, 11, 22, 12, 0, 0, 250_000), 1_795_348_800_250),
+    (
+        "iso_plus_0100",
+        body(event_time="2026-11-22T13:00:05+01:00"),
+        None,
+        datetime(2026, 11, 22, 12, 0, 5),
+        1_795_348_805_000,
+    ),
+    (
+        "iso_minus_0130_no_colon",
+        body(event_time="2026-11-22T10:30:00.5-0130"),
+        None,
+        datetime(2026, 11, 22, 12, 0, 0, 500_000),
+        1_795_348_800_500,
+    ),
+    (
+        "epoch_ms",
+        body(event_time=1_795_348_987_545),
+        None,
+        datetime(2026, 11, 22, 12, 3, 7, 545_000),
+        1_795_348_987_545,
+    ),
+    ("epoch_zero", body(event_time=0), None, datetime(1970, 1, 1), 0),
+    ("click", body(event_type="click"), None, datetime(2026, 11, 22, 12, 0, 0, 250_000), 1_795_348_800_250),
+    ("not_json", b"{not json", S.REASON_NOT_JSON, None, None),
+    ("empty_value", b"", S.REASON_NOT_JSON, None, None),
+    ("not_utf8", b"\xff\xfe{}", S.REASON_NOT_JSON, None, None),
+    ("json_array", b'["e-1", 1]', S.REASON_NOT_OBJECT, None, None),
+    ("json_string", b'"e-1"', S.REASON_NOT_OBJECT, None, None),
+    ("json_null", b"null", S.REASON_NOT_OBJECT, None, None),
+    ("missing_event_id", body(event_id=DROP), S.REASON_BAD_EVENT_ID, None, None),
+    ("event_id_number", body(event_id=42), S.REASON_BAD_EVENT_ID, None, None),
+    ("event_id_empty", body(event_id=""), S.REASON_BAD_EVENT_ID, None, None),
+    ("event_id_null", body(event_id=None), S.REASON_BAD_EVENT_ID, None, None),
+    ("missing_ad_id", body(ad_id=DROP), S.REASON_BAD_AD_ID, None, None),
+    ("ad_id_number", body(ad_id=7), S.REASON_BAD_AD_ID, None, None),
+    ("event_type_view", body(event_type="view"), S.REASON_BAD_EVENT_TYPE, None, None),
+    ("event_type_capitalised", body(event_type="Click"), S.REASON_BAD_EVENT_TYPE, None, None),
+    ("event_type_missing", body(event_type=DROP), S.REASON_BAD_EVENT_TYPE, None, None),
+    ("event_type_list", body(event_type=["click"]), S.REASON_BAD_EVENT_TYPE, None, None),
+    ("event_time_yesterday", body(event_time="yesterday"), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_now", body(event_time="now"), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_naive", body(event_time="2026-11-22T12:00:00"), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_true", body(event_time=True), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_decimal", body(event_time=1.5), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_integral_float", body(event_time=1_795_348_987_545.0), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_negative_epoch", body(event_time=-1), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_after_9999", body(event_time=253_402_300_800_000), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_missing", body(event_time=DROP), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_bad_offset", body(event_time="2026-11-22T12:00:00+25:00"), S.REASON_BAD_EVENT_TIME, None, None),
+    ("event_time_bad_date", body(event_time="2026-02-30T12:00:00Z"), S.REASON_BAD_EVENT_TIME, None, None),
+    # Several faults: the first in contract order is reported.
+    ("first_reason_wins", body(event_id=DROP, ad_id=DROP, event_time="yesterday"), S.REASON_BAD_EVENT_ID, None, None),
+]
+CASE_IDS = [c[0] for c in CASES]
+
+
+def key_of(offset: int) -> bytes:
+    # Not UTF-8 on purpose: keys must come back byte for byte.
+    return b"\xff\x00k-" + str(offset).encode()
+
+
+@pytest.fixture(scope="module")
+def parsed(spark: SparkSession) -> dict[int, dict]:
+    """The whole table parsed in one Spark job, by offset."""
+    rows = [(key_of(i), value, TOPIC, i % 4, i) for i, (_, value, *_rest) in enumerate(CASES)]
+    df = spark.createDataFrame(rows, RAW_KAFKA)
+    return {r["offset"]: r.asDict() for r in raw_events.parse_raw_events(df).collect()}
+
+
+@pytest.mark.parametrize(("offset", "case"), list(enumerate(CASES)), ids=CASE_IDS)
+def test_parse_raw_events_reason_and_time(parsed: dict[int, dict], offset: int, case: tuple) -> None:
+    _, _, reason, event_time, _ = case
+    row = parsed[offset]
+    assert row["reject_reason"] == reason
+    if reason is None:
+        assert row["event_time"] == event_time
+        assert row["event_id"] == json.loads(case[1])["event_id"]
+        assert row["ad_id"] == "ad-1"
+        assert row["event_type"] == json.loads(case[1])["event_type"]
+
+
+def test_parse_raw_events_keeps_every_row_and_the_raw_bytes(parsed: dict[int, dict]) -> None:
+    assert sorted(parsed) == list(range(len(CASES)))
+    for offset, (_, value, *_rest) in enumerate(CASES):
+        row = parsed[offset]
+        assert bytes(row["key"]) == key_of(offset)
+        assert bytes(row["value"]) == value
+        assert (row["topic"], row["partition"]) == (TOPIC, offset % 4)
+
+
+def test_parse_raw_events_output_schema(spark: SparkSession) -> None:
+    df = raw_events.parse_raw_events(spark.createDataFrame([], RAW_KAFKA))
+    assert df.schema == S.PARSED_EVENT
+
+
+def test_parse_raw_events_null_key_and_null_value(spark: SparkSession) -> None:
+    df = spark.createDataFrame([(None, None, TOPIC, 0, 0)], RAW_KAFKA)
+    (row,) = raw_events.parse_raw_events(df).collect()
+    assert (row["key"], row["value"], row["reject_reason"]) == (None, None, S.REASON_NOT_JSON)
+
+
+@pytest.mark.parametrize(
+    ("value", "campaign_id"),
+    [
+        (body(), "cmp-1"),
+        (body(campaign_id=7), None),
+        (body(campaign_id={"id": "cmp-1"}), None),
+        (body(campaign_id=None), None),
+        (body(campaign_id=DROP), None),
+    ],
+    ids=["string", "number", "object", "null", "missing"],
+)
+def test_campaign_id_is_null_unless_a_string(spark: SparkSession, value: bytes, campaign_id: str | None) -> None:
+    df = spark.createDataFrame([(b"k", value, TOPIC, 0, 0)], RAW_KAFKA)
+    (row,) = raw_events.parse_raw_events(df).collect()
+    # A bad campaign_id does not make the event malformed.
+    assert (row["reject_reason"], row["campaign_id"]) == (None, campaign_id)
+
+
+def test_valid_and_rejected_events_split_the_parsed_rows(parsed: dict[int, dict], spark: SparkSession) -> None:
+    rows = [(key_of(i), value, TOPIC, 0, i) for i, (_, value, *_rest) in enumerate(CASES)]
+    frame = raw_events.parse_raw_events(spark.createDataFrame(rows, RAW_KAFKA))
+    valid = sorted(r["offset"] for r in raw_events.valid_events(frame).select("offset").collect())
+    rejected = sorted(r["offset"] for r in raw_events.rejected_events(frame).select("offset").collect())
+    assert valid == [0, 1, 2, 3, 4, 5]
+    assert rejected == list(range(6, len(CASES)))
+
+
+# --- the Python reading of the contract (verify.classify) -------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_classify_gives_the_table_verdict(case: tuple) -> None:
+    _, value, reason, _, event_ms = case
+    verdict = classify(value)
+    if reason is None:
+        event = json.loads(value)
+        assert verdict == RawEvent(event["event_id"], "ad-1", event["event_type"], event_ms)
+    else:
+        assert verdict == reason
+
+
+def test_classify_none_is_not_json() -> None:
+    assert classify(None) == S.REASON_NOT_JSON
+
+
+def test_raw_event_window_start() -> None:
+    assert RawEvent("e", "a", "click", 1_795_348_859_999).window_start == "2026-11-22T12:00:00Z"
+    assert RawEvent("e", "a", "click", 1_795_348_860_000).window_start == "2026-11-22T12:01:00Z"
+
+
+def spark_verdict(row: dict) -> str | tuple:
+    if row["reject_reason"] is not None:
+        return row["reject_reason"]
+    return (row["event_id"], row["ad_id"], row["event_type"], row["event_ms"])
+
+
+def python_verdict(value: bytes | None) -> str | tuple:
+    verdict = classify(value)
+    if isinstance(verdict, str):
+        return verdict
+    return (verdict.event_id, verdict.ad_id, verdict.event_type, verdict.event_ms)
+
+
+def spark_verdicts(spark: SparkSession, values: list[bytes]) -> list[str | tuple]:
+    df = spark.createDataFrame([(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)], RAW_KAFKA)
+    rows = (
+        raw_events.parse_raw_events(df)
+        # Epoch millis, not the timestamp: Python cannot hold every time Spark can.
+        .select(
+            "offset", "event_id", "ad_id", "event_type", F.unix_millis("event_time").alias("event_ms"), "reject_reason"
+        )
+        .orderBy("offset")
+        .collect()
+    )
+    return [spark_verdict(r.asDict()) for r in rows]
+
+
+def test_spark_and_python_readings_agree_on_the_table(spark: SparkSession) -> None:
+    values = [c[1] for c in CASES]
+    assert spark_verdicts(spark, values) == [python_verdict(v) for v in values]
+
+
+def _edge(case_id: str, value: bytes, bug: str | None = None) -> object:
+    marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
+    return pytest.param(value, id=case_id, marks=marks)
+
+
+def _edge_value(param: object) -> bytes:
+    return param.values[0]  # type: ignore[attr-defined]
+
+
+# Inputs at the edges of the contract. Where the two readings disagree the
+# stream job and `adpipe verify` disagree on the same message (a DLQ record
+# verify calls unexpected, or an aggregate it calls missing).
+EDGE_CASES = [
+    _edge("iso_fraction_9_digits", body(event_time="2026-11-22T12:00:59.999999999Z")),
+    _edge("iso_space_separator", body(event_time="2026-11-22 12:00:00Z")),
+    _edge("iso_plus_hh_only", body(event_time="2026-11-22T13:00:00+01")),
+    _edge("iso_before_1970", body(event_time="1969-12-31T23:59:59Z")),
+    _edge("json_padded_with_spaces", b'  {"event_id":"e","ad_id":"a","event_type":"click","event_time":1}  '),
+    _edge("json_with_bom", b'\xef\xbb\xbf{"event_id":"e","ad_id":"a","event_type":"click","event_time":1}'),
+    _edge("event_time_huge_integer", body(event_time=12_345_678_901_234_567_890)),
+    _edge("event_time_exponent", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1e3}'),
+    _edge("iso_without_seconds", body(event_time="2026-11-22T12:00Z")),
+    _edge("iso_without_seconds_with_offset", body(event_time="2026-11-22T13:00+01:00")),
+    _edge("iso_without_seconds_with_short_offset", body(event_time="2026-11-22T13:00+01")),
+    _edge("iso_trailing_newline", body(event_time="2026-11-22T12:00:00Z\n")),
+    _edge("iso_trailing_crlf", body(event_time="2026-11-22T12:00:00Z\r\n")),
+    _edge("iso_year_zero", body(event_time="0000-01-01T00:00:00Z")),
+    _edge(
+        "json_trailing_garbage",
+        b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1} x',
+        "try_parse_json ignores text after the first JSON value: Spark accepts it as a valid event, "
+        "classify says not_json",
+    ),
+    _edge("json_duplicate_key", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":1,"event_id":"f"}'),
+    _edge("json_nan", b'{"event_id":"e","ad_id":"a","event_type":"click","event_time":NaN}'),
+    _edge("invalid_utf8_in_string", b'{"event_id":"\xe9","ad_id":"a","event_type":"click","event_time":1}'),
+]
+
+
+@pytest.fixture(scope="module")
+def edge_verdicts(spark: SparkSession) -> dict[bytes, str | tuple]:
+    values = [_edge_value(p) for p in EDGE_CASES]
+    return dict(zip(values, spark_verdicts(spark, values)))
+
+
+@pytest.mark.parametrize("value", EDGE_CASES)
+def test_spark_and_python_readings_agree_at_the_edges(edge_verdicts: dict, value: bytes) -> None:
+    assert edge_verdicts[value] == python_verdict(value)
+
+

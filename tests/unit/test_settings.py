@@ -1,0 +1,116 @@
+"""The one place that reads configuration: defaults, overrides, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from adpipe.settings import Settings, SettingsError, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+# --- settings ----------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    settings = load_settings({})
+    assert settings.home == REPO / ".adpipe"
+    assert settings.kafka_bootstrap == "127.0.0.1:9092"
+    assert settings.kafka_controller_port == 9093
+    assert settings.spark_master == "local[2]"
+    assert settings.topics.all() == (
+        "ad-events", "ad-aggregates", "ad-events-dlq", "ad-events-late", "ad-budget-events"
+    )
+    assert (settings.topic_partitions, settings.shuffle_partitions) == (4, 4)
+    assert (settings.watermark_delay_s, settings.allowed_lateness_s, settings.lateness_ms) == (30, 0, 30_000)
+    assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 0)
+    assert settings.job_id == "region-local"
+    assert settings.transaction_timeout_ms == 120_000
+    assert settings.budget_db == f"sqlite:///{REPO / '.adpipe' / 'budget.db'}"
+    assert settings.checkpoint_dir == REPO / ".adpipe" / "checkpoints" / "region-local"
+
+
+def test_load_settings_does_not_read_os_environ_when_given_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADPIPE_JOB_ID", "from-the-environment")
+    assert load_settings({}).job_id == "region-local"
+    assert load_settings().job_id == "from-the-environment"
+
+
+def test_overrides(tmp_path: Path) -> None:
+    settings = load_settings(
+        {
+            "ADPIPE_HOME": str(tmp_path / "home"),
+            "ADPIPE_KAFKA_BOOTSTRAP": "broker-a:19092,broker-b:19092",
+            "ADPIPE_JOB_ID": "region-eu",
+            "ADPIPE_TOPIC_DLQ": "dlq-eu",
+            "ADPIPE_WATERMARK_DELAY_S": "10",
+            "ADPIPE_ALLOWED_LATENESS_S": "5",
+            "ADPIPE_MAX_OFFSETS_PER_TRIGGER": "1000",
+            "ADPIPE_SHUFFLE_PARTITIONS": "",  # empty means the default
+        }
+    )
+    assert settings.home == tmp_path / "home"
+    assert settings.kafka_bootstrap == "broker-a:19092,broker-b:19092"
+    assert settings.job_id == "region-eu"
+    assert settings.topics.dlq == "dlq-eu"
+    assert settings.topics.events == "ad-events"
+    assert settings.lateness_ms == 15_000
+    assert settings.max_offsets_per_trigger == 1000
+    assert settings.shuffle_partitions == 4
+    assert settings.checkpoint_dir == tmp_path / "home" / "checkpoints" / "region-eu"
+    assert settings.budget_db == f"sqlite:///{tmp_path / 'home' / 'budget.db'}"
+
+
+def test_relative_home_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert load_settings({"ADPIPE_HOME": "rel"}).home == tmp_path / "rel"
+
+
+def test_with_overrides_returns_a_changed_copy() -> None:
+    settings = load_settings({})
+    changed = settings.with_overrides(job_id="other")
+    assert (settings.job_id, changed.job_id) == ("region-local", "other")
+    assert isinstance(changed, Settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ADPIPE_WATERMARK_DELAY_S": "30s"}, "ADPIPE_WATERMARK_DELAY_S='30s' is not an integer"),
+        ({"ADPIPE_TOPIC_PARTITIONS": "four"}, "ADPIPE_TOPIC_PARTITIONS='four' is not an integer"),
+        ({"ADPIPE_TRIGGER_INTERVAL_S": "0"}, "ADPIPE_TRIGGER_INTERVAL_S=0 must be >= 1"),
+        ({"ADPIPE_ALLOWED_LATENESS_S": "-1"}, "ADPIPE_ALLOWED_LATENESS_S=-1 must be >= 0"),
+        ({"ADPIPE_TRANSACTION_TIMEOUT_MS": "999"}, "ADPIPE_TRANSACTION_TIMEOUT_MS=999 must be >= 1000"),
+        ({"ADPIPE_KAFKA_BOOTSTRAP": "localhost"}, "ADPIPE_KAFKA_BOOTSTRAP='localhost' must be host:port"),
+        ({"ADPIPE_KAFKA_BOOTSTRAP": ""}, "ADPIPE_KAFKA_BOOTSTRAP='' must be host:port"),
+    ],
+    ids=["not_integer", "word", "below_minimum", "negative", "timeout_too_small", "no_port", "empty_bootstrap"],
+)
+def test_bad_values_raise_settings_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(env)
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, ValueError)
+
+
+def test_every_bootstrap_server_needs_a_port() -> None:
+    with pytest.raises(SettingsError):
+        load_settings({"ADPIPE_KAFKA_BOOTSTRAP": "broker-a:9092,broker-b"})
+
+
+
+
+def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> None:
+    from adpipe.local import kafka_broker
+    from adpipe.spark import spark_conf
+
+    settings = load_settings(
+        {"ADPIPE_HOME": str(tmp_path / "my home"), "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='a b'"}
+    )
+    assert settings.jvm_options == ("-XX:TieredStopAtLevel=1", "-Dx=a b")
+    options = spark_conf(settings, "t")["spark.driver.extraJavaOptions"]
+    assert options == f"'-Dderby.system.home={tmp_path / 'my home' / 'derby'}' -XX:TieredStopAtLevel=1 '-Dx=a b'"
+    (tmp_path / "my home" / "kafka").mkdir(parents=True)
+    command = kafka_broker._java(settings, "Main")
+    assert command[command.index("-XX:TieredStopAtLevel=1") + 1] == "-Dx=a b"
+    assert load_settings({"ADPIPE_HOME": str(tmp_path)}).jvm_options == ()
