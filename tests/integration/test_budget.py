@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
+from adpipe import pg as pg_client
 from adpipe.budget import verify as budget_verify
-from adpipe.local import postgres
 from adpipe.settings import Settings, load_settings
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -137,7 +137,7 @@ class BudgetEnv:
 
     def __init__(self, pg: Settings, workdir: Path) -> None:
         self.name = f"b{uuid.uuid4().hex[:10]}"
-        conn = postgres.connect(pg, "postgres")
+        conn = pg_client.connect(pg, "postgres")
         with conn.cursor() as cur:
             cur.execute(f'CREATE DATABASE "{self.name}"')
         conn.close()
@@ -229,7 +229,7 @@ class BudgetEnv:
 
     # -- PostgreSQL
     def query(self, sql: str) -> list[tuple]:
-        conn = postgres.connect(self.pg, self.name)
+        conn = pg_client.connect(self.pg, self.name)
         try:
             with conn.cursor() as cur:
                 cur.execute(sql)

@@ -34,7 +34,7 @@ def cmd_budget(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe.budget.service import format_report, report
+    from adpipe.budget.report import format_report, report
 
     rows = report(settings)
     if rows is None:

@@ -15,7 +15,7 @@ embedded fallback for one instance. Every table is prefixed ``budget_``:
                        committed with the ledger rows it covers
 ``budget_pauses``      the outbox of budget events: one row per (ad_id, period) whose spend reached its
                        budget (the primary key makes the event once); ``round``/``sent_at`` record its
-                       publication (see budget.EventPublisher)
+                       publication (see adpipe.budget.events)
 ``budget_quarantine``  aggregates that could not be parsed, with the reason (the service goes on)
 """
 

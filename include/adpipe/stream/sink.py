@@ -183,6 +183,7 @@ class TransactionalSink:
     def commit_batch(
         self, batch_id: int, end_offsets: dict[int, int], records: Sequence[OutRecord], watermark_ms: int = 0
     ) -> CommitResult:
+        """Steps 1-6 of the module doc for micro-batch ``batch_id``."""
         started = time.monotonic()
         producer = self._ensure_producer()  # Step 1
         ledger = self.check_ledger_owner()  # Step 2
@@ -193,26 +194,12 @@ class TransactionalSink:
                 ledger.batch_id,
             )
             return CommitResult(batch_id, True, 0, (time.monotonic() - started) * 1000, self.transactional_id)
-        by_topic: dict[str, int] = {}
+        # Crash points fire only in batches that carry aggregates.
         aggregates = sum(1 for r in records if r.headers and dict(r.headers).get("adpipe.kind") == b"aggregate")
         try:
-            producer.begin_transaction()  # Step 3
-            for rec in records:
-                self._produce(producer, rec)
-                by_topic[rec.topic] = by_topic.get(rec.topic, 0) + 1
-            producer.flush(60)
-            if self.fault:
-                self.fault.hit(AFTER_PRODUCE, batch_id, aggregates)
-            assert self._ledger_consumer is not None
-            meta = json.dumps({"batch_id": batch_id, "query_id": self.query_id, "watermark_ms": watermark_ms})
-            producer.send_offsets_to_transaction(  # Step 4
-                [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())],
-                self._ledger_consumer.consumer_group_metadata(),
-                60,
-            )
-            if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates):
-                self.fault.run_and_kill(lambda: producer.commit_transaction(60))
-            producer.commit_transaction(60)  # Step 5
+            by_topic = self._produce_batch(producer, batch_id, records, aggregates)  # Step 3
+            self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)  # Step 4
+            self._commit(producer, batch_id, aggregates)  # Step 5
         except KafkaException as exc:
             if _fenced(exc):
                 raise ProducerFencedError(
@@ -229,6 +216,40 @@ class TransactionalSink:
         return CommitResult(  # Step 6: the caller returns to Spark
             batch_id, False, len(records), (time.monotonic() - started) * 1000, self.transactional_id, by_topic
         )
+
+    # Step 3
+    def _produce_batch(
+        self, producer: Producer, batch_id: int, records: Sequence[OutRecord], aggregates: int
+    ) -> dict[str, int]:
+        """Begin the transaction and produce every record; records per topic."""
+        by_topic: dict[str, int] = {}
+        producer.begin_transaction()
+        for rec in records:
+            self._produce(producer, rec)
+            by_topic[rec.topic] = by_topic.get(rec.topic, 0) + 1
+        producer.flush(60)
+        if self.fault:
+            self.fault.hit(AFTER_PRODUCE, batch_id, aggregates)
+        return by_topic
+
+    # Step 4
+    def _add_ledger_offsets(
+        self, producer: Producer, batch_id: int, end_offsets: dict[int, int], watermark_ms: int
+    ) -> None:
+        """The batch's input end offsets, with its id, into the transaction."""
+        assert self._ledger_consumer is not None
+        meta = json.dumps({"batch_id": batch_id, "query_id": self.query_id, "watermark_ms": watermark_ms})
+        producer.send_offsets_to_transaction(
+            [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())],
+            self._ledger_consumer.consumer_group_metadata(),
+            60,
+        )
+
+    # Step 5
+    def _commit(self, producer: Producer, batch_id: int, aggregates: int) -> None:
+        if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates):
+            self.fault.run_and_kill(lambda: producer.commit_transaction(60))
+        producer.commit_transaction(60)
 
     @staticmethod
     def _produce(producer: Producer, rec: OutRecord) -> None:

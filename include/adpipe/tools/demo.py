@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from adpipe import kafka_io
-from adpipe.budget import service as budget_service
+from adpipe.budget import report as budget_report
 from adpipe.lakehouse import load, quality
 from adpipe.lakehouse.metastore import metastore_session
 from adpipe.local import kafka_broker, postgres
@@ -143,7 +143,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     if rc != 0:
         print(f"   the budget service failed (exit {rc}); see {work / 'budget.log'}")
         return 1
-    report_rows = budget_service.report(demo_settings) or []
+    report_rows = budget_report.report(demo_settings) or []
     paused = sum(1 for r in report_rows if r.status == "paused")
     print(f"   spend recorded for {len(report_rows)} ads, {paused} paused at their budget ({work / 'budget.log'})")
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from adpipe.budget import db
+from adpipe.budget.batch import apply_batch, event_id
 from adpipe.budget.money import BadAggregate, Price, parse_aggregate, period_of, spend_micros
-from adpipe.budget.service import apply_batch, event_id, format_report, report
+from adpipe.budget.report import format_report, report
 from adpipe.money import MoneyError, format_micros, parse_micros
 from adpipe.settings import SettingsError, load_settings
 
