@@ -8,7 +8,7 @@ import sys
 import pytest
 from adpipe.cli import build_parser
 
-VERBS = ["kafka", "jars", "produce", "stream", "verify", "demo"]
+VERBS = ["kafka", "pg", "jars", "produce", "stream", "load", "validate", "budget", "verify", "bench", "demo"]
 
 
 @pytest.mark.parametrize("verb", VERBS)
