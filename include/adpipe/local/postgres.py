@@ -4,15 +4,22 @@ Debian's PostgreSQL server binaries (``make deps`` installs them), run as a
 private cluster under ``$ADPIPE_HOME/postgres`` on loopback only. It holds the
 Hive metastore that Spark applications share, the budget service's database
 and Airflow's metadata. ``initdb`` refuses to run as root, so as root the
-cluster belongs to the ``postgres`` system user the Debian package creates."""
+cluster belongs to the ``postgres`` system user the Debian package creates,
+and lives where that user can reach it: a home is often 0700 (and so is a
+``mktemp -d`` clone), so the data directory is then under the ``postgres``
+user's own home (``~postgres/adpipe-clusters/<id>``), named by an id kept in
+``$ADPIPE_HOME/postgres/cluster-id``. A cluster whose home no longer names
+it (the home was wiped) is stopped and removed on the next ``up``."""
 
 from __future__ import annotations
 
 import logging
 import os
+import pwd
 import shutil
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +78,59 @@ def _run(cmd: list[str], what: str) -> str:
     return proc.stdout
 
 
-def _data_dir(settings: Settings) -> Path:
-    return settings.pg_dir / "data"
+CLUSTERS_DIR = "adpipe-clusters"
+
+
+def _clusters_root() -> Path:
+    return Path(pwd.getpwnam("postgres").pw_dir) / CLUSTERS_DIR
+
+
+def _cluster_dir(settings: Settings, create: bool = False) -> Path | None:
+    """The cluster's own folder (data, log): ADPIPE_HOME/postgres, or as
+    root the postgres user's folder this home's cluster-id names (None: no
+    cluster of ours yet and ``create`` is off)."""
+    if os.geteuid() != 0 or (settings.pg_dir / "data" / "PG_VERSION").exists():
+        return settings.pg_dir  # not root, or a cluster made here before (its home was reachable)
+    id_file = settings.pg_dir / "cluster-id"
+    if not id_file.exists():
+        if not create:
+            return None
+        settings.pg_dir.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(uuid.uuid4().hex + "\n")
+    folder = _clusters_root() / id_file.read_text().strip()
+    if create and not folder.exists():
+        folder.mkdir(parents=True)
+        (folder / "owner").write_text(f"{id_file}\n")
+        _chown(folder.parent)
+        _chown(folder)
+    return folder
+
+
+def _data_dir(settings: Settings, create: bool = False) -> Path | None:
+    folder = _cluster_dir(settings, create)
+    return None if folder is None else folder / "data"
+
+
+def _reap_orphans() -> None:
+    """As root: stop and remove the clusters whose home was wiped (its
+    cluster-id file is gone, or names another cluster)."""
+    root = _clusters_root()
+    for folder in sorted(root.glob("*")) if root.exists() else []:
+        try:
+            id_file = Path((folder / "owner").read_text().strip())
+            if id_file.read_text().strip() == folder.name:
+                continue
+        except OSError:
+            pass
+        data = folder / "data"
+        if (data / "postmaster.pid").exists():
+            subprocess.run(  # noqa: S603
+                _as_owner([str(bin_dir() / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate", "-w"]),
+                capture_output=True,
+                check=False,
+            )
+        log.info("removed the PostgreSQL cluster %s: the home that made it no longer names it", folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _chown(path: Path) -> None:
@@ -80,13 +138,15 @@ def _chown(path: Path) -> None:
         shutil.chown(path, "postgres", "postgres")
 
 
-def _initdb(settings: Settings) -> None:
-    data = _data_dir(settings)
+def _initdb(settings: Settings) -> Path:
+    """The data directory, initialised once."""
+    data = _data_dir(settings, create=True)
+    assert data is not None
     if (data / "PG_VERSION").exists():
-        return
-    settings.pg_dir.mkdir(parents=True, exist_ok=True)
-    _chown(settings.pg_dir)
-    pwfile = settings.pg_dir / "pwfile"
+        return data
+    data.parent.mkdir(parents=True, exist_ok=True)
+    _chown(data.parent)
+    pwfile = data.parent / "pwfile"
     pwfile.write_text(settings.pg_password + "\n")
     _chown(pwfile)
     log.info("initialising a PostgreSQL cluster in %s", data)
@@ -115,6 +175,7 @@ def _initdb(settings: Settings) -> None:
             "shared_buffers = 64MB\n"
             "fsync = on\n"
         )
+    return data
 
 
 def answering(settings: Settings, timeout_s: int = 3) -> bool:
@@ -128,7 +189,7 @@ def answering(settings: Settings, timeout_s: int = 3) -> bool:
 
 def _running(settings: Settings) -> bool:
     data = _data_dir(settings)
-    if not (data / "postmaster.pid").exists():
+    if data is None or not (data / "postmaster.pid").exists():
         return False
     proc = subprocess.run(  # noqa: S603
         _as_owner([str(bin_dir() / "pg_ctl"), "status", "-D", str(data)]), capture_output=True, check=False
@@ -168,17 +229,19 @@ def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
     server elsewhere, only wait for it. Then create the missing databases."""
     address = f"{settings.pg_host}:{settings.pg_port}"
     if is_local(settings) and not _running(settings):
+        if os.geteuid() == 0:
+            _reap_orphans()
         if answering(settings, 1):
             raise PostgresError(
                 f"something else already answers on {address}; stop it or point ADPIPE_PG_PORT elsewhere"
             )
-        _initdb(settings)
-        logfile = settings.pg_dir / "postgres.log"
+        data = _initdb(settings)
+        logfile = data.parent / "postgres.log"
         logfile.touch()
         _chown(logfile)
-        log.info("starting PostgreSQL on %s", address)
+        log.info("starting PostgreSQL on %s (data %s)", address, data)
         _run(
-            [str(bin_dir() / "pg_ctl"), "start", "-D", str(_data_dir(settings)), "-l", str(logfile), "-w",
+            [str(bin_dir() / "pg_ctl"), "start", "-D", str(data), "-l", str(logfile), "-w",
              "-t", str(int(timeout_s))],
             f"starting PostgreSQL (see {logfile})",
         )
@@ -199,7 +262,8 @@ def down(settings: Settings) -> bool:
     """Stop our cluster (fast shutdown). True if one was running."""
     if not _running(settings):
         return False
-    _run([str(bin_dir() / "pg_ctl"), "stop", "-D", str(_data_dir(settings)), "-m", "fast", "-w"], "stopping PostgreSQL")
+    data = _data_dir(settings)
+    _run([str(bin_dir() / "pg_ctl"), "stop", "-D", str(data), "-m", "fast", "-w"], "stopping PostgreSQL")
     return True
 
 

@@ -1,0 +1,43 @@
+"""The local PostgreSQL from a home only its owner may enter: a 0700 home
+(or a ``mktemp -d`` clone) as root, where the server runs as ``postgres``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from adpipe.local import postgres
+from adpipe.settings import load_settings
+
+from tests.conftest import PORT_BASE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server runs as another user only when we are root")
+def test_a_0700_home_as_root_gets_a_cluster_the_server_can_reach_and_a_wiped_home_frees_it(tmp_path: Path) -> None:
+    home = tmp_path / "home" / ".adpipe"
+    home.parent.mkdir(mode=0o700)
+    env = {"ADPIPE_HOME": str(home), "ADPIPE_PG_PORT": str(PORT_BASE + 7)}
+    settings = load_settings(env)
+    cli_env = {**os.environ, **env}
+    try:
+        up = subprocess.run([sys.executable, "-m", "adpipe", "pg", "up"], env=cli_env, capture_output=True, text=True)
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert postgres.status(settings).running and postgres.answering(settings)
+        cluster = postgres._cluster_dir(settings)
+        assert cluster is not None and home not in cluster.parents  # the postgres user cannot enter the home
+        assert (cluster / "data" / "PG_VERSION").exists()
+        # The home is wiped while the server runs: the next up stops and removes that cluster.
+        shutil.rmtree(home)
+        assert not postgres.status(settings).running
+        postgres.up(settings)
+        assert not cluster.exists()
+        assert postgres.status(settings).running
+    finally:
+        postgres.down(settings)
+        new = postgres._cluster_dir(settings)
+        if new is not None:
+            shutil.rmtree(new, ignore_errors=True)
