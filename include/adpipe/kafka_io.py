@@ -27,6 +27,7 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes]
+    timestamp_ms: int = -1  # the record's own timestamp (-1: none)
 
     def header(self, name: str) -> str | None:
         raw = self.headers.get(name)
@@ -190,6 +191,7 @@ def read_topic(
                 msg.key(),
                 msg.value(),
                 dict((k, v) for k, v in (msg.headers() or [])),
+                msg.timestamp()[1],
             )
             if msg.offset() + 1 >= ends[msg.partition()]:
                 pending.discard(msg.partition())

@@ -30,10 +30,17 @@ def _true(condition: Column) -> Column:
     return F.coalesce(condition, F.lit(False))
 
 
-def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
+def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None) -> DataFrame:
     """Kafka rows -> one row per message with the event's fields and
     ``reject_reason`` (null for a valid event). Never drops a row: a
-    malformed message is kept, with the first reason it fails."""
+    malformed message is kept, with the first reason it fails.
+
+    An event_time more than ``max_future_skew_ms`` after the Kafka record's
+    own ``timestamp`` is malformed (``future_event_time``): one clock far
+    ahead would otherwise move the watermark and make every later event
+    late. The record timestamp, never the wall clock, decides, so a replay
+    decides the same. ``None`` leaves the rule out: for the DLQ and late
+    copies the job wrote, whose source records it already checked."""
     v = F.col("__v")
     time_type = _field_type(v, "event_time")
     time_text = F.try_variant_get(v, "$.event_time", "string")
@@ -57,6 +64,11 @@ def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
         )
         .when(F.col("event_time").isNull(), F.lit(S.REASON_BAD_EVENT_TIME))
     )
+    if max_future_skew_ms is not None:
+        reason = reason.when(
+            F.unix_millis("event_time") > F.unix_millis(F.col("timestamp")) + F.lit(max_future_skew_ms),
+            F.lit(S.REASON_FUTURE_EVENT_TIME),
+        )
     valid_campaign = _true(_field_type(v, "campaign_id") == "STRING")
     return (
         kafka_df.select(
@@ -66,6 +78,7 @@ def parse_raw_events(kafka_df: DataFrame) -> DataFrame:
             "topic",
             F.col("partition").cast("long").alias("partition"),
             F.col("offset").cast("long").alias("offset"),
+            "timestamp",
         )
         # Invalid UTF-8 is not JSON (a cast alone would turn it into U+FFFD).
         .withColumn(

@@ -26,6 +26,8 @@ REASON_BAD_EVENT_ID = "missing_or_invalid_event_id"
 REASON_BAD_AD_ID = "missing_or_invalid_ad_id"
 REASON_BAD_EVENT_TYPE = "missing_or_unknown_event_type"
 REASON_BAD_EVENT_TIME = "missing_or_invalid_event_time"
+# event_time more than ADPIPE_MAX_FUTURE_SKEW_S after the record's timestamp.
+REASON_FUTURE_EVENT_TIME = "future_event_time"
 
 # Kafka headers adpipe writes on DLQ and late records.
 HEADER_REASON = "adpipe.reason"

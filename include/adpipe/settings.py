@@ -124,6 +124,9 @@ class Settings:
     allowed_lateness_s: int = 0
     trigger_interval_s: int = 5
     max_offsets_per_trigger: int = 0
+    # An event_time more than this after its Kafka record's own timestamp is
+    # malformed (future_event_time): a clock far ahead never moves the watermark.
+    max_future_skew_s: int = 300
     # Which stream job instance this is (one per region). It names the
     # checkpoint, the transactional.id and the record_uuid namespace.
     job_id: str = "region-local"
@@ -206,6 +209,10 @@ class Settings:
         return (self.watermark_delay_s + self.allowed_lateness_s) * 1000
 
     @property
+    def max_future_skew_ms(self) -> int:
+        return self.max_future_skew_s * 1000
+
+    @property
     def regions(self) -> tuple[Region, ...]:
         """Every region to union: the configured ones, else this job's own."""
         return self.extra_regions or (Region(self.job_id, self.kafka_bootstrap, self.topics),)
@@ -277,6 +284,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         allowed_lateness_s=_int(env, "ADPIPE_ALLOWED_LATENESS_S", 0),
         trigger_interval_s=_int(env, "ADPIPE_TRIGGER_INTERVAL_S", 5, 1),
         max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", 0),
+        max_future_skew_s=_int(env, "ADPIPE_MAX_FUTURE_SKEW_S", 300),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),
         pg_host=env.get("ADPIPE_PG_HOST", "127.0.0.1"),

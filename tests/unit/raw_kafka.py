@@ -4,6 +4,7 @@ and of the stream's windows."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
 
@@ -15,6 +16,7 @@ RAW_KAFKA = StructType(
         StructField("topic", StringType()),
         StructField("partition", LongType()),
         StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
     ]
 )
 
@@ -48,3 +50,14 @@ def body(**changes: object) -> bytes:
     return json.dumps(event).encode()
 
 TOPIC = "ad-events"
+# Every test record's own Kafka timestamp, and the contract's default skew:
+# an event_time after RECORD_MS + SKEW_MS is future_event_time.
+RECORD_TIME = datetime(2026, 11, 22, 13, 0, tzinfo=UTC)
+RECORD_MS = 1_795_352_400_000
+SKEW_MS = 300_000
+
+
+def kafka_frame(spark, rows: list[tuple]):  # noqa: ANN001, ANN201 - SparkSession -> DataFrame
+    """(key, value, topic, partition, offset) rows as the Kafka source gives
+    them, each with the record timestamp RECORD_TIME."""
+    return spark.createDataFrame([(*row, RECORD_TIME) for row in rows], RAW_KAFKA)

@@ -10,11 +10,11 @@ from datetime import datetime
 import pytest
 from adpipe import raw_events
 from adpipe import schemas as S
-from adpipe.tools.verify import RawEvent, classify
+from adpipe.tools.verify import RawEvent, classify, classify_record
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from tests.unit.raw_kafka import DROP, RAW_KAFKA, TOPIC, body
+from tests.unit.raw_kafka import DROP, RECORD_MS, SKEW_MS, TOPIC, body, kafka_frame
 
 # id, raw value, expected reject_reason, expected event_time (naive UTC, as
 # Spark returns it), expected epoch milliseconds (classify's reading).
@@ -70,6 +70,16 @@ CASES = [
     ("event_time_missing", body(event_time=DROP), S.REASON_BAD_EVENT_TIME, None, None),
     ("event_time_bad_offset", body(event_time="2026-11-22T12:00:00+25:00"), S.REASON_BAD_EVENT_TIME, None, None),
     ("event_time_bad_date", body(event_time="2026-02-30T12:00:00Z"), S.REASON_BAD_EVENT_TIME, None, None),
+    # The record's own timestamp decides, never the wall clock (RECORD_MS: 13:00Z).
+    (
+        "event_time_at_the_skew_limit",
+        body(event_time=RECORD_MS + SKEW_MS),
+        None,
+        datetime(2026, 11, 22, 13, 5),
+        RECORD_MS + SKEW_MS,
+    ),
+    ("event_time_past_the_skew", body(event_time=RECORD_MS + SKEW_MS + 1), S.REASON_FUTURE_EVENT_TIME, None, None),
+    ("event_time_2099", body(event_time="2099-01-01T00:00:00Z"), S.REASON_FUTURE_EVENT_TIME, None, None),
     # Several faults: the first in contract order is reported.
     ("first_reason_wins", body(event_id=DROP, ad_id=DROP, event_time="yesterday"), S.REASON_BAD_EVENT_ID, None, None),
 ]
@@ -85,8 +95,8 @@ def key_of(offset: int) -> bytes:
 def parsed(spark: SparkSession) -> dict[int, dict]:
     """The whole table parsed in one Spark job, by offset."""
     rows = [(key_of(i), value, TOPIC, i % 4, i) for i, (_, value, *_rest) in enumerate(CASES)]
-    df = spark.createDataFrame(rows, RAW_KAFKA)
-    return {r["offset"]: r.asDict() for r in raw_events.parse_raw_events(df).collect()}
+    df = kafka_frame(spark, rows)
+    return {r["offset"]: r.asDict() for r in raw_events.parse_raw_events(df, SKEW_MS).collect()}
 
 
 @pytest.mark.parametrize(("offset", "case"), list(enumerate(CASES)), ids=CASE_IDS)
@@ -111,13 +121,13 @@ def test_parse_raw_events_keeps_every_row_and_the_raw_bytes(parsed: dict[int, di
 
 
 def test_parse_raw_events_output_schema(spark: SparkSession) -> None:
-    df = raw_events.parse_raw_events(spark.createDataFrame([], RAW_KAFKA))
+    df = raw_events.parse_raw_events(kafka_frame(spark, []), SKEW_MS)
     assert df.schema == S.PARSED_EVENT
 
 
 def test_parse_raw_events_null_key_and_null_value(spark: SparkSession) -> None:
-    df = spark.createDataFrame([(None, None, TOPIC, 0, 0)], RAW_KAFKA)
-    (row,) = raw_events.parse_raw_events(df).collect()
+    df = kafka_frame(spark, [(None, None, TOPIC, 0, 0)])
+    (row,) = raw_events.parse_raw_events(df, SKEW_MS).collect()
     assert (row["key"], row["value"], row["reject_reason"]) == (None, None, S.REASON_NOT_JSON)
 
 
@@ -133,19 +143,19 @@ def test_parse_raw_events_null_key_and_null_value(spark: SparkSession) -> None:
     ids=["string", "number", "object", "null", "missing"],
 )
 def test_campaign_id_is_null_unless_a_string(spark: SparkSession, value: bytes, campaign_id: str | None) -> None:
-    df = spark.createDataFrame([(b"k", value, TOPIC, 0, 0)], RAW_KAFKA)
-    (row,) = raw_events.parse_raw_events(df).collect()
+    df = kafka_frame(spark, [(b"k", value, TOPIC, 0, 0)])
+    (row,) = raw_events.parse_raw_events(df, SKEW_MS).collect()
     # A bad campaign_id does not make the event malformed.
     assert (row["reject_reason"], row["campaign_id"]) == (None, campaign_id)
 
 
 def test_valid_and_rejected_events_split_the_parsed_rows(parsed: dict[int, dict], spark: SparkSession) -> None:
     rows = [(key_of(i), value, TOPIC, 0, i) for i, (_, value, *_rest) in enumerate(CASES)]
-    frame = raw_events.parse_raw_events(spark.createDataFrame(rows, RAW_KAFKA))
+    frame = raw_events.parse_raw_events(kafka_frame(spark, rows), SKEW_MS)
     valid = sorted(r["offset"] for r in raw_events.valid_events(frame).select("offset").collect())
     rejected = sorted(r["offset"] for r in raw_events.rejected_events(frame).select("offset").collect())
-    assert valid == [0, 1, 2, 3, 4, 5]
-    assert rejected == list(range(6, len(CASES)))
+    assert valid == [i for i, case in enumerate(CASES) if case[2] is None]
+    assert rejected == [i for i, case in enumerate(CASES) if case[2] is not None]
 
 
 # --- the Python reading of the contract (verify.classify) -------------------
@@ -154,7 +164,7 @@ def test_valid_and_rejected_events_split_the_parsed_rows(parsed: dict[int, dict]
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_classify_gives_the_table_verdict(case: tuple) -> None:
     _, value, reason, _, event_ms = case
-    verdict = classify(value)
+    verdict = classify_record(value, RECORD_MS, SKEW_MS)
     if reason is None:
         event = json.loads(value)
         assert verdict == RawEvent(event["event_id"], "ad-1", event["event_type"], event_ms)
@@ -178,16 +188,16 @@ def spark_verdict(row: dict) -> str | tuple:
 
 
 def python_verdict(value: bytes | None) -> str | tuple:
-    verdict = classify(value)
+    verdict = classify_record(value, RECORD_MS, SKEW_MS)
     if isinstance(verdict, str):
         return verdict
     return (verdict.event_id, verdict.ad_id, verdict.event_type, verdict.event_ms)
 
 
 def spark_verdicts(spark: SparkSession, values: list[bytes]) -> list[str | tuple]:
-    df = spark.createDataFrame([(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)], RAW_KAFKA)
+    df = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)])
     rows = (
-        raw_events.parse_raw_events(df)
+        raw_events.parse_raw_events(df, SKEW_MS)
         # Epoch millis, not the timestamp: Python cannot hold every time Spark can.
         .select(
             "offset", "event_id", "ad_id", "event_type", F.unix_millis("event_time").alias("event_ms"), "reject_reason"

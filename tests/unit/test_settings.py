@@ -26,6 +26,8 @@ def test_defaults() -> None:
     assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 0)
     assert settings.job_id == "region-local"
     assert settings.transaction_timeout_ms == 120_000
+    assert (settings.max_future_skew_s, settings.max_future_skew_ms) == (300, 300_000)
+    assert load_settings({"ADPIPE_MAX_FUTURE_SKEW_S": "0"}).max_future_skew_ms == 0
     assert settings.budget_db == f"sqlite:///{REPO / '.adpipe' / 'budget.db'}"
     assert settings.checkpoint_dir == REPO / ".adpipe" / "checkpoints" / "region-local"
 
@@ -83,8 +85,12 @@ def test_with_overrides_returns_a_changed_copy() -> None:
         ({"ADPIPE_TRANSACTION_TIMEOUT_MS": "999"}, "ADPIPE_TRANSACTION_TIMEOUT_MS=999 must be >= 1000"),
         ({"ADPIPE_KAFKA_BOOTSTRAP": "localhost"}, "ADPIPE_KAFKA_BOOTSTRAP='localhost' must be host:port"),
         ({"ADPIPE_KAFKA_BOOTSTRAP": ""}, "ADPIPE_KAFKA_BOOTSTRAP='' must be host:port"),
+        ({"ADPIPE_MAX_FUTURE_SKEW_S": "-5"}, "ADPIPE_MAX_FUTURE_SKEW_S=-5 must be >= 0"),
     ],
-    ids=["not_integer", "word", "below_minimum", "negative", "timeout_too_small", "no_port", "empty_bootstrap"],
+    ids=[
+        "not_integer", "word", "below_minimum", "negative", "timeout_too_small", "no_port", "empty_bootstrap",
+        "negative_skew",
+    ],
 )
 def test_bad_values_raise_settings_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as info:

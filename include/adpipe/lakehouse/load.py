@@ -207,9 +207,12 @@ def _in_hour(hour: datetime) -> Column:
     return F.col("event_hour") == F.lit(hour.astimezone(UTC)).cast("timestamp")
 
 
-def raw_table_rows(kafka_df: DataFrame, region: str, hour: datetime, loaded_at: datetime) -> DataFrame:
-    """Raw Kafka rows -> ``ads.ad_events_raw`` rows of the hour (valid events only)."""
-    parsed = raw_events.valid_events(raw_events.parse_raw_events(kafka_df))
+def raw_table_rows(
+    kafka_df: DataFrame, region: str, hour: datetime, loaded_at: datetime, max_future_skew_ms: int
+) -> DataFrame:
+    """Raw Kafka rows -> ``ads.ad_events_raw`` rows of the hour (valid events
+    only, by the stream job's own reading of the contract)."""
+    parsed = raw_events.valid_events(raw_events.parse_raw_events(kafka_df, max_future_skew_ms))
     rows = parsed.select(
         "event_id",
         "ad_id",
@@ -270,7 +273,7 @@ def quarantine_table_rows(
     ``ads.ad_events_quarantine`` rows of the hour."""
     # DLQ: the original bytes; an event time when one can be read from them,
     # else the hour the record reached the DLQ.
-    dlq_parsed = raw_events.parse_raw_events(dlq_df.drop("headers")).select(
+    dlq_parsed = raw_events.parse_raw_events(dlq_df.drop("headers"), None).select(
         "event_id",
         "ad_id",
         "event_type",
@@ -294,7 +297,7 @@ def quarantine_table_rows(
         _hour_of(F.coalesce("event_time", "timestamp")).alias("event_hour"),
         *_kafka_columns(region, loaded_at),
     )
-    late_parsed = raw_events.valid_events(raw_events.parse_raw_events(late_df.drop("headers")))
+    late_parsed = raw_events.valid_events(raw_events.parse_raw_events(late_df.drop("headers"), None))
     late_rows = late_parsed.select(
         F.lit(T.SOURCE_LATE).alias("source"),
         F.col("event_id").alias("event_key"),
@@ -436,7 +439,7 @@ def load_hour(settings: Settings, hour: datetime, spark: SparkSession | None = N
         agg_df = _read(spark, ranges.bootstrap, ranges.aggregates) or empty
         late_df = _read(spark, ranges.bootstrap, ranges.late) or empty
         dlq_df = _read(spark, ranges.bootstrap, ranges.dlq) or empty
-        raw_parts.append(raw_table_rows(raw_df, region.job_id, hour, loaded_at))
+        raw_parts.append(raw_table_rows(raw_df, region.job_id, hour, loaded_at, settings.max_future_skew_ms))
         agg_parts.append(aggregate_table_rows(agg_df, region.job_id, hour, loaded_at))
         quarantine_parts.append(quarantine_table_rows(dlq_df, late_df, agg_df, region.job_id, hour, loaded_at))
 

@@ -52,13 +52,23 @@ log = logging.getLogger("adpipe.stream")
 RECORD_UUID_NAMESPACE = uuid.UUID("6f1c2b9e-4a55-5d1e-9a7e-2f3b8c0d4e61")
 
 
-def record_uuid(job_id: str, ad_id: str, window_start: datetime) -> str:
+def record_uuid(job_id: str, ad_id: str, window_start: int | datetime) -> str:
+    """uuid5 of the job, the ad and the window's UTC start (epoch ms, or an
+    aware datetime)."""
     return str(uuid.uuid5(RECORD_UUID_NAMESPACE, f"{job_id}|{ad_id}|{iso_utc(window_start)}"))
 
 
-def iso_utc(ts: datetime) -> str:
-    if ts.tzinfo is None:  # Spark hands back naive datetimes in the session zone (UTC)
-        ts = ts.replace(tzinfo=UTC)
+def iso_utc(ts: int | datetime) -> str:
+    """``2026-11-22T12:00:00Z`` from epoch milliseconds or an aware datetime.
+
+    A naive datetime is refused: PySpark turns a timestamp into a naive
+    datetime in the *driver's* zone (whatever Spark's session zone), so the
+    same window would read differently on another host. Window bounds leave
+    Spark as epoch milliseconds instead (``BatchHandler``)."""
+    if isinstance(ts, int):
+        ts = datetime.fromtimestamp(ts / 1000, UTC)
+    elif ts.tzinfo is None:
+        raise ValueError(f"naive datetime {ts!r}: pass epoch milliseconds or an aware datetime")
     return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -158,7 +168,7 @@ class BatchHandler:
         offsets = batch_offsets(self.settings.checkpoint_dir, batch_id)
         exception_rows: list[dict] = []
         if offsets.has_input():
-            parsed_df = self._raw_range(offsets).transform(raw_events.parse_raw_events)
+            parsed_df = raw_events.parse_raw_events(self._raw_range(offsets), self.settings.max_future_skew_ms)
             late_cut = F.timestamp_millis(F.lit(offsets.late_watermark_ms))
             exception_rows = [
                 r.asDict()
@@ -168,7 +178,17 @@ class BatchHandler:
             ]
         late_rows = sum(1 for r in exception_rows if r["reject_reason"] is None)
         self.late_rows_by_batch[batch_id] = late_rows
-        aggregate_rows = [r.asDict() for r in aggregates_df.collect()]
+        # Window bounds leave Spark as epoch milliseconds: host-zone independent (see iso_utc).
+        aggregate_rows = [
+            r.asDict()
+            for r in aggregates_df.select(
+                "ad_id",
+                F.unix_millis("window_start").alias("window_start"),
+                F.unix_millis("window_end").alias("window_end"),
+                "impressions",
+                "clicks",
+            ).collect()
+        ]
         records = [aggregate_record(self.settings, r, batch_id) for r in aggregate_rows]
         extra, dlq, late = exception_records(self.settings, exception_rows, offsets)
         if self.sink.query_id is None:  # written by Spark before the first batch
@@ -183,7 +203,7 @@ class BatchHandler:
             len(records),
             dlq,
             late,
-            iso_utc(datetime.fromtimestamp(offsets.watermark_ms / 1000, UTC)),
+            iso_utc(offsets.watermark_ms),
             result.transactional_id,
             "skipped (already committed)" if result.skipped else "committed",
             result.duration_ms,
@@ -255,7 +275,7 @@ def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
         reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
     return (
         reader.load()
-        .transform(raw_events.parse_raw_events)
+        .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
         .transform(raw_events.valid_events)
         .transform(lambda df: T.count_minute_windows(df, settings.lateness_ms))
     )

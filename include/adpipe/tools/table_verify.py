@@ -19,17 +19,11 @@ from pyspark.sql import functions as F
 from adpipe import kafka_io
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings
-from adpipe.tools.verify import LIST_LIMIT, classify
+from adpipe.tools.verify import LIST_LIMIT, classify, classify_record
 
 
 def _hour_of_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms // 3_600_000 * 3600, UTC)
-
-
-def _iso(ts: datetime) -> str:
-    if ts.tzinfo is None:  # Spark hands back naive UTC datetimes
-        ts = ts.replace(tzinfo=UTC)
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
@@ -43,7 +37,7 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.events):
             if rec.offset >= committed.get(rec.partition, (0, ""))[0]:
                 continue  # not processed by the stream job yet: not loadable yet
-            event = classify(rec.value)
+            event = classify_record(rec.value, rec.timestamp_ms, rs.max_future_skew_ms)
             if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
                 raw.add(event.event_id)
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.aggregates):
@@ -66,9 +60,12 @@ def actual_rows(spark: SparkSession, hour: datetime, regions: list[str]) -> dict
     def of_hour(name: str):  # noqa: ANN202 - a DataFrame
         return spark.table(name).where((F.col("event_hour") == F.lit(hour)) & F.col("region").isin(regions))
 
+    # Formatted by Spark in its session zone (UTC): a collected timestamp would
+    # come back as a naive datetime in the host's zone.
+    window_start = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start")
     aggregates = [
-        (r.record_uuid, (r.ad_id, _iso(r.window_start), r.impressions, r.clicks))
-        for r in of_hour(T.AGGREGATES).select("record_uuid", "ad_id", "window_start", "impressions", "clicks").collect()
+        (r.record_uuid, (r.ad_id, r.window_start, r.impressions, r.clicks))
+        for r in of_hour(T.AGGREGATES).select("record_uuid", "ad_id", window_start, "impressions", "clicks").collect()
     ]
     raw = [(r.event_id, ()) for r in of_hour(T.RAW).select("event_id").collect()]
     late = [

@@ -87,6 +87,15 @@ def classify(value: bytes | None) -> RawEvent | str:
     return RawEvent(body["event_id"], body["ad_id"], body["event_type"], event_ms)
 
 
+def classify_record(value: bytes | None, record_ms: int, max_future_skew_ms: int) -> RawEvent | str:
+    """:func:`classify`, then the contract's rule on the Kafka record's own
+    timestamp: an event time more than the skew after it is malformed."""
+    verdict = classify(value)
+    if isinstance(verdict, RawEvent) and verdict.event_ms > record_ms + max_future_skew_ms:
+        return S.REASON_FUTURE_EVENT_TIME
+    return verdict
+
+
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
     commits = kafka_io.group_commits(settings.kafka_bootstrap, group, settings.topics.events)
@@ -108,7 +117,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     raw_records = 0
     for rec in kafka_io.read_topic(bootstrap, topics.events):
         raw_records += 1
-        verdict = classify(rec.value)
+        verdict = classify_record(rec.value, rec.timestamp_ms, settings.max_future_skew_ms)
         if isinstance(verdict, str):
             malformed[f"{rec.topic}/{rec.partition}/{rec.offset}"] = verdict
         else:
@@ -120,7 +129,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     late_counts: Counter[str] = Counter()
     not_late: list[dict] = []
     for rec in kafka_io.read_topic(bootstrap, topics.late):
-        verdict = classify(rec.value)
+        verdict = classify(rec.value)  # a copy: its source record was checked above
         if isinstance(verdict, str):
             not_late.append({"source": rec.header(S.HEADER_SOURCE), "why": f"malformed: {verdict}"})
             continue

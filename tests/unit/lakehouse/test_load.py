@@ -70,11 +70,11 @@ def test_topic_range_options_read_exactly_the_non_empty_partitions() -> None:
 
 def test_raw_rows_keep_valid_events_of_the_hour_only(spark: SparkSession) -> None:
     df = _kafka(spark, [_event("e1", 1), _event("e2", 59, kind="click"), _event("e3", 0, hour=13), b"{oops"])
-    rows = load.raw_table_rows(df, "r1", HOUR, LOADED).collect()
+    rows = load.raw_table_rows(df, "r1", HOUR, LOADED, 300_000).collect()
     assert sorted(r.event_id for r in rows) == ["e1", "e2"]
     assert {r.event_hour for r in rows} == {datetime(2026, 11, 22, 12)}
     assert {(r.region, r.kafka_topic) for r in rows} == {("r1", "t")}
-    assert load.raw_table_rows(df, "r1", HOUR, LOADED).schema.fieldNames() == T.RAW_SCHEMA.fieldNames()
+    assert load.raw_table_rows(df, "r1", HOUR, LOADED, 300_000).schema.fieldNames() == T.RAW_SCHEMA.fieldNames()
 
 
 def test_aggregate_rows_parse_the_contract_json_and_filter_the_hour(spark: SparkSession) -> None:

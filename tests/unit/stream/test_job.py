@@ -7,6 +7,7 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from adpipe import schemas as S
 from adpipe.settings import load_settings
 from adpipe.stream.job import aggregate_record, exception_records, iso_utc, record_uuid
@@ -27,9 +28,12 @@ def test_record_uuid_is_a_stable_uuid5() -> None:
     assert (parsed.version, parsed.variant) == (5, uuid.RFC_4122)
 
 
+NOON_MS = 1_795_348_800_000  # 2026-11-22T12:00:00Z
+
+
 def test_record_uuid_same_window_in_any_representation() -> None:
     expected = "642a194a-8dd8-5646-aab9-489275eb6560"
-    assert record_uuid("region-local", "ad-000001", datetime(2026, 11, 22, 12, 0)) == expected  # noqa: DTZ001
+    assert record_uuid("region-local", "ad-000001", NOON_MS) == expected
     plus_one = timezone(timedelta(hours=1))
     assert record_uuid("region-local", "ad-000001", datetime(2026, 11, 22, 13, 0, tzinfo=plus_one)) == expected
 
@@ -45,21 +49,29 @@ def test_record_uuid_differs_by_job_ad_and_window() -> None:
 
 
 def test_iso_utc() -> None:
-    assert iso_utc(datetime(2026, 11, 22, 12, 1, 2)) == "2026-11-22T12:01:02Z"  # noqa: DTZ001 - naive is UTC
+    assert iso_utc(NOON_MS + 62_999) == "2026-11-22T12:01:02Z"
+    assert iso_utc(0) == "1970-01-01T00:00:00Z"
     assert iso_utc(datetime(2026, 11, 22, 12, 1, 2, 999_999, tzinfo=UTC)) == "2026-11-22T12:01:02Z"
     minus_five = timezone(timedelta(hours=-5))
     assert iso_utc(datetime(2026, 11, 22, 21, 30, tzinfo=minus_five)) == "2026-11-23T02:30:00Z"
+
+
+def test_a_naive_datetime_is_refused_not_read_in_the_hosts_zone() -> None:
+    with pytest.raises(ValueError, match="naive datetime"):
+        iso_utc(datetime(2026, 11, 22, 12, 0))  # noqa: DTZ001
+    with pytest.raises(ValueError, match="naive datetime"):
+        record_uuid("region-local", "ad-000001", datetime(2026, 11, 22, 12, 0))  # noqa: DTZ001
 
 
 def test_aggregate_record() -> None:
     settings = load_settings({"ADPIPE_JOB_ID": "region-local"})
     row = {
         "ad_id": "ad-000001",
-        "window_start": datetime(2026, 11, 22, 12, 0),  # noqa: DTZ001
-        "window_end": datetime(2026, 11, 22, 12, 1),
+        "window_start": NOON_MS,
+        "window_end": NOON_MS + 60_000,
         "impressions": 7,
         "clicks": 2,
-    }  # noqa: DTZ001
+    }
     record = aggregate_record(settings, row, 12)
     assert (record.topic, record.key) == ("ad-aggregates", b"ad-000001")
     assert json.loads(record.value) == {

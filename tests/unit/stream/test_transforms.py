@@ -13,7 +13,7 @@ from adpipe import schemas as S
 from adpipe.stream import transforms as T
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.unit.raw_kafka import RAW_KAFKA, TOPIC, VALID_EVENTS, body
+from tests.unit.raw_kafka import SKEW_MS, TOPIC, VALID_EVENTS, body, kafka_frame
 
 # --- count_minute_windows ----------------------------------------------------
 #
@@ -175,8 +175,8 @@ def test_raw_messages_to_minute_counts(spark: SparkSession) -> None:
         body(event_id="d", event_type="view"),
         retry,
     ]
-    raw = spark.createDataFrame([(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)], RAW_KAFKA)
-    parsed = raw.transform(raw_events.parse_raw_events)
+    raw = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)])
+    parsed = raw_events.parse_raw_events(raw, SKEW_MS)
     valid = parsed.transform(raw_events.valid_events).select(*VALID_EVENTS.fieldNames())
     assert rows_of(valid) == [
         ("a", "ad-1", "impression", naive(12, 4)),
