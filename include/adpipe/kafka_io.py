@@ -55,6 +55,23 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeou
     return [t.topic for t in wanted]
 
 
+# Kafka's default max.message.bytes of a topic (the broker's message.max.bytes).
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+def max_message_bytes(bootstrap: str, topics: Sequence[str], timeout_s: float = 30.0) -> dict[str, int]:
+    """Each topic's ``max.message.bytes``: the largest record batch the broker
+    takes for it (compressed size, headers included)."""
+    from confluent_kafka.admin import ConfigResource
+
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    limits = {}
+    for resource, future in admin(bootstrap).describe_configs(resources, request_timeout=timeout_s).items():
+        entry = future.result().get("max.message.bytes")
+        limits[resource.name] = int(entry.value) if entry is not None and entry.value else DEFAULT_MAX_MESSAGE_BYTES
+    return limits
+
+
 _RETRIABLE = {
     KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,

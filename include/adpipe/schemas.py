@@ -29,8 +29,19 @@ REASON_BAD_EVENT_TIME = "missing_or_invalid_event_time"
 # event_time more than ADPIPE_MAX_FUTURE_SKEW_S after the record's timestamp.
 REASON_FUTURE_EVENT_TIME = "future_event_time"
 
+# A DLQ or late copy too large for its topic even compressed: written
+# truncated, its reason header "oversized" (the reason it had otherwise is in
+# HEADER_ORIGINAL_REASON, its full size in HEADER_ORIGINAL_SIZE; the source
+# header names the raw record, which Kafka still holds whole).
+REASON_OVERSIZED = "oversized"
+
 # Kafka headers adpipe writes on DLQ and late records.
 HEADER_REASON = "adpipe.reason"
+HEADER_ORIGINAL_REASON = "adpipe.original_reason"
+HEADER_ORIGINAL_SIZE = "adpipe.original_size"
+# On late copies: the event they list and its time, truncated or not.
+HEADER_EVENT_ID = "adpipe.event_id"
+HEADER_EVENT_TIME_MS = "adpipe.event_time_ms"
 HEADER_SOURCE = "adpipe.source"  # topic/partition/offset of the raw record
 HEADER_JOB = "adpipe.job"
 HEADER_BATCH = "adpipe.batch"

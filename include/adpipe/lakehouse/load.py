@@ -261,6 +261,25 @@ def _header(name: str) -> Column:
     return F.when(F.size(match) > 0, match[0]["value"].cast("string"))
 
 
+def _with_event_fields(copies_df: DataFrame) -> DataFrame:
+    """DLQ or late copies with the event fields read from their bytes (and
+    ``reject_reason``), headers kept. No future-time rule: the job checked
+    their source records."""
+    parsed = raw_events.parse_raw_events(copies_df.drop("headers"), None).select(
+        "event_id",
+        "ad_id",
+        "event_type",
+        "event_time",
+        "reject_reason",
+        F.col("offset").alias("__offset"),
+        F.col("partition").alias("__partition"),
+    )
+    joined = copies_df.join(
+        parsed, (copies_df["offset"] == parsed["__offset"]) & (copies_df["partition"] == parsed["__partition"])
+    )
+    return joined.drop("__offset", "__partition")
+
+
 def quarantine_table_rows(
     dlq_df: DataFrame,
     late_df: DataFrame,
@@ -273,19 +292,7 @@ def quarantine_table_rows(
     ``ads.ad_events_quarantine`` rows of the hour."""
     # DLQ: the original bytes; an event time when one can be read from them,
     # else the hour the record reached the DLQ.
-    dlq_parsed = raw_events.parse_raw_events(dlq_df.drop("headers"), None).select(
-        "event_id",
-        "ad_id",
-        "event_type",
-        "event_time",
-        F.col("offset").alias("__offset"),
-        F.col("partition").alias("__partition"),
-    )
-    dlq = dlq_df.join(
-        dlq_parsed,
-        (dlq_df["offset"] == dlq_parsed["__offset"]) & (dlq_df["partition"] == dlq_parsed["__partition"]),
-    )
-    dlq_rows = dlq.select(
+    dlq_rows = _with_event_fields(dlq_df).select(
         F.lit(T.SOURCE_DLQ).alias("source"),
         F.coalesce(_header(S.HEADER_SOURCE), F.concat_ws("/", "topic", "partition", "offset")).alias("event_key"),
         F.coalesce(_header(S.HEADER_REASON), F.lit("unknown")).alias("reason"),
@@ -297,8 +304,18 @@ def quarantine_table_rows(
         _hour_of(F.coalesce("event_time", "timestamp")).alias("event_hour"),
         *_kafka_columns(region, loaded_at),
     )
-    late_parsed = raw_events.valid_events(raw_events.parse_raw_events(late_df.drop("headers"), None))
-    late_rows = late_parsed.select(
+    # Late: the event the copy lists; one truncated as oversized names it in
+    # its headers (its JSON is cut).
+    late = _with_event_fields(late_df).withColumns(
+        {
+            "event_id": F.coalesce(_header(S.HEADER_EVENT_ID), "event_id"),
+            "ad_id": F.coalesce("ad_id", F.col("key").cast("string")),
+            "event_time": F.coalesce(
+                "event_time", F.timestamp_millis(_header(S.HEADER_EVENT_TIME_MS).cast("long"))
+            ),
+        }
+    )
+    late_rows = late.where(F.col("reject_reason").isNull() | _header(S.HEADER_EVENT_ID).isNotNull()).select(
         F.lit(T.SOURCE_LATE).alias("source"),
         F.col("event_id").alias("event_key"),
         F.lit("late").alias("reason"),

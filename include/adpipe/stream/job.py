@@ -97,46 +97,93 @@ def _source(row: dict) -> bytes:
     return f"{row['topic']}/{row['partition']}/{row['offset']}".encode()
 
 
-def exception_records(settings: Settings, rows: list[dict], offsets: BatchOffsets) -> tuple[list[OutRecord], int, int]:
+# Room left in a record batch for its overhead, the key and our headers.
+RECORD_OVERHEAD_BYTES = 16_384
+# An oversized copy keeps at most this much of its key (the raw record keeps it whole).
+TRUNCATED_KEY_BYTES = 1_024
+
+
+def value_limits(max_message_bytes: dict[str, int]) -> dict[str, int]:
+    """Per topic, the largest value a DLQ or late copy is written with whole:
+    the topic's ``max.message.bytes`` less room for the rest of the record.
+    The sink compresses, so a value within it always fits."""
+    return {topic: max(1_024, limit - RECORD_OVERHEAD_BYTES) for topic, limit in max_message_bytes.items()}
+
+
+def _copy(
+    topic: str,
+    key: bytes | None,
+    value: bytes,
+    kind: str,
+    reason: str,
+    headers: list[tuple[str, bytes]],
+    limit: int | None,
+) -> OutRecord:
+    """The record as it is, or truncated with ``oversized`` headers when its
+    value is over ``limit`` (None: no limit)."""
+    if limit is None or len(value) <= limit:
+        return OutRecord(
+            topic, key, value, [("adpipe.kind", kind.encode()), (S.HEADER_REASON, reason.encode()), *headers]
+        )
+    return OutRecord(
+        topic,
+        None if key is None else key[:TRUNCATED_KEY_BYTES],
+        value[:limit],
+        [
+            ("adpipe.kind", kind.encode()),
+            (S.HEADER_REASON, S.REASON_OVERSIZED.encode()),
+            (S.HEADER_ORIGINAL_REASON, reason.encode()),
+            (S.HEADER_ORIGINAL_SIZE, str(len(value)).encode()),
+            *headers,
+        ],
+    )
+
+
+def exception_records(
+    settings: Settings, rows: list[dict], offsets: BatchOffsets, limits: dict[str, int] | None = None
+) -> tuple[list[OutRecord], int, int]:
     """DLQ records for malformed rows and late records for late ones (a
-    late event listed once per batch even if its retry came too)."""
+    late event listed once per batch even if its retry came too). A copy
+    whose value is over its topic's entry in ``limits`` is truncated
+    (:func:`value_limits`)."""
     records: list[OutRecord] = []
     seen_late: set[str] = set()
     dlq = late = 0
+    limits = limits or {}
     common = [(S.HEADER_JOB, settings.job_id.encode()), (S.HEADER_BATCH, str(offsets.batch_id).encode())]
     for row in sorted(rows, key=lambda r: (r["partition"], r["offset"])):
         value = bytes(row["value"]) if row["value"] is not None else b""
         key = bytes(row["key"]) if row["key"] is not None else None
         if row["reject_reason"] is not None:
             dlq += 1
-            headers = [
-                ("adpipe.kind", b"dlq"),
-                (S.HEADER_REASON, row["reject_reason"].encode()),
-                (S.HEADER_SOURCE, _source(row)),
-                *common,
-            ]
-            records.append(OutRecord(settings.topics.dlq, key, value, headers))
+            topic = settings.topics.dlq
+            headers = [(S.HEADER_SOURCE, _source(row)), *common]
+            records.append(_copy(topic, key, value, "dlq", row["reject_reason"], headers, limits.get(topic)))
         elif row["event_id"] not in seen_late:
             seen_late.add(row["event_id"])
             late += 1
+            topic = settings.topics.late
             headers = [
-                ("adpipe.kind", b"late"),
-                (S.HEADER_REASON, b"late"),
                 (S.HEADER_SOURCE, _source(row)),
+                (S.HEADER_EVENT_ID, row["event_id"].encode()),
+                (S.HEADER_EVENT_TIME_MS, str(row["event_ms"]).encode()),
                 (S.HEADER_WATERMARK, str(offsets.late_watermark_ms).encode()),
                 *common,
             ]
-            records.append(OutRecord(settings.topics.late, row["ad_id"].encode(), value, headers))
+            records.append(_copy(topic, row["ad_id"].encode(), value, "late", "late", headers, limits.get(topic)))
     return records, dlq, late
 
 
 class BatchHandler:
     """The foreachBatch function: gather the batch's output, commit it."""
 
-    def __init__(self, spark: SparkSession, settings: Settings, sink: TransactionalSink) -> None:
+    def __init__(
+        self, spark: SparkSession, settings: Settings, sink: TransactionalSink, limits: dict[str, int]
+    ) -> None:
         self.spark = spark
         self.settings = settings
         self.sink = sink
+        self.limits = limits  # per output topic, the largest value copied whole
         self.late_rows_by_batch: dict[int, int] = {}
         self.in_batch = threading.Event()
         self.batches = 0
@@ -173,7 +220,17 @@ class BatchHandler:
             exception_rows = [
                 r.asDict()
                 for r in parsed_df.where(F.col("reject_reason").isNotNull() | (F.col("event_time") <= late_cut))
-                .select("key", "value", "topic", "partition", "offset", "event_id", "ad_id", "reject_reason")
+                .select(
+                    "key",
+                    "value",
+                    "topic",
+                    "partition",
+                    "offset",
+                    "event_id",
+                    "ad_id",
+                    F.unix_millis("event_time").alias("event_ms"),
+                    "reject_reason",
+                )
                 .collect()
             ]
         late_rows = sum(1 for r in exception_rows if r["reject_reason"] is None)
@@ -190,7 +247,7 @@ class BatchHandler:
             ).collect()
         ]
         records = [aggregate_record(self.settings, r, batch_id) for r in aggregate_rows]
-        extra, dlq, late = exception_records(self.settings, exception_rows, offsets)
+        extra, dlq, late = exception_records(self.settings, exception_rows, offsets, self.limits)
         if self.sink.query_id is None:  # written by Spark before the first batch
             self.sink.query_id = query_id(self.settings.checkpoint_dir)
         result = self.sink.commit_batch(batch_id, offsets.end, records + extra, offsets.watermark_ms)
@@ -297,6 +354,9 @@ def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None
         else writer.trigger(processingTime=f"{settings.trigger_interval_s} seconds")
     )
 
+    topic_limits = kafka_io.max_message_bytes(
+        settings.kafka_bootstrap, [settings.topics.aggregates, settings.topics.dlq, settings.topics.late]
+    )
     sink = TransactionalSink(
         settings.kafka_bootstrap,
         transactional_id(settings),
@@ -305,8 +365,9 @@ def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None
         None,
         settings.transaction_timeout_ms,
         fault,
+        message_max_bytes=max(topic_limits.values()) + RECORD_OVERHEAD_BYTES,
     )
-    handler = BatchHandler(spark, settings, sink)
+    handler = BatchHandler(spark, settings, sink, value_limits(topic_limits))
     listener = _DropCheck(handler)
     spark.streams.addListener(listener)
     query = writer.foreachBatch(handler).start()

@@ -101,6 +101,7 @@ class TransactionalSink:
         query_id: str | None,
         transaction_timeout_ms: int,
         fault: FaultPlan | None = None,
+        message_max_bytes: int = 1_000_000,
     ) -> None:
         self.transactional_id = transactional_id
         self.ledger_group = ledger_group
@@ -109,6 +110,7 @@ class TransactionalSink:
         self.fault = fault
         self._bootstrap = bootstrap
         self._timeout_ms = transaction_timeout_ms
+        self._message_max_bytes = message_max_bytes
         self._producer: Producer | None = None
         self._ledger_consumer: Consumer | None = None
 
@@ -124,6 +126,12 @@ class TransactionalSink:
                     "transaction.timeout.ms": self._timeout_ms,
                     "partitioner": "murmur2_random",  # same placement as Java clients
                     "linger.ms": 5,
+                    # A raw record the broker took compressed is copied to the
+                    # DLQ or late topic compressed too; the client checks the
+                    # uncompressed size against message.max.bytes, the broker
+                    # the compressed batch against the topic's limit.
+                    "compression.type": "lz4",
+                    "message.max.bytes": self._message_max_bytes,
                 }
             )
             started = time.monotonic()

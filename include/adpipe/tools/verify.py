@@ -96,6 +96,15 @@ def classify_record(value: bytes | None, record_ms: int, max_future_skew_ms: int
     return verdict
 
 
+def _late_copy(rec: kafka_io.Record, valid: dict[str, RawEvent]) -> RawEvent | str:
+    """The event a late record lists: its own reading, or for a copy
+    truncated as oversized, the raw event its header names."""
+    if rec.header(S.HEADER_REASON) != S.REASON_OVERSIZED:
+        return classify(rec.value)  # a copy: its source record was checked with the raw topic
+    event = valid.get(rec.header(S.HEADER_EVENT_ID) or "")
+    return event if event is not None else "oversized copy of no valid raw event"
+
+
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
     commits = kafka_io.group_commits(settings.kafka_bootstrap, group, settings.topics.events)
@@ -129,7 +138,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     late_counts: Counter[str] = Counter()
     not_late: list[dict] = []
     for rec in kafka_io.read_topic(bootstrap, topics.late):
-        verdict = classify(rec.value)  # a copy: its source record was checked above
+        verdict = _late_copy(rec, valid)
         if isinstance(verdict, str):
             not_late.append({"source": rec.header(S.HEADER_SOURCE), "why": f"malformed: {verdict}"})
             continue
@@ -146,7 +155,10 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
         source = rec.header(S.HEADER_SOURCE) or "?"
         dlq_counts[source] += 1
         expected_reason = malformed.get(source)
-        if expected_reason is not None and expected_reason != rec.header(S.HEADER_REASON):
+        reason = rec.header(S.HEADER_REASON)
+        if reason == S.REASON_OVERSIZED:  # truncated: the reason it had is kept beside
+            reason = rec.header(S.HEADER_ORIGINAL_REASON)
+        if expected_reason is not None and expected_reason != reason:
             dlq_reason_mismatch.append(
                 {"source": source, "dlq": rec.header(S.HEADER_REASON), "expected": expected_reason}
             )

@@ -114,13 +114,26 @@ def test_quarantine_rows_carry_reason_and_key(spark: SparkSession) -> None:
             {S.HEADER_REASON: S.REASON_NOT_JSON, S.HEADER_SOURCE: "raw/1/4"},
         ],
     )
-    late = _kafka(spark, [_event("late-1", 30), _event("late-2", 30, hour=11)], [{}, {}])
+    # A late copy too large for its topic is cut: its headers name the event and its time.
+    truncated = {S.HEADER_REASON: S.REASON_OVERSIZED, S.HEADER_EVENT_ID: "late-3"}
+    truncated[S.HEADER_EVENT_TIME_MS] = str(1_795_348_800_000 + 40 * 60_000)  # 2026-11-22T12:40Z
+    late = _kafka(
+        spark,
+        [_event("late-1", 30), _event("late-2", 30, hour=11), b'{"event_id":"late-3","ad_id":"ad-1","eve'],
+        [{}, {}, truncated],
+    )
     empty = _kafka(spark, [])
     rows = load.quarantine_table_rows(dlq, late, empty, "r1", HOUR, LOADED).collect()
     got = sorted((r.source, r.event_key, r.reason) for r in rows)
     # The unparseable DLQ record has no event time: it belongs to the hour it
     # reached the DLQ (2026-11-23T08), not to this one.
-    assert got == [(T.SOURCE_DLQ, "raw/3/17", S.REASON_BAD_EVENT_TYPE), (T.SOURCE_LATE, "late-1", "late")]
+    assert got == [
+        (T.SOURCE_DLQ, "raw/3/17", S.REASON_BAD_EVENT_TYPE),
+        (T.SOURCE_LATE, "late-1", "late"),
+        (T.SOURCE_LATE, "late-3", "late"),
+    ]
+    (cut,) = [r for r in rows if r.event_key == "late-3"]
+    assert (cut.event_id, cut.event_time) == ("late-3", datetime(2026, 11, 22, 12, 40))
 
 
 def test_first_per_key_is_deterministic_across_regions(spark: SparkSession) -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from adpipe import schemas as S
 from adpipe.settings import load_settings
-from adpipe.stream.job import aggregate_record, exception_records, iso_utc, record_uuid
+from adpipe.stream.job import aggregate_record, exception_records, iso_utc, record_uuid, value_limits
 from adpipe.stream.offset_log import BatchOffsets
 from adpipe.stream.sink import OutRecord
 
@@ -111,6 +111,7 @@ def exception_row(
     event_id: str | None = None,
     ad_id: str | None = None,
     key: bytes | None = b"raw-key",
+    event_ms: int | None = 1,
 ) -> dict:
     return {
         "key": bytearray(key) if key is not None else None,
@@ -120,6 +121,7 @@ def exception_row(
         "offset": offset,
         "event_id": event_id,
         "ad_id": ad_id,
+        "event_ms": event_ms if reason is None else None,
         "reject_reason": reason,
     }
 
@@ -168,6 +170,8 @@ def test_exception_records_route_dlq_and_late() -> None:
                 ("adpipe.kind", b"late"),
                 ("adpipe.reason", b"late"),
                 ("adpipe.source", b"ad-events/1/25"),
+                ("adpipe.event_id", b"e-1"),
+                ("adpipe.event_time_ms", b"1"),
                 ("adpipe.watermark_ms", b"1795349010000"),
                 ("adpipe.job", b"region-eu"),
                 ("adpipe.batch", b"7"),
@@ -175,6 +179,38 @@ def test_exception_records_route_dlq_and_late() -> None:
         ),
     ]
     assert all(type(r.value) is bytes for r in records)
+
+
+def test_copies_over_their_topics_limit_are_truncated_with_what_they_were() -> None:
+    settings = load_settings({"ADPIPE_JOB_ID": "region-eu"})
+    big = b'{"event_id":"e-9","ad_id":"ad-9","event_type":"click","event_time":1,"pad":"' + b"x" * 5000 + b'"}'
+    rows = [
+        exception_row(0, 3, big, event_id="e-9", ad_id="ad-9"),  # late
+        exception_row(0, 4, b"[" + b"1," * 3000 + b"1]", reason=S.REASON_NOT_OBJECT, key=b"k" * 5000),
+        exception_row(0, 5, b"{not json", reason=S.REASON_NOT_JSON),  # small: whole
+    ]
+    limits = {"ad-events-dlq": 2048, "ad-events-late": 4096}
+    records, dlq, late = exception_records(settings, rows, OFFSETS, limits)
+    assert (dlq, late) == (2, 1)
+    by_source = {dict(r.headers)["adpipe.source"]: r for r in records}
+    late_copy, dlq_copy, small = by_source[b"ad-events/0/3"], by_source[b"ad-events/0/4"], by_source[b"ad-events/0/5"]
+    assert (late_copy.topic, late_copy.value) == ("ad-events-late", big[:4096])
+    late_headers = dict(late_copy.headers)
+    assert late_headers["adpipe.reason"] == b"oversized"
+    assert late_headers["adpipe.original_reason"] == b"late"
+    assert late_headers["adpipe.original_size"] == str(len(big)).encode()
+    # The event stays named though its JSON is cut.
+    assert (late_headers["adpipe.event_id"], late_headers["adpipe.event_time_ms"]) == (b"e-9", b"1")
+    dlq_headers = dict(dlq_copy.headers)
+    assert (dlq_copy.value, len(dlq_copy.key)) == ((b"[" + b"1," * 3000)[:2048], 1024)
+    assert (dlq_headers["adpipe.reason"], dlq_headers["adpipe.original_reason"]) == (b"oversized", b"not_object")
+    assert dlq_headers["adpipe.original_size"] == b"6003"  # 1 + 3000 * 2 + 2
+    assert dict(small.headers)["adpipe.reason"] == b"not_json" and small.value == b"{not json"
+    assert "adpipe.original_size" not in dict(small.headers)
+
+
+def test_value_limits_leave_room_for_the_rest_of_the_record() -> None:
+    assert value_limits({"dlq": 1_048_588, "tiny": 100}) == {"dlq": 1_048_588 - 16_384, "tiny": 1_024}
 
 
 def test_exception_records_of_a_clean_batch() -> None:
