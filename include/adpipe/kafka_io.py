@@ -65,8 +65,9 @@ def max_message_bytes(bootstrap: str, topics: Sequence[str], timeout_s: float = 
     from confluent_kafka.admin import ConfigResource
 
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    client = admin(bootstrap)  # held until the futures resolve: a collected client fails them
     limits = {}
-    for resource, future in admin(bootstrap).describe_configs(resources, request_timeout=timeout_s).items():
+    for resource, future in client.describe_configs(resources, request_timeout=timeout_s).items():
         entry = future.result().get("max.message.bytes")
         limits[resource.name] = int(entry.value) if entry is not None and entry.value else DEFAULT_MAX_MESSAGE_BYTES
     return limits

@@ -97,10 +97,21 @@ class Pipeline:
         with _reaped(proc):
             yield proc, log_path
 
-    def stream(self, max_offsets: int = 700, fault: dict[str, str] | None = None, timeout: int = 300) -> StreamRun:
+    def stream(
+        self,
+        max_offsets: int = 700,
+        fault: dict[str, str] | None = None,
+        timeout: int = 300,
+        env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> StreamRun:
         """One ``--available-now`` run to its end (or its injected death)."""
         proc, log_path = self.start_stream(
-            "--available-now", "--max-offsets-per-trigger", str(max_offsets), extra_env=fault
+            "--available-now",
+            "--max-offsets-per-trigger",
+            str(max_offsets),
+            *extra_args,
+            extra_env={**(fault or {}), **(env or {})},
         )
         with _reaped(proc):
             proc.wait(timeout=timeout)

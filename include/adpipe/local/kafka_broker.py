@@ -96,6 +96,10 @@ def server_properties(settings: Settings) -> str:
             # Producers may ask for up to 15 minutes (see Settings).
             "transaction.max.timeout.ms=900000",
             "log.retention.hours=168",
+            # The stream job's ledger is a consumer group's committed offsets:
+            # Kafka drops an idle group's offsets after 7 days by default, and a
+            # job stopped that long would then find no ledger. Keep them 10 years.
+            "offsets.retention.minutes=5256000",
             "log.segment.bytes=67108864",
             "",
         ]

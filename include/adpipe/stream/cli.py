@@ -10,8 +10,8 @@ from adpipe.settings import Settings
 
 log = logging.getLogger("adpipe.stream")
 
-# A fenced job (a successor took over its transactional.id) or a ledger
-# that another query wrote: stopping is right, restarting blindly is not.
+# A fenced job (a successor took over its transactional.id), or a ledger
+# that does not fit the checkpoint: stopping is right, restarting blindly is not.
 EXIT_FENCED = 4
 
 
@@ -23,7 +23,12 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_offsets_per_trigger is not None:
         settings = settings.with_overrides(max_offsets_per_trigger=args.max_offsets_per_trigger)
     try:
-        job.run(settings, available_now=args.available_now, fault=FaultPlan.from_env())
+        job.run(
+            settings,
+            available_now=args.available_now,
+            fault=FaultPlan.from_env(),
+            accept_empty_ledger=args.accept_empty_ledger,
+        )
     except (ProducerFencedError, LedgerMismatchError) as exc:
         log.error("%s", exc)
         return EXIT_FENCED
@@ -39,4 +44,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
+    p.add_argument(
+        "--accept-empty-ledger",
+        action="store_true",
+        help="start although the checkpoint has committed batches and the ledger group holds nothing (its offsets "
+        "expired, or another cluster); only when no batch can be in doubt",
+    )
     p.set_defaults(func=cmd_stream)

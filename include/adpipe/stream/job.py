@@ -19,18 +19,22 @@ and adds one deterministic read per batch."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import logging
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from adpipe import kafka_io, raw_events
 from adpipe import schemas as S
@@ -38,7 +42,7 @@ from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
 from adpipe.spark import build_spark
 from adpipe.stream import transforms as T
-from adpipe.stream.offset_log import BatchOffsets, batch_offsets, query_id
+from adpipe.stream.offset_log import BatchOffsets, batch_offsets, last_committed_batch, query_id
 from adpipe.stream.sink import LedgerMismatchError, OutRecord, ProducerFencedError, TransactionalSink
 
 # Named after the part: operators grep "adpipe.stream: batch N".
@@ -139,29 +143,40 @@ def _copy(
     )
 
 
-def exception_records(
-    settings: Settings, rows: list[dict], offsets: BatchOffsets, limits: dict[str, int] | None = None
-) -> tuple[list[OutRecord], int, int]:
-    """DLQ records for malformed rows and late records for late ones (a
-    late event listed once per batch even if its retry came too). A copy
-    whose value is over its topic's entry in ``limits`` is truncated
-    (:func:`value_limits`)."""
-    records: list[OutRecord] = []
-    seen_late: set[str] = set()
-    dlq = late = 0
-    limits = limits or {}
-    common = [(S.HEADER_JOB, settings.job_id.encode()), (S.HEADER_BATCH, str(offsets.batch_id).encode())]
-    for row in sorted(rows, key=lambda r: (r["partition"], r["offset"])):
-        value = bytes(row["value"]) if row["value"] is not None else b""
-        key = bytes(row["key"]) if row["key"] is not None else None
-        if row["reject_reason"] is not None:
-            dlq += 1
-            topic = settings.topics.dlq
-            headers = [(S.HEADER_SOURCE, _source(row)), *common]
-            records.append(_copy(topic, key, value, "dlq", row["reject_reason"], headers, limits.get(topic)))
-        elif row["event_id"] not in seen_late:
-            seen_late.add(row["event_id"])
-            late += 1
+@dataclass
+class ExceptionCopies:
+    """The DLQ copies of malformed rows and the late copies of late ones, made
+    while the rows stream by (the driver holds one record at a time, not the
+    batch's): a late event is listed once per batch even if its retry came
+    too, and a copy whose value is over its topic's entry in ``limits`` is
+    truncated (:func:`value_limits`). The rows must come in (partition,
+    offset) order, so that a replay writes the very same records."""
+
+    settings: Settings
+    offsets: BatchOffsets
+    limits: dict[str, int] = field(default_factory=dict)
+    dlq: int = 0
+    late: int = 0
+    late_rows: int = 0  # retries included: Spark's numRowsDroppedByWatermark counts them
+    _listed: set[str] = field(default_factory=set)
+
+    def records(self, rows: Iterable[dict]) -> Iterator[OutRecord]:
+        settings, offsets = self.settings, self.offsets
+        common = [(S.HEADER_JOB, settings.job_id.encode()), (S.HEADER_BATCH, str(offsets.batch_id).encode())]
+        for row in rows:
+            value = bytes(row["value"]) if row["value"] is not None else b""
+            if row["reject_reason"] is not None:
+                self.dlq += 1
+                topic = settings.topics.dlq
+                key = bytes(row["key"]) if row["key"] is not None else None
+                headers = [(S.HEADER_SOURCE, _source(row)), *common]
+                yield _copy(topic, key, value, "dlq", row["reject_reason"], headers, self.limits.get(topic))
+                continue
+            self.late_rows += 1
+            if row["event_id"] in self._listed:
+                continue
+            self._listed.add(row["event_id"])
+            self.late += 1
             topic = settings.topics.late
             headers = [
                 (S.HEADER_SOURCE, _source(row)),
@@ -170,8 +185,7 @@ def exception_records(
                 (S.HEADER_WATERMARK, str(offsets.late_watermark_ms).encode()),
                 *common,
             ]
-            records.append(_copy(topic, row["ad_id"].encode(), value, "late", "late", headers, limits.get(topic)))
-    return records, dlq, late
+            yield _copy(topic, row["ad_id"].encode(), value, "late", "late", headers, self.limits.get(topic))
 
 
 class BatchHandler:
@@ -194,7 +208,7 @@ class BatchHandler:
             self.spark.read.format("kafka")
             .option("kafka.bootstrap.servers", self.settings.kafka_bootstrap)
             .option("kafka.isolation.level", "read_committed")
-            .option("subscribe", offsets.topic)
+            .option("assign", offsets.kafka_assign())
             .option("startingOffsets", offsets.kafka_json("start"))
             .option("endingOffsets", offsets.kafka_json("end"))
             .load()
@@ -210,63 +224,75 @@ class BatchHandler:
         finally:
             self.in_batch.clear()
 
+    def _aggregates(self, aggregates_df: DataFrame, batch_id: int) -> list[OutRecord]:
+        # Window bounds leave Spark as epoch milliseconds: host-zone independent (see iso_utc).
+        rows = aggregates_df.select(
+            "ad_id",
+            F.unix_millis("window_start").alias("window_start"),
+            F.unix_millis("window_end").alias("window_end"),
+            "impressions",
+            "clicks",
+        ).collect()  # one row per window closed in this batch: small
+        return [aggregate_record(self.settings, r.asDict(), batch_id) for r in rows]
+
+    def _exception_rows(self, offsets: BatchOffsets) -> Iterator[dict]:
+        """The batch's malformed rows and the rows Spark drops as late, in
+        (partition, offset) order, streamed a Spark partition at a time."""
+        if not offsets.has_input():
+            return iter(())
+        parsed_df = raw_events.parse_raw_events(self._raw_range(offsets), self.settings.max_future_skew_ms)
+        late_cut = F.timestamp_millis(F.lit(offsets.late_watermark_ms))
+        rows = (
+            parsed_df.where(F.col("reject_reason").isNotNull() | (F.col("event_time") <= late_cut))
+            .select(
+                "key",
+                "value",
+                "topic",
+                "partition",
+                "offset",
+                "event_id",
+                "ad_id",
+                F.unix_millis("event_time").alias("event_ms"),
+                "reject_reason",
+            )
+            .orderBy("partition", "offset")
+        )
+        return (r.asDict() for r in rows.toLocalIterator())
+
     def _handle(self, aggregates_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = batch_offsets(self.settings.checkpoint_dir, batch_id)
-        exception_rows: list[dict] = []
-        if offsets.has_input():
-            parsed_df = raw_events.parse_raw_events(self._raw_range(offsets), self.settings.max_future_skew_ms)
-            late_cut = F.timestamp_millis(F.lit(offsets.late_watermark_ms))
-            exception_rows = [
-                r.asDict()
-                for r in parsed_df.where(F.col("reject_reason").isNotNull() | (F.col("event_time") <= late_cut))
-                .select(
-                    "key",
-                    "value",
-                    "topic",
-                    "partition",
-                    "offset",
-                    "event_id",
-                    "ad_id",
-                    F.unix_millis("event_time").alias("event_ms"),
-                    "reject_reason",
-                )
-                .collect()
-            ]
-        late_rows = sum(1 for r in exception_rows if r["reject_reason"] is None)
-        self.late_rows_by_batch[batch_id] = late_rows
-        # Window bounds leave Spark as epoch milliseconds: host-zone independent (see iso_utc).
-        aggregate_rows = [
-            r.asDict()
-            for r in aggregates_df.select(
-                "ad_id",
-                F.unix_millis("window_start").alias("window_start"),
-                F.unix_millis("window_end").alias("window_end"),
-                "impressions",
-                "clicks",
-            ).collect()
-        ]
-        records = [aggregate_record(self.settings, r, batch_id) for r in aggregate_rows]
-        extra, dlq, late = exception_records(self.settings, exception_rows, offsets, self.limits)
+        aggregates = self._aggregates(aggregates_df, batch_id)
+        copies = ExceptionCopies(self.settings, offsets, self.limits)
+        exception_rows = self._exception_rows(offsets)
         if self.sink.query_id is None:  # written by Spark before the first batch
             self.sink.query_id = query_id(self.settings.checkpoint_dir)
-        result = self.sink.commit_batch(batch_id, offsets.end, records + extra, offsets.watermark_ms)
+        result = self.sink.commit_batch(
+            batch_id,
+            offsets.end,
+            itertools.chain(aggregates, copies.records(exception_rows)),
+            len(aggregates),
+            offsets.watermark_ms,
+        )
+        if result.skipped:  # nothing was written: count what would have been, for the drop check
+            collections.deque(copies.records(exception_rows), maxlen=0)
+        self.late_rows_by_batch[batch_id] = copies.late_rows
         self.batches += 1
         log.info(
             "batch %d: input offsets %d, windows emitted %d, dlq %d, late %d, watermark %s, "
             "transaction %s %s in %.0f ms (batch %.0f ms)",
             batch_id,
             offsets.input_offsets,
-            len(records),
-            dlq,
-            late,
+            len(aggregates),
+            copies.dlq,
+            copies.late,
             iso_utc(offsets.watermark_ms),
             result.transactional_id,
             "skipped (already committed)" if result.skipped else "committed",
             result.duration_ms,
             (time.monotonic() - started) * 1000,
         )
-        write_heartbeat(self.settings, batch_id, offsets, len(records), dlq, late, result.skipped)
+        write_heartbeat(self.settings, batch_id, offsets, len(aggregates), copies.dlq, copies.late, result.skipped)
 
 
 def write_heartbeat(
@@ -338,22 +364,9 @@ def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None = None) -> int:
-    """Run the stream job until stopped (SIGTERM/SIGINT) or, with
-    ``available_now``, until what is in the topic now is processed.
-    Returns the number of batches handled."""
-    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
-    spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
-    settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    query_df = build_query_df(spark, settings)
-    writer = query_df.writeStream.outputMode("append").option("checkpointLocation", str(settings.checkpoint_dir))
-    writer = writer.queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
-    writer = (
-        writer.trigger(availableNow=True)
-        if available_now
-        else writer.trigger(processingTime=f"{settings.trigger_interval_s} seconds")
-    )
-
+def _sink(settings: Settings, fault: FaultPlan | None) -> tuple[TransactionalSink, dict[str, int]]:
+    """The transactional sink, sized to the output topics, and the largest
+    value a DLQ or late copy is written with whole, per topic."""
     topic_limits = kafka_io.max_message_bytes(
         settings.kafka_bootstrap, [settings.topics.aggregates, settings.topics.dlq, settings.topics.late]
     )
@@ -362,23 +375,32 @@ def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None
         transactional_id(settings),
         kafka_io.ledger_group(settings.job_id),
         settings.topics.events,
-        None,
+        query_id(settings.checkpoint_dir),
         settings.transaction_timeout_ms,
         fault,
         message_max_bytes=max(topic_limits.values()) + RECORD_OVERHEAD_BYTES,
     )
-    handler = BatchHandler(spark, settings, sink, value_limits(topic_limits))
-    listener = _DropCheck(handler)
-    spark.streams.addListener(listener)
-    query = writer.foreachBatch(handler).start()
-    log.info(
-        "stream job %s started: query %s, checkpoint %s, %s",
-        settings.job_id,
-        query.id,
-        settings.checkpoint_dir,
-        "available-now" if available_now else "continuous",
-    )
+    return sink, value_limits(topic_limits)
 
+
+def _start_query(spark: SparkSession, settings: Settings, handler: BatchHandler, available_now: bool) -> StreamingQuery:
+    writer = (
+        build_query_df(spark, settings)
+        .writeStream.outputMode("append")
+        .option("checkpointLocation", str(settings.checkpoint_dir))
+        .queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=f"{settings.trigger_interval_s} seconds")
+    )
+    return writer.foreachBatch(handler).start()
+
+
+def _await(query: StreamingQuery, handler: BatchHandler) -> None:
+    """Until the query ends, or a SIGTERM/SIGINT stops it between batches;
+    a failure of the query or of a batch is raised."""
     stop_requested = threading.Event()
 
     def request_stop(signum, _frame) -> None:  # noqa: ANN001
@@ -395,16 +417,53 @@ def run(settings: Settings, available_now: bool = False, fault: FaultPlan | None
                 query.awaitTermination(0.5)
             except StreamingQueryException:
                 break  # reported below
-        if handler.fatal is not None:
-            raise handler.fatal
-        exc = query.exception()
-        if exc is not None:
-            raise RuntimeError(f"stream query failed: {str(exc).splitlines()[0]}")
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+    if handler.fatal is not None:
+        raise handler.fatal
+    exc = query.exception()
+    if exc is not None:
+        raise RuntimeError(f"stream query failed: {str(exc).splitlines()[0]}")
+
+
+def run(
+    settings: Settings, available_now: bool = False, fault: FaultPlan | None = None, accept_empty_ledger: bool = False
+) -> int:
+    """Run the stream job until stopped (SIGTERM/SIGINT) or, with
+    ``available_now``, until what is in the topic now is processed.
+    Returns the number of batches handled.
+
+    The sink fences older instances and checks its ledger against the
+    checkpoint before Spark starts: a job that must not run fails fast."""
+    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    sink, limits = _sink(settings, fault)
+    try:
+        last = last_committed_batch(settings.checkpoint_dir)
+        checkpointed = None
+        if last is not None:
+            batch = batch_offsets(settings.checkpoint_dir, last)
+            checkpointed = (last, batch.end, batch.watermark_ms)
+        sink.start(checkpointed, accept_empty_ledger)
+        spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
+        handler = BatchHandler(spark, settings, sink, limits)
+        listener = _DropCheck(handler)
+        spark.streams.addListener(listener)
+        try:
+            query = _start_query(spark, settings, handler, available_now)
+            log.info(
+                "stream job %s started: query %s, checkpoint %s, %s",
+                settings.job_id,
+                query.id,
+                settings.checkpoint_dir,
+                "available-now" if available_now else "continuous",
+            )
+            _await(query, handler)
+        finally:
+            spark.streams.removeListener(listener)
+            spark.stop()
+    finally:
         sink.close()
-        spark.streams.removeListener(listener)
-        spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches

@@ -11,6 +11,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+# Spark's offset JSON for "the partition's earliest offset".
+EARLIEST = -2
+
 
 class OffsetLogError(RuntimeError):
     """The checkpoint lacks an entry the running batch must have."""
@@ -37,8 +40,20 @@ class BatchOffsets:
         return any(self.end[p] > self.start.get(p, 0) for p in self.end)
 
     def kafka_json(self, which: str) -> str:
-        offsets = self.start if which == "start" else self.end
+        """Spark's ``startingOffsets`` / ``endingOffsets`` of this batch, over
+        the batch's partitions. A partition added to the topic since the
+        previous batch has no start yet: it is read from its earliest offset
+        (-2), as Spark's stream source reads a newly discovered partition."""
+        if which == "start":
+            offsets = {p: self.start.get(p, EARLIEST) for p in self.end}
+        else:
+            offsets = self.end
         return json.dumps({self.topic: {str(p): o for p, o in sorted(offsets.items())}})
+
+    def kafka_assign(self) -> str:
+        """Spark's ``assign`` option: exactly this batch's partitions (the
+        topic may have more by now)."""
+        return json.dumps({self.topic: sorted(self.end)})
 
 
 def _json_lines(path: Path) -> list[str]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -177,6 +177,35 @@ class TransactionalSink:
         last = [e for e in entries if e[0] == batch_id]
         return LedgerEntry(batch_id, last[0][1], {e[2]: e[3] for e in last}, last[0][4])
 
+    def start(
+        self, checkpointed: tuple[int, dict[int, int], int] | None, accept_empty_ledger: bool = False
+    ) -> LedgerEntry | None:
+        """Before the query starts: Step 1 (fence older instances), and the
+        ledger must fit the checkpoint, whose last committed batch is
+        ``checkpointed`` (id, end offsets, watermark). A checkpoint with
+        committed batches and no ledger means the ledger's offsets expired (a
+        group idle past the cluster's ``offsets.retention.minutes``) or this
+        is another cluster: a replay would then be produced twice, so the job
+        refuses; told to accept it, it writes the checkpoint's last batch to
+        the ledger again, so that the next start finds them in step."""
+        producer = self._ensure_producer()
+        ledger = self.check_ledger_owner()
+        if ledger is not None or checkpointed is None:
+            return ledger
+        batch_id, end_offsets, watermark_ms = checkpointed
+        if not accept_empty_ledger:
+            raise LedgerMismatchError(
+                f"the checkpoint has committed batches up to {batch_id} but the ledger group "
+                f"{self.ledger_group} holds no offsets for {self.input_topic}: they expired (raise the "
+                "cluster's offsets.retention.minutes) or this is another cluster. A replayed batch could be "
+                "written twice. Pass --accept-empty-ledger to go on if you know no batch is in doubt."
+            )
+        producer.begin_transaction()
+        self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)
+        producer.commit_transaction(60)
+        log.warning("empty ledger accepted: written again from the checkpoint's last batch %d", batch_id)
+        return self.read_ledger()
+
     def check_ledger_owner(self) -> LedgerEntry | None:
         entry = self.read_ledger()
         if entry is not None and self.query_id and entry.query_id and entry.query_id != self.query_id:
@@ -189,12 +218,28 @@ class TransactionalSink:
         return entry
 
     def commit_batch(
-        self, batch_id: int, end_offsets: dict[int, int], records: Sequence[OutRecord], watermark_ms: int = 0
+        self,
+        batch_id: int,
+        end_offsets: dict[int, int],
+        records: Iterable[OutRecord],
+        aggregates: int,
+        watermark_ms: int = 0,
     ) -> CommitResult:
-        """Steps 1-6 of the module doc for micro-batch ``batch_id``."""
+        """Steps 1-6 of the module doc for micro-batch ``batch_id``.
+
+        ``records`` is consumed only when the batch is written (not when the
+        ledger shows it committed), so it may be a generator that streams the
+        batch; ``aggregates`` is how many of them are aggregates (the crash
+        points of the tests fire only in batches that carry some)."""
         started = time.monotonic()
         producer = self._ensure_producer()  # Step 1
         ledger = self.check_ledger_owner()  # Step 2
+        if ledger is not None and ledger.batch_id == batch_id and ledger.offsets != dict(end_offsets):
+            raise LedgerMismatchError(
+                f"the ledger says batch {batch_id} ended at offsets {ledger.offsets}, the checkpoint says "
+                f"{dict(end_offsets)}: they describe different batches, so skipping or writing it would be a "
+                "guess. Restore the matching checkpoint, or start a new ADPIPE_JOB_ID."
+            )
         if ledger is not None and ledger.batch_id >= batch_id:
             log.info(
                 "batch %d already committed by an earlier run (ledger at batch %d): not producing it again",
@@ -202,8 +247,6 @@ class TransactionalSink:
                 ledger.batch_id,
             )
             return CommitResult(batch_id, True, 0, (time.monotonic() - started) * 1000, self.transactional_id)
-        # Crash points fire only in batches that carry aggregates.
-        aggregates = sum(1 for r in records if r.headers and dict(r.headers).get("adpipe.kind") == b"aggregate")
         try:
             by_topic = self._produce_batch(producer, batch_id, records, aggregates)  # Step 3
             self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)  # Step 4
@@ -221,13 +264,14 @@ class TransactionalSink:
             raise
         if self.fault:
             self.fault.hit(AFTER_COMMIT, batch_id, aggregates)
+        elapsed_ms = (time.monotonic() - started) * 1000
         return CommitResult(  # Step 6: the caller returns to Spark
-            batch_id, False, len(records), (time.monotonic() - started) * 1000, self.transactional_id, by_topic
+            batch_id, False, sum(by_topic.values()), elapsed_ms, self.transactional_id, by_topic
         )
 
     # Step 3
     def _produce_batch(
-        self, producer: Producer, batch_id: int, records: Sequence[OutRecord], aggregates: int
+        self, producer: Producer, batch_id: int, records: Iterable[OutRecord], aggregates: int
     ) -> dict[str, int]:
         """Begin the transaction and produce every record; records per topic."""
         by_topic: dict[str, int] = {}
@@ -235,7 +279,9 @@ class TransactionalSink:
         for rec in records:
             self._produce(producer, rec)
             by_topic[rec.topic] = by_topic.get(rec.topic, 0) + 1
-        producer.flush(60)
+        undelivered = producer.flush(60)
+        if undelivered:  # the commit would fail on them anyway: say why, then abort
+            raise RuntimeError(f"{undelivered} records of batch {batch_id} not delivered within 60 s")
         if self.fault:
             self.fault.hit(AFTER_PRODUCE, batch_id, aggregates)
         return by_topic

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from adpipe import schemas as S
 from adpipe.settings import load_settings
-from adpipe.stream.job import aggregate_record, exception_records, iso_utc, record_uuid, value_limits
+from adpipe.stream.job import ExceptionCopies, aggregate_record, iso_utc, record_uuid, value_limits
 from adpipe.stream.offset_log import BatchOffsets
 from adpipe.stream.sink import OutRecord
 
@@ -91,7 +91,14 @@ def test_aggregate_record() -> None:
 
 
 
-# --- exception_records -------------------------------------------------------
+# --- exception copies --------------------------------------------------------
+
+
+def exception_records(settings, rows: list[dict], offsets: BatchOffsets, limits: dict | None = None):  # noqa: ANN001, ANN201
+    """The copies of rows given in (partition, offset) order, and the counts."""
+    copies = ExceptionCopies(settings, offsets, limits or {})
+    records = list(copies.records(sorted(rows, key=lambda r: (r["partition"], r["offset"]))))
+    return records, copies.dlq, copies.late
 
 OFFSETS = BatchOffsets(
     batch_id=7,

@@ -93,6 +93,13 @@ def test_a_new_partition_counts_from_zero() -> None:
     assert (offsets.input_offsets, offsets.has_input()) == (3, True)
 
 
+def test_a_partition_added_since_the_last_batch_is_read_from_its_earliest_offset() -> None:
+    offsets = BatchOffsets(3, "t", {0: 5, 1: 2}, {0: 9, 1: 2, 2: 4, 3: 0}, 0, 0)
+    assert offsets.kafka_json("start") == '{"t": {"0": 5, "1": 2, "2": -2, "3": -2}}'
+    assert offsets.kafka_json("end") == '{"t": {"0": 9, "1": 2, "2": 4, "3": 0}}'
+    assert offsets.kafka_assign() == '{"t": [0, 1, 2, 3]}'
+
+
 def test_kafka_json(checkpoint: Path) -> None:
     offsets = batch_offsets(checkpoint, 1)
     assert offsets.kafka_json("start") == '{"exp-events": {"0": 799, "1": 729, "2": 762, "3": 706}}'
