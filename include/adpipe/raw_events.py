@@ -30,6 +30,19 @@ def _true(condition: Column) -> Column:
     return F.coalesce(condition, F.lit(False))
 
 
+def _nothing_after_the_value(value: Column) -> Column:
+    """Whether only whitespace follows the message's first JSON value.
+
+    Every JSON reader of Spark (try_parse_json, from_json, get_json_object)
+    reads the first value and ignores what follows it, so ``{...} x`` would
+    pass for an event. Wrapped as ``[<message>,0]``, a message that is one
+    JSON value gives a two-element array; text after the value either breaks
+    the array (null), or adds elements, or (starting with ``]``) closes it
+    after one element: never exactly two."""
+    wrapped = F.concat(F.lit("["), value.cast("string"), F.lit(",0]"))
+    return F.json_array_length(wrapped) == 2
+
+
 def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None) -> DataFrame:
     """Kafka rows -> one row per message with the event's fields and
     ``reject_reason`` (null for a valid event). Never drops a row: a
@@ -80,10 +93,14 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None) -> Dat
             F.col("offset").cast("long").alias("offset"),
             "timestamp",
         )
-        # Invalid UTF-8 is not JSON (a cast alone would turn it into U+FFFD).
+        # Invalid UTF-8 is not JSON (a cast alone would turn it into U+FFFD),
+        # nor is a JSON value followed by more than whitespace.
         .withColumn(
             "__v",
-            F.when(F.is_valid_utf8(F.col("value").cast("string")), F.try_parse_json(F.col("value").cast("string"))),
+            F.when(
+                F.is_valid_utf8(F.col("value").cast("string")) & _true(_nothing_after_the_value(F.col("value"))),
+                F.try_parse_json(F.col("value").cast("string")),
+            ),
         )
         .withColumn("event_time", event_time)
         .select(

@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from adpipe.money import MoneyError, parse_micros
 
@@ -76,6 +77,13 @@ def _budget_period(env: dict[str, str]) -> str:
     return period
 
 
+def _checkpoint_uri(env: dict[str, str]) -> str:
+    raw = (env.get("ADPIPE_CHECKPOINT_URI") or "").strip()
+    if raw and not urlparse(raw).scheme:
+        raise SettingsError(f"ADPIPE_CHECKPOINT_URI={raw!r} needs a scheme (file://, hdfs://, s3a://)")
+    return raw
+
+
 @dataclass(frozen=True)
 class Topics:
     """Kafka topic names of the contract (each overridable)."""
@@ -132,6 +140,9 @@ class Settings:
     # An event_time more than this after its Kafka record's own timestamp is
     # malformed (future_event_time): a clock far ahead never moves the watermark.
     max_future_skew_s: int = 300
+    # Where checkpoints live, as a URI Spark writes (file://, hdfs://, s3a://);
+    # empty: ADPIPE_HOME/checkpoints. Each job's is <this>/<job id>.
+    checkpoint_base_uri: str = ""
     # Which stream job instance this is (one per region). It names the
     # checkpoint, the transactional.id and the record_uuid namespace.
     job_id: str = "region-local"
@@ -182,8 +193,19 @@ class Settings:
     airflow_port: int = 8080
 
     @property
+    def checkpoint_uri(self) -> str:
+        """This job's checkpoint: ``<ADPIPE_CHECKPOINT_URI>/<job id>``, any URI
+        Spark writes (default: under ADPIPE_HOME)."""
+        base = self.checkpoint_base_uri or (self.home / "checkpoints").as_uri()
+        return f"{base.rstrip('/')}/{self.job_id}"
+
+    @property
     def checkpoint_dir(self) -> Path:
-        return self.home / "checkpoints" / self.job_id
+        """The checkpoint as a local folder (a ``file:`` URI only)."""
+        parsed = urlparse(self.checkpoint_uri)
+        if parsed.scheme not in ("", "file"):
+            raise SettingsError(f"the checkpoint {self.checkpoint_uri} is not a local folder")
+        return Path(unquote(parsed.path))
 
     @property
     def warehouse_dir(self) -> Path:
@@ -290,6 +312,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         trigger_interval_s=_int(env, "ADPIPE_TRIGGER_INTERVAL_S", 5, 1),
         max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", 100_000),
         max_future_skew_s=_int(env, "ADPIPE_MAX_FUTURE_SKEW_S", 300),
+        checkpoint_base_uri=_checkpoint_uri(env),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),
         pg_host=env.get("ADPIPE_PG_HOST", "127.0.0.1"),

@@ -159,7 +159,7 @@ def pipeline(broker: Settings, tmp_path: Path) -> Pipeline:
     return make_pipeline(tmp_path)
 
 
-def make_pipeline(workdir: Path) -> Pipeline:
+def make_pipeline(workdir: Path, extra_env: dict[str, str] | None = None) -> Pipeline:
     """A pipeline with fresh topics and job id on the session broker."""
     name = f"t{uuid.uuid4().hex[:8]}"
     env = {
@@ -172,6 +172,7 @@ def make_pipeline(workdir: Path) -> Pipeline:
         "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
         "ADPIPE_JOB_ID": name,
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
+        **(extra_env or {}),
     }
     settings = load_settings(env)
     kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 from adpipe import kafka_io
 from adpipe.stream.cli import EXIT_FENCED
-from adpipe.stream.offset_log import last_committed_batch
+from adpipe.stream.offset_log import LocalCheckpoint, last_committed_batch
 from confluent_kafka import Consumer, TopicPartition
+
+from tests.integration.conftest import make_pipeline
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -19,14 +22,20 @@ def _ledger(pipeline) -> dict[int, tuple[int, str]]:  # noqa: ANN001
     return kafka_io.stream_commits(pipeline.settings)
 
 
-def test_an_expired_ledger_or_one_for_other_offsets_stops_the_job(pipeline) -> None:  # noqa: ANN001
+def test_an_expired_ledger_or_one_for_other_offsets_stops_the_job(broker, tmp_path: Path) -> None:  # noqa: ANN001
+    # The checkpoint is a file:// URI outside ADPIPE_HOME: the job reads its
+    # offset log through Spark's Hadoop FileSystem, wherever it is.
+    elsewhere = tmp_path / "checkpoints elsewhere"
+    pipeline = make_pipeline(tmp_path, {"ADPIPE_CHECKPOINT_URI": elsewhere.as_uri()})
     summary = pipeline.produce(events=400, seed=41, minutes=3, start=START)
     first = pipeline.stream(max_offsets=150)
     assert first.returncode == 0, first.log[-3000:]
     aggregates = pipeline.aggregates()
     assert aggregates and summary["distinct_on_time"] == 400
     checkpoint = pipeline.settings.checkpoint_dir
-    last = last_committed_batch(checkpoint)
+    assert checkpoint == elsewhere / pipeline.settings.job_id and (checkpoint / "offsets" / "0").exists()
+    assert not (pipeline.settings.home / "checkpoints" / pipeline.settings.job_id).exists()
+    last = last_committed_batch(LocalCheckpoint(checkpoint))
     ledger = _ledger(pipeline)
     assert {json.loads(meta)["batch_id"] for _o, meta in ledger.values()} == {last}
 
@@ -50,7 +59,7 @@ def test_an_expired_ledger_or_one_for_other_offsets_stops_the_job(pipeline) -> N
     pipeline.produce(events=100, seed=42, minutes=1, start=START.replace(minute=3))
     again = pipeline.stream(max_offsets=1000)
     assert again.returncode == 0, again.log[-3000:]
-    replayed = last_committed_batch(checkpoint)
+    replayed = last_committed_batch(LocalCheckpoint(checkpoint))
     (checkpoint / "commits" / str(replayed)).unlink()  # Spark will run this batch again
     forged = {p: (o + 1, meta) for p, (o, meta) in _ledger(pipeline).items()}
     consumer = Consumer({"bootstrap.servers": pipeline.settings.kafka_bootstrap, "group.id": group})

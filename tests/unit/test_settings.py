@@ -28,8 +28,21 @@ def test_defaults() -> None:
     assert settings.transaction_timeout_ms == 120_000
     assert (settings.max_future_skew_s, settings.max_future_skew_ms) == (300, 300_000)
     assert load_settings({"ADPIPE_MAX_FUTURE_SKEW_S": "0"}).max_future_skew_ms == 0
+    assert settings.checkpoint_uri == (REPO / ".adpipe" / "checkpoints" / "region-local").as_uri()
     assert settings.budget_db == f"sqlite:///{REPO / '.adpipe' / 'budget.db'}"
     assert settings.checkpoint_dir == REPO / ".adpipe" / "checkpoints" / "region-local"
+
+
+def test_the_checkpoint_may_be_any_uri(tmp_path: Path) -> None:
+    local = load_settings({"ADPIPE_CHECKPOINT_URI": (tmp_path / "a b").as_uri() + "/", "ADPIPE_JOB_ID": "eu"})
+    assert local.checkpoint_uri == (tmp_path / "a b").as_uri() + "/eu"
+    assert local.checkpoint_dir == tmp_path / "a b" / "eu"
+    remote = load_settings({"ADPIPE_CHECKPOINT_URI": "s3a://bucket/adpipe", "ADPIPE_JOB_ID": "eu"})
+    assert remote.checkpoint_uri == "s3a://bucket/adpipe/eu"
+    with pytest.raises(SettingsError, match="not a local folder"):
+        _ = remote.checkpoint_dir
+    with pytest.raises(SettingsError, match="needs a scheme"):
+        load_settings({"ADPIPE_CHECKPOINT_URI": "/just/a/path"})
 
 
 def test_load_settings_does_not_read_os_environ_when_given_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:

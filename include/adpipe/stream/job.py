@@ -42,7 +42,14 @@ from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
 from adpipe.spark import build_spark
 from adpipe.stream import transforms as T
-from adpipe.stream.offset_log import BatchOffsets, batch_offsets, last_committed_batch, query_id
+from adpipe.stream.offset_log import (
+    BatchOffsets,
+    CheckpointFiles,
+    HadoopCheckpoint,
+    batch_offsets,
+    last_committed_batch,
+    query_id,
+)
 from adpipe.stream.sink import LedgerMismatchError, OutRecord, ProducerFencedError, TransactionalSink
 
 # Named after the part: operators grep "adpipe.stream: batch N".
@@ -192,10 +199,16 @@ class BatchHandler:
     """The foreachBatch function: gather the batch's output, commit it."""
 
     def __init__(
-        self, spark: SparkSession, settings: Settings, sink: TransactionalSink, limits: dict[str, int]
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        sink: TransactionalSink,
+        limits: dict[str, int],
+        checkpoint: CheckpointFiles,
     ) -> None:
         self.spark = spark
         self.settings = settings
+        self.checkpoint = checkpoint
         self.sink = sink
         self.limits = limits  # per output topic, the largest value copied whole
         self.late_rows_by_batch: dict[int, int] = {}
@@ -261,12 +274,12 @@ class BatchHandler:
 
     def _handle(self, aggregates_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        offsets = batch_offsets(self.settings.checkpoint_dir, batch_id)
+        offsets = batch_offsets(self.checkpoint, batch_id)
         aggregates = self._aggregates(aggregates_df, batch_id)
         copies = ExceptionCopies(self.settings, offsets, self.limits)
         exception_rows = self._exception_rows(offsets)
         if self.sink.query_id is None:  # written by Spark before the first batch
-            self.sink.query_id = query_id(self.settings.checkpoint_dir)
+            self.sink.query_id = query_id(self.checkpoint)
         result = self.sink.commit_batch(
             batch_id,
             offsets.end,
@@ -364,7 +377,9 @@ def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def _sink(settings: Settings, fault: FaultPlan | None) -> tuple[TransactionalSink, dict[str, int]]:
+def _sink(
+    settings: Settings, fault: FaultPlan | None, checkpoint: CheckpointFiles
+) -> tuple[TransactionalSink, dict[str, int]]:
     """The transactional sink, sized to the output topics, and the largest
     value a DLQ or late copy is written with whole, per topic."""
     topic_limits = kafka_io.max_message_bytes(
@@ -375,7 +390,7 @@ def _sink(settings: Settings, fault: FaultPlan | None) -> tuple[TransactionalSin
         transactional_id(settings),
         kafka_io.ledger_group(settings.job_id),
         settings.topics.events,
-        query_id(settings.checkpoint_dir),
+        query_id(checkpoint),
         settings.transaction_timeout_ms,
         fault,
         message_max_bytes=max(topic_limits.values()) + RECORD_OVERHEAD_BYTES,
@@ -387,7 +402,7 @@ def _start_query(spark: SparkSession, settings: Settings, handler: BatchHandler,
     writer = (
         build_query_df(spark, settings)
         .writeStream.outputMode("append")
-        .option("checkpointLocation", str(settings.checkpoint_dir))
+        .option("checkpointLocation", settings.checkpoint_uri)
         .queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
     )
     writer = (
@@ -435,35 +450,38 @@ def run(
     Returns the number of batches handled.
 
     The sink fences older instances and checks its ledger against the
-    checkpoint before Spark starts: a job that must not run fails fast."""
+    checkpoint (read through Spark's Hadoop FileSystem, at any URI) before
+    the query starts: a job that must not run fails before any batch."""
     kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
-    settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    sink, limits = _sink(settings, fault)
+    spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
     try:
-        last = last_committed_batch(settings.checkpoint_dir)
-        checkpointed = None
-        if last is not None:
-            batch = batch_offsets(settings.checkpoint_dir, last)
-            checkpointed = (last, batch.end, batch.watermark_ms)
-        sink.start(checkpointed, accept_empty_ledger)
-        spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
-        handler = BatchHandler(spark, settings, sink, limits)
-        listener = _DropCheck(handler)
-        spark.streams.addListener(listener)
+        checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
+        sink, limits = _sink(settings, fault, checkpoint)
         try:
-            query = _start_query(spark, settings, handler, available_now)
-            log.info(
-                "stream job %s started: query %s, checkpoint %s, %s",
-                settings.job_id,
-                query.id,
-                settings.checkpoint_dir,
-                "available-now" if available_now else "continuous",
-            )
-            _await(query, handler)
+            last = last_committed_batch(checkpoint)
+            checkpointed = None
+            if last is not None:
+                batch = batch_offsets(checkpoint, last)
+                checkpointed = (last, batch.end, batch.watermark_ms)
+            sink.start(checkpointed, accept_empty_ledger)
+            handler = BatchHandler(spark, settings, sink, limits, checkpoint)
+            listener = _DropCheck(handler)
+            spark.streams.addListener(listener)
+            try:
+                query = _start_query(spark, settings, handler, available_now)
+                log.info(
+                    "stream job %s started: query %s, checkpoint %s, %s",
+                    settings.job_id,
+                    query.id,
+                    settings.checkpoint_uri,
+                    "available-now" if available_now else "continuous",
+                )
+                _await(query, handler)
+            finally:
+                spark.streams.removeListener(listener)
         finally:
-            spark.streams.removeListener(listener)
-            spark.stop()
+            sink.close()
     finally:
-        sink.close()
+        spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches

@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
+
+from pyspark.sql import SparkSession
 
 # Spark's offset JSON for "the partition's earliest offset".
 EARLIEST = -2
@@ -56,13 +59,71 @@ class BatchOffsets:
         return json.dumps({self.topic: sorted(self.end)})
 
 
-def _json_lines(path: Path) -> list[str]:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError as exc:
-        raise OffsetLogError(f"missing checkpoint entry {path}") from exc
+class CheckpointFiles(Protocol):
+    """Read access to a checkpoint, wherever it lives."""
+
+    def read(self, relative: str) -> bytes | None:
+        """The file's bytes; None when it does not exist."""
+
+    def names(self, relative: str) -> list[str]:
+        """The entries of a folder; empty when it does not exist."""
+
+
+@dataclass(frozen=True)
+class LocalCheckpoint:
+    """A checkpoint in a local folder (tests; tools on the driver's host)."""
+
+    root: Path
+
+    def read(self, relative: str) -> bytes | None:
+        try:
+            return (self.root / relative).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def names(self, relative: str) -> list[str]:
+        folder = self.root / relative
+        return [p.name for p in folder.iterdir()] if folder.is_dir() else []
+
+
+class HadoopCheckpoint:
+    """A checkpoint at any URI Spark writes (``file://``, ``hdfs://``,
+    ``s3a://``), read through Spark's own Hadoop FileSystem and
+    configuration, so it reads exactly what the query wrote."""
+
+    def __init__(self, spark: SparkSession, uri: str) -> None:
+        jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j gateway
+        self._jvm = jvm
+        self._root = jvm.org.apache.hadoop.fs.Path(uri)
+        self._fs = self._root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
+        self.uri = uri
+
+    def _path(self, relative: str):  # noqa: ANN202 - a Hadoop Path
+        return self._jvm.org.apache.hadoop.fs.Path(self._root, relative)
+
+    def read(self, relative: str) -> bytes | None:
+        path = self._path(relative)
+        if not self._fs.exists(path):
+            return None
+        stream = self._fs.open(path)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
+    def names(self, relative: str) -> list[str]:
+        path = self._path(relative)
+        if not self._fs.exists(path):
+            return []
+        return [status.getPath().getName() for status in self._fs.listStatus(path)]
+
+
+def _json_lines(files: CheckpointFiles, relative: str) -> list[str]:
+    raw = files.read(relative)
+    if raw is None:
+        raise OffsetLogError(f"missing checkpoint entry {relative} in {files}")
     # The first line is a version tag (sometimes preceded by a length byte).
-    return [line for line in text.splitlines()[1:] if line.strip()]
+    return [line for line in raw.decode(errors="replace").splitlines()[1:] if line.strip()]
 
 
 def _source_offsets(line: str) -> tuple[str, dict[int, int]]:
@@ -73,34 +134,34 @@ def _source_offsets(line: str) -> tuple[str, dict[int, int]]:
     return topic, {int(p): int(o) for p, o in offsets.items()}
 
 
-def _entry(checkpoint: Path, batch_id: int) -> tuple[int, str, dict[int, int]]:
-    lines = _json_lines(checkpoint / "offsets" / str(batch_id))
+def _entry(files: CheckpointFiles, batch_id: int) -> tuple[int, str, dict[int, int]]:
+    lines = _json_lines(files, f"offsets/{batch_id}")
     metadata = json.loads(lines[0])
     topic, offsets = _source_offsets(lines[1])
     return int(metadata.get("batchWatermarkMs", 0)), topic, offsets
 
 
-def batch_offsets(checkpoint: Path, batch_id: int) -> BatchOffsets:
-    watermark, topic, end = _entry(checkpoint, batch_id)
+def batch_offsets(files: CheckpointFiles, batch_id: int) -> BatchOffsets:
+    watermark, topic, end = _entry(files, batch_id)
     if batch_id == 0:
         late_watermark = 0
-        initial = _json_lines(checkpoint / "sources" / "0" / "0")
+        initial = _json_lines(files, "sources/0/0")
         start_topic, start = _source_offsets(initial[0]) if initial else (topic, {})
         if start_topic != topic:
             raise OffsetLogError(f"initial offsets name topic {start_topic}, batch 0 names {topic}")
     else:
-        late_watermark, _topic, start = _entry(checkpoint, batch_id - 1)
+        late_watermark, _topic, start = _entry(files, batch_id - 1)
     return BatchOffsets(batch_id, topic, start, end, watermark, late_watermark)
 
 
-def last_committed_batch(checkpoint: Path) -> int | None:
-    commits = checkpoint / "commits"
-    ids = [int(p.name) for p in commits.glob("[0-9]*")] if commits.exists() else []
+def last_committed_batch(files: CheckpointFiles) -> int | None:
+    ids = [int(name) for name in files.names("commits") if name.isdigit()]
     return max(ids) if ids else None
 
 
-def query_id(checkpoint: Path) -> str | None:
+def query_id(files: CheckpointFiles) -> str | None:
+    raw = files.read("metadata")
     try:
-        return json.loads((checkpoint / "metadata").read_text())["id"]
-    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return json.loads(raw)["id"] if raw is not None else None
+    except (KeyError, TypeError, json.JSONDecodeError):
         return None

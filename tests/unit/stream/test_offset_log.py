@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from adpipe.stream.offset_log import BatchOffsets, OffsetLogError, batch_offsets, last_committed_batch, query_id
+from adpipe.stream.offset_log import (
+    BatchOffsets,
+    LocalCheckpoint,
+    OffsetLogError,
+    batch_offsets,
+    last_committed_batch,
+    query_id,
+)
 
 TOPIC = "exp-events"
 QUERY_ID = "2961e763-1afb-4416-a9f2-f46f64916d24"
@@ -56,7 +63,7 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def test_batch_zero_starts_at_the_initial_offsets(checkpoint: Path) -> None:
-    assert batch_offsets(checkpoint, 0) == BatchOffsets(
+    assert batch_offsets(LocalCheckpoint(checkpoint), 0) == BatchOffsets(
         batch_id=0,
         topic=TOPIC,
         start={0: 0, 1: 0, 2: 0, 3: 0},
@@ -67,7 +74,7 @@ def test_batch_zero_starts_at_the_initial_offsets(checkpoint: Path) -> None:
 
 
 def test_batch_n_starts_where_batch_n_minus_1_ended(checkpoint: Path) -> None:
-    assert batch_offsets(checkpoint, 1) == BatchOffsets(
+    assert batch_offsets(LocalCheckpoint(checkpoint), 1) == BatchOffsets(
         batch_id=1,
         topic=TOPIC,
         start={0: 799, 1: 729, 2: 762, 3: 706},
@@ -75,16 +82,16 @@ def test_batch_n_starts_where_batch_n_minus_1_ended(checkpoint: Path) -> None:
         watermark_ms=1795348987545,
         late_watermark_ms=0,
     )
-    two = batch_offsets(checkpoint, 2)
+    two = batch_offsets(LocalCheckpoint(checkpoint), 2)
     assert (two.watermark_ms, two.late_watermark_ms) == (1795349047545, 1795348987545)
 
 
 def test_input_offsets_and_has_input(checkpoint: Path) -> None:
-    assert batch_offsets(checkpoint, 0).input_offsets == 2996
-    assert batch_offsets(checkpoint, 1).input_offsets == 433  # 201 + 0 + 38 + 194
-    assert batch_offsets(checkpoint, 0).has_input() is True
-    assert batch_offsets(checkpoint, 1).has_input() is True
-    no_data = batch_offsets(checkpoint, 2)
+    assert batch_offsets(LocalCheckpoint(checkpoint), 0).input_offsets == 2996
+    assert batch_offsets(LocalCheckpoint(checkpoint), 1).input_offsets == 433  # 201 + 0 + 38 + 194
+    assert batch_offsets(LocalCheckpoint(checkpoint), 0).has_input() is True
+    assert batch_offsets(LocalCheckpoint(checkpoint), 1).has_input() is True
+    no_data = batch_offsets(LocalCheckpoint(checkpoint), 2)
     assert (no_data.input_offsets, no_data.has_input()) == (0, False)
 
 
@@ -101,7 +108,7 @@ def test_a_partition_added_since_the_last_batch_is_read_from_its_earliest_offset
 
 
 def test_kafka_json(checkpoint: Path) -> None:
-    offsets = batch_offsets(checkpoint, 1)
+    offsets = batch_offsets(LocalCheckpoint(checkpoint), 1)
     assert offsets.kafka_json("start") == '{"exp-events": {"0": 799, "1": 729, "2": 762, "3": 706}}'
     assert offsets.kafka_json("end") == '{"exp-events": {"0": 1000, "1": 729, "2": 800, "3": 900}}'
 
@@ -113,26 +120,26 @@ def test_kafka_json_sorts_partitions_numerically() -> None:
 
 def test_missing_entry_raises(checkpoint: Path) -> None:
     with pytest.raises(OffsetLogError, match="offsets/3"):
-        batch_offsets(checkpoint, 3)
+        batch_offsets(LocalCheckpoint(checkpoint), 3)
 
 
 def test_missing_previous_entry_raises(checkpoint: Path) -> None:
     (checkpoint / "offsets" / "1").unlink()
     with pytest.raises(OffsetLogError, match="offsets/1"):
-        batch_offsets(checkpoint, 2)
+        batch_offsets(LocalCheckpoint(checkpoint), 2)
 
 
 def test_missing_initial_offsets_raises(checkpoint: Path) -> None:
     (checkpoint / "sources" / "0" / "0").unlink()
     with pytest.raises(OffsetLogError, match="sources/0/0"):
-        batch_offsets(checkpoint, 0)
+        batch_offsets(LocalCheckpoint(checkpoint), 0)
 
 
 def test_initial_offsets_of_another_topic_raise(tmp_path: Path) -> None:
     write_initial(tmp_path, {0: 0}, topic="other")
     write_offsets(tmp_path, 0, 0, {0: 10})
     with pytest.raises(OffsetLogError, match="other"):
-        batch_offsets(tmp_path, 0)
+        batch_offsets(LocalCheckpoint(tmp_path), 0)
 
 
 def test_two_topics_raise(tmp_path: Path) -> None:
@@ -140,28 +147,28 @@ def test_two_topics_raise(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_text('v1\n{"batchWatermarkMs":0}\n{"a":{"0":1},"b":{"0":2}}')
     with pytest.raises(OffsetLogError, match="one topic"):
-        batch_offsets(tmp_path, 0)
+        batch_offsets(LocalCheckpoint(tmp_path), 0)
 
 
 def test_last_committed_batch(checkpoint: Path) -> None:
-    assert last_committed_batch(checkpoint) == 1
+    assert last_committed_batch(LocalCheckpoint(checkpoint)) == 1
     write_commit(checkpoint, 2)
     write_commit(checkpoint, 10)
-    assert last_committed_batch(checkpoint) == 10  # numeric, not by name
+    assert last_committed_batch(LocalCheckpoint(checkpoint)) == 10  # numeric, not by name
 
 
 def test_last_committed_batch_without_commits(tmp_path: Path) -> None:
-    assert last_committed_batch(tmp_path) is None
+    assert last_committed_batch(LocalCheckpoint(tmp_path)) is None
     (tmp_path / "commits").mkdir()
     (tmp_path / "commits" / ".0.crc").write_bytes(b"crc")
-    assert last_committed_batch(tmp_path) is None
+    assert last_committed_batch(LocalCheckpoint(tmp_path)) is None
 
 
 def test_query_id(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    assert query_id(checkpoint) == QUERY_ID
+    assert query_id(LocalCheckpoint(checkpoint)) == QUERY_ID
     empty = tmp_path_factory.mktemp("empty")
-    assert query_id(empty) is None
+    assert query_id(LocalCheckpoint(empty)) is None
     (empty / "metadata").write_text("{not json")
-    assert query_id(empty) is None
+    assert query_id(LocalCheckpoint(empty)) is None
     (empty / "metadata").write_text('{"other": 1}')
-    assert query_id(empty) is None
+    assert query_id(LocalCheckpoint(empty)) is None
