@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from adpipe.money import MoneyError, parse_micros
 
@@ -195,8 +195,9 @@ class Settings:
     @property
     def checkpoint_uri(self) -> str:
         """This job's checkpoint: ``<ADPIPE_CHECKPOINT_URI>/<job id>``, any URI
-        Spark writes (default: under ADPIPE_HOME)."""
-        base = self.checkpoint_base_uri or (self.home / "checkpoints").as_uri()
+        Spark writes (default: under ADPIPE_HOME). Written as Hadoop reads
+        it: a path is not percent-encoded (``file:///tmp/my checkpoints``)."""
+        base = self.checkpoint_base_uri or f"file://{self.home / 'checkpoints'}"
         return f"{base.rstrip('/')}/{self.job_id}"
 
     @property
@@ -205,7 +206,7 @@ class Settings:
         parsed = urlparse(self.checkpoint_uri)
         if parsed.scheme not in ("", "file"):
             raise SettingsError(f"the checkpoint {self.checkpoint_uri} is not a local folder")
-        return Path(unquote(parsed.path))
+        return Path(parsed.path)
 
     @property
     def warehouse_dir(self) -> Path:

@@ -26,7 +26,7 @@ def test_an_expired_ledger_or_one_for_other_offsets_stops_the_job(broker, tmp_pa
     # The checkpoint is a file:// URI outside ADPIPE_HOME: the job reads its
     # offset log through Spark's Hadoop FileSystem, wherever it is.
     elsewhere = tmp_path / "checkpoints elsewhere"
-    pipeline = make_pipeline(tmp_path, {"ADPIPE_CHECKPOINT_URI": elsewhere.as_uri()})
+    pipeline = make_pipeline(tmp_path, {"ADPIPE_CHECKPOINT_URI": f"file://{elsewhere}"})
     summary = pipeline.produce(events=400, seed=41, minutes=3, start=START)
     first = pipeline.stream(max_offsets=150)
     assert first.returncode == 0, first.log[-3000:]

@@ -28,14 +28,15 @@ def test_defaults() -> None:
     assert settings.transaction_timeout_ms == 120_000
     assert (settings.max_future_skew_s, settings.max_future_skew_ms) == (300, 300_000)
     assert load_settings({"ADPIPE_MAX_FUTURE_SKEW_S": "0"}).max_future_skew_ms == 0
-    assert settings.checkpoint_uri == (REPO / ".adpipe" / "checkpoints" / "region-local").as_uri()
+    assert settings.checkpoint_uri == f"file://{REPO / '.adpipe' / 'checkpoints' / 'region-local'}"
     assert settings.budget_db == f"sqlite:///{REPO / '.adpipe' / 'budget.db'}"
     assert settings.checkpoint_dir == REPO / ".adpipe" / "checkpoints" / "region-local"
 
 
 def test_the_checkpoint_may_be_any_uri(tmp_path: Path) -> None:
-    local = load_settings({"ADPIPE_CHECKPOINT_URI": (tmp_path / "a b").as_uri() + "/", "ADPIPE_JOB_ID": "eu"})
-    assert local.checkpoint_uri == (tmp_path / "a b").as_uri() + "/eu"
+    # As Hadoop reads a path: not percent-encoded.
+    local = load_settings({"ADPIPE_CHECKPOINT_URI": f"file://{tmp_path / 'a b'}/", "ADPIPE_JOB_ID": "eu"})
+    assert local.checkpoint_uri == f"file://{tmp_path / 'a b'}/eu"
     assert local.checkpoint_dir == tmp_path / "a b" / "eu"
     remote = load_settings({"ADPIPE_CHECKPOINT_URI": "s3a://bucket/adpipe", "ADPIPE_JOB_ID": "eu"})
     assert remote.checkpoint_uri == "s3a://bucket/adpipe/eu"
