@@ -13,7 +13,7 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from adpipe import kafka_io
 from adpipe import schemas as S
@@ -22,6 +22,8 @@ from adpipe.settings import Settings
 
 LIST_LIMIT = 50
 _ISO = re.compile(S.ISO_WITH_ZONE)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ def classify(value: bytes | None) -> RawEvent | str:
     elif isinstance(raw_time, str) and _ISO.match(raw_time):
         try:
             ts = datetime.fromisoformat(raw_time)
-            event_ms = int(ts.timestamp() * 1000) if ts.tzinfo is not None else None
+            # Exact and floored, as Spark's unix_millis: no float, no rounding toward zero.
+            event_ms = (ts - _EPOCH) // _ONE_MS if ts.tzinfo is not None else None
         except ValueError:
             event_ms = None
     if event_ms is None:
