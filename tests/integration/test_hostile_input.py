@@ -22,7 +22,10 @@ from adpipe.stream.job import RECORD_UUID_NAMESPACE
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
+from tests.corpus import bad_raw_values
 from tests.integration.test_exactly_once import assert_exactly_once
+
+CORPUS = bad_raw_values()
 
 # US daylight saving time ends on 2026-11-01 at 06:00 UTC (02:00 EDT -> 01:00 EST).
 START = datetime(2026, 11, 1, 5, 57, tzinfo=UTC)
@@ -48,12 +51,8 @@ def _send_compressed(pipeline, values: list[bytes]) -> None:  # noqa: ANN001
     )
     errors = []
     for value in values:
-        body = json.loads(value)
         producer.produce(
-            pipeline.settings.topics.events,
-            value,
-            body["ad_id"].encode(),
-            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+            pipeline.settings.topics.events, value, on_delivery=lambda err, _msg: errors.append(err) if err else None
         )
     assert producer.flush(60) == 0 and errors == []
 
@@ -69,6 +68,7 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
             big_valid,
             _event("future-1", "ad-000001", "impression", "2099-01-01T00:00:00Z"),  # the clock of a broken device
             big_malformed,
+            *(value for _case, _reason, value in CORPUS),  # every bad value of the committed corpus
         ],
     )
     s1 = pipeline.produce(events=900, seed=31, minutes=5, start=START, duplicate_rate=0.03, malformed_rate=0.02)
@@ -109,14 +109,19 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     }
 
     dlq = pipeline.read(pipeline.settings.topics.dlq)
-    (future,) = [r for r in dlq if b'"future-1"' in r.value]
+    (future,) = [r for r in dlq if b'"future-1"' in (r.value or b"")]
     assert future.header(S.HEADER_REASON) == S.REASON_FUTURE_EVENT_TIME
     cut = [r for r in dlq if r.header(S.HEADER_REASON) == S.REASON_OVERSIZED]
     assert len(cut) == 1
     assert cut[0].header(S.HEADER_ORIGINAL_REASON) == S.REASON_BAD_EVENT_TYPE
     assert cut[0].header(S.HEADER_ORIGINAL_SIZE) == str(len(big_malformed))
     assert len(cut[0].value) < len(big_malformed) and big_malformed.startswith(cut[0].value)
-    assert Counter(r.header(S.HEADER_REASON) for r in dlq)[S.REASON_FUTURE_EVENT_TIME] == 1
+    reasons_of_value: dict[bytes, set[str]] = {}
+    for r in dlq:
+        reasons_of_value.setdefault(r.value or b"", set()).add(r.header(S.HEADER_REASON))
+    for case, reason, value in CORPUS:
+        assert reason in reasons_of_value.get(value, set()), case
+    assert Counter(r.header(S.HEADER_REASON) for r in dlq)[S.REASON_FUTURE_EVENT_TIME] == 2  # 2099, twice
 
     late = pipeline.read(pipeline.settings.topics.late)
     late_ids = Counter(r.header(S.HEADER_EVENT_ID) for r in late)

@@ -257,17 +257,8 @@ class BatchHandler:
         late_cut = F.timestamp_millis(F.lit(offsets.late_watermark_ms))
         rows = (
             parsed_df.where(F.col("reject_reason").isNotNull() | (F.col("event_time") <= late_cut))
-            .select(
-                "key",
-                "value",
-                "topic",
-                "partition",
-                "offset",
-                "event_id",
-                "ad_id",
-                F.unix_millis("event_time").alias("event_ms"),
-                "reject_reason",
-            )
+            .withColumn("event_ms", F.unix_millis("event_time"))
+            .drop("campaign_id", "event_type", "event_time")
             .orderBy("partition", "offset")
         )
         return (r.asDict() for r in rows.toLocalIterator())
