@@ -149,8 +149,13 @@ def _java(settings: Settings, main: str, *args: str) -> list[str]:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: a UUID in url-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: a UUID in url-safe base64 without padding. Like
+    Kafka's own Uuid.randomUuid, never one that starts with "-": the storage
+    tool would read it as an option (one start in 64 failed that way)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _format_storage(settings: Settings, config: Path) -> None:
