@@ -205,8 +205,8 @@ def test_process_alive_needs_the_stream_command_line(tmp_path: Path) -> None:
     assert not process_alive(None)
     assert not process_alive(os.getpid())  # alive, but pytest is not the stream job
     script = tmp_path / "aggregation_stream.py"
-    script.write_text("import time\ntime.sleep(30)\n")
-    proc = subprocess.Popen([sys.executable, str(script)])  # noqa: S603
+    script.write_text("import sys\nsys.stdin.read()\n")  # runs until killed (or its stdin closes)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE)  # noqa: S603
     try:
         # Right after fork the child's /proc cmdline is empty, until it execs.
         deadline = time.monotonic() + 10
