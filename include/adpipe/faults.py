@@ -2,7 +2,8 @@
 
 ``ADPIPE_FAULT`` names the point, ``ADPIPE_FAULT_BATCH`` the first batch id
 at which it may fire (default 1); it fires once, at the first batch at or
-after that id that has aggregates to write. When this process leads its own
+after that id that has aggregates to write (with ``ADPIPE_FAULT_ON=records``:
+any record, a batch of late or DLQ copies only included). When this process leads its own
 process group (tests start the job with ``start_new_session``) the whole
 group is killed, so Spark's JVM dies at the same instant, as in a machine
 crash; otherwise the JVM follows as soon as its parent is gone."""
@@ -53,6 +54,7 @@ class FaultPlan:
     point: str
     from_batch: int = 1
     delay_ms: int = 0
+    on_any_record: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> FaultPlan | None:
@@ -62,13 +64,23 @@ class FaultPlan:
             return None
         if point not in POINTS:
             raise ValueError(f"ADPIPE_FAULT={point!r}: expected one of {', '.join(POINTS)}")
-        return cls(point, int(env.get("ADPIPE_FAULT_BATCH", "1")), int(env.get("ADPIPE_FAULT_DELAY_MS", "0")))
+        on = env.get("ADPIPE_FAULT_ON", "aggregates")
+        if on not in ("aggregates", "records"):
+            raise ValueError(f"ADPIPE_FAULT_ON={on!r}: expected aggregates or records")
+        return cls(
+            point,
+            int(env.get("ADPIPE_FAULT_BATCH", "1")),
+            int(env.get("ADPIPE_FAULT_DELAY_MS", "0")),
+            on == "records",
+        )
 
-    def armed(self, point: str, batch_id: int, records: int) -> bool:
-        return self.point == point and batch_id >= self.from_batch and records > 0
+    def armed(self, point: str, batch_id: int, aggregates: int, records: int = 0) -> bool:
+        """``aggregates`` of the batch's ``records`` (all it writes)."""
+        wanted = records if self.on_any_record else aggregates
+        return self.point == point and batch_id >= self.from_batch and wanted > 0
 
-    def hit(self, point: str, batch_id: int, records: int) -> None:
-        if self.armed(point, batch_id, records):
+    def hit(self, point: str, batch_id: int, aggregates: int, records: int = 0) -> None:
+        if self.armed(point, batch_id, aggregates, records):
             kill_now(point)
 
     def run_and_kill(self, action: Callable[[], None]) -> None:

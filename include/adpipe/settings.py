@@ -140,6 +140,10 @@ class Settings:
     # An event_time more than this after its Kafka record's own timestamp is
     # malformed (future_event_time): a clock far ahead never moves the watermark.
     max_future_skew_s: int = 300
+    # How long the stream job remembers an event_id to list each late event
+    # once, in event time: until the watermark passes the end of the event's
+    # minute plus this (adpipe.stream.late_dedupe says what happens after).
+    late_dedupe_retention_s: int = 86_400
     # Where checkpoints live, as a URI Spark writes (file://, hdfs://, s3a://);
     # empty: ADPIPE_HOME/checkpoints. Each job's is <this>/<job id>.
     checkpoint_base_uri: str = ""
@@ -313,6 +317,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         trigger_interval_s=_int(env, "ADPIPE_TRIGGER_INTERVAL_S", 5, 1),
         max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", 100_000),
         max_future_skew_s=_int(env, "ADPIPE_MAX_FUTURE_SKEW_S", 300),
+        late_dedupe_retention_s=_int(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", 86_400),
         checkpoint_base_uri=_checkpoint_uri(env),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),

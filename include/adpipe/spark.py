@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -47,6 +48,9 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
     """The session of a job, with a part's ``extra_conf`` on top (see
     :func:`spark_conf`)."""
     settings.home.mkdir(parents=True, exist_ok=True)
+    # Python workers (the stream job's stateful operator) run this
+    # environment's interpreter, which has adpipe, pandas and pyarrow.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in spark_conf(settings, app_name, extra_conf).items():
         builder = builder.config(key, value)

@@ -38,6 +38,16 @@ def test_fault_armed_only_at_or_after_its_batch_with_records() -> None:
     assert plan.armed(AFTER_PRODUCE, 3, 10) is False
 
 
+def test_fault_on_records_fires_at_a_batch_of_copies_only() -> None:
+    plan = FaultPlan.from_env({"ADPIPE_FAULT": "after_produce", "ADPIPE_FAULT_ON": "records"})
+    assert plan == FaultPlan(AFTER_PRODUCE, 1, 0, on_any_record=True)
+    assert plan.armed(AFTER_PRODUCE, 1, aggregates=0, records=12) is True
+    assert plan.armed(AFTER_PRODUCE, 1, aggregates=0, records=0) is False
+    assert FaultPlan(AFTER_PRODUCE).armed(AFTER_PRODUCE, 1, aggregates=0, records=12) is False
+    with pytest.raises(ValueError, match="ADPIPE_FAULT_ON='late'"):
+        FaultPlan.from_env({"ADPIPE_FAULT": "after_produce", "ADPIPE_FAULT_ON": "late"})
+
+
 def test_hit_does_nothing_when_not_armed() -> None:
     # Armed it would SIGKILL the test process.
     assert FaultPlan(AFTER_COMMIT, from_batch=5).hit(AFTER_COMMIT, 4, 10) is None

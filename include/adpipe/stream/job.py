@@ -15,7 +15,15 @@ routes the rows that satisfy that same predicate, plus every malformed one.
 A listener compares our late count with Spark's own
 ``numRowsDroppedByWatermark`` for every batch and logs an error on any
 difference. This keeps Spark's tested window/state machinery for the counts
-and adds one deterministic read per batch."""
+and adds one deterministic read per batch.
+
+Listing each late event once. A late row is listed only if its ``event_id``
+was never seen before it: not in an earlier batch (on time or late), not
+earlier in this batch. That memory is Spark state too, a second stateful
+operator in the same query (adpipe.stream.late_dedupe), so a replayed batch
+decides from the same state version as the first run. The query's output is
+the union of the closed windows and the (partition, offset) of the batch's
+repeated rows; the late rows whose position is among them are skipped."""
 
 from __future__ import annotations
 
@@ -154,18 +162,20 @@ def _copy(
 class ExceptionCopies:
     """The DLQ copies of malformed rows and the late copies of late ones, made
     while the rows stream by (the driver holds one record at a time, not the
-    batch's): a late event is listed once per batch even if its retry came
-    too, and a copy whose value is over its topic's entry in ``limits`` is
+    batch's): a late row that repeats an event seen before (``repeats``,
+    from the query's state) is skipped, and a copy whose value is over its topic's entry in ``limits`` is
     truncated (:func:`value_limits`). The rows must come in (partition,
     offset) order, so that a replay writes the very same records."""
 
     settings: Settings
     offsets: BatchOffsets
     limits: dict[str, int] = field(default_factory=dict)
+    # (partition, offset) of the batch's rows whose event_id came before them
+    repeats: frozenset[tuple[int, int]] = frozenset()
     dlq: int = 0
     late: int = 0
-    late_rows: int = 0  # retries included: Spark's numRowsDroppedByWatermark counts them
-    _listed: set[str] = field(default_factory=set)
+    late_repeats: int = 0  # late rows of an event already counted or listed
+    late_rows: int = 0  # repeats included: Spark's numRowsDroppedByWatermark counts them
 
     def records(self, rows: Iterable[dict]) -> Iterator[OutRecord]:
         settings, offsets = self.settings, self.offsets
@@ -180,9 +190,9 @@ class ExceptionCopies:
                 yield _copy(topic, key, value, "dlq", row["reject_reason"], headers, self.limits.get(topic))
                 continue
             self.late_rows += 1
-            if row["event_id"] in self._listed:
+            if (row["partition"], row["offset"]) in self.repeats:
+                self.late_repeats += 1
                 continue
-            self._listed.add(row["event_id"])
             self.late += 1
             topic = settings.topics.late
             headers = [
@@ -227,26 +237,39 @@ class BatchHandler:
             .load()
         )
 
-    def __call__(self, aggregates_df: DataFrame, batch_id: int) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.in_batch.set()
         try:
-            self._handle(aggregates_df, batch_id)
+            self._handle(batch_df, batch_id)
         except (ProducerFencedError, LedgerMismatchError) as exc:
             self.fatal = exc  # Spark wraps it; run() re-raises the original
             raise
         finally:
             self.in_batch.clear()
 
-    def _aggregates(self, aggregates_df: DataFrame, batch_id: int) -> list[OutRecord]:
+    def _aggregates_and_repeats(
+        self, batch_df: DataFrame, batch_id: int
+    ) -> tuple[list[OutRecord], frozenset[tuple[int, int]]]:
+        """The records of the windows the batch closed, and the positions of
+        its repeated rows: one action, so Spark runs the batch's stateful
+        operators once. Both are small (a row per window, a pair per
+        repeated row of one bounded batch)."""
         # Window bounds leave Spark as epoch milliseconds: host-zone independent (see iso_utc).
-        rows = aggregates_df.select(
+        rows = batch_df.select(
+            "kind",
             "ad_id",
             F.unix_millis("window_start").alias("window_start"),
             F.unix_millis("window_end").alias("window_end"),
             "impressions",
             "clicks",
-        ).collect()  # one row per window closed in this batch: small
-        return [aggregate_record(self.settings, r.asDict(), batch_id) for r in rows]
+            "partition",
+            "offset",
+        ).collect()
+        aggregates = [
+            aggregate_record(self.settings, r.asDict(), batch_id) for r in rows if r["kind"] == T.KIND_AGGREGATE
+        ]
+        repeats = frozenset((r["partition"], r["offset"]) for r in rows if r["kind"] == T.KIND_REPEAT)
+        return aggregates, repeats
 
     def _exception_rows(self, offsets: BatchOffsets) -> Iterator[dict]:
         """The batch's malformed rows and the rows Spark drops as late, in
@@ -263,11 +286,11 @@ class BatchHandler:
         )
         return (r.asDict() for r in rows.toLocalIterator())
 
-    def _handle(self, aggregates_df: DataFrame, batch_id: int) -> None:
+    def _handle(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = batch_offsets(self.checkpoint, batch_id)
-        aggregates = self._aggregates(aggregates_df, batch_id)
-        copies = ExceptionCopies(self.settings, offsets, self.limits)
+        aggregates, repeats = self._aggregates_and_repeats(batch_df, batch_id)
+        copies = ExceptionCopies(self.settings, offsets, self.limits, repeats)
         exception_rows = self._exception_rows(offsets)
         if self.sink.query_id is None:  # written by Spark before the first batch
             self.sink.query_id = query_id(self.checkpoint)
@@ -283,13 +306,14 @@ class BatchHandler:
         self.late_rows_by_batch[batch_id] = copies.late_rows
         self.batches += 1
         log.info(
-            "batch %d: input offsets %d, windows emitted %d, dlq %d, late %d, watermark %s, "
+            "batch %d: input offsets %d, windows emitted %d, dlq %d, late %d (repeats skipped %d), watermark %s, "
             "transaction %s %s in %.0f ms (batch %.0f ms)",
             batch_id,
             offsets.input_offsets,
             len(aggregates),
             copies.dlq,
             copies.late,
+            copies.late_repeats,
             iso_utc(offsets.watermark_ms),
             result.transactional_id,
             "skipped (already committed)" if result.skipped else "committed",
@@ -364,7 +388,7 @@ def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
         reader.load()
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
         .transform(raw_events.valid_events)
-        .transform(lambda df: T.count_minute_windows(df, settings.lateness_ms))
+        .transform(T.aggregates_and_repeats, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
     )
 
 

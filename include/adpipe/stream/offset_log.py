@@ -137,6 +137,10 @@ def _source_offsets(line: str) -> tuple[str, dict[int, int]]:
 def _entry(files: CheckpointFiles, batch_id: int) -> tuple[int, str, dict[int, int]]:
     lines = _json_lines(files, f"offsets/{batch_id}")
     metadata = json.loads(lines[0])
+    # One Kafka source, listed once per branch of the query that reads it
+    # (the windows and the repeated-id state): the entries must agree.
+    if len(lines) < 2 or len(set(lines[1:])) != 1:
+        raise OffsetLogError(f"offsets/{batch_id} must name one source, got {lines[1:]}")
     topic, offsets = _source_offsets(lines[1])
     return int(metadata.get("batchWatermarkMs", 0)), topic, offsets
 

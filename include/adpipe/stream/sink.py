@@ -250,7 +250,7 @@ class TransactionalSink:
         try:
             by_topic = self._produce_batch(producer, batch_id, records, aggregates)  # Step 3
             self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)  # Step 4
-            self._commit(producer, batch_id, aggregates)  # Step 5
+            self._commit(producer, batch_id, aggregates, sum(by_topic.values()))  # Step 5
         except KafkaException as exc:
             if _fenced(exc):
                 raise ProducerFencedError(
@@ -263,7 +263,7 @@ class TransactionalSink:
             self._abort(exc)
             raise
         if self.fault:
-            self.fault.hit(AFTER_COMMIT, batch_id, aggregates)
+            self.fault.hit(AFTER_COMMIT, batch_id, aggregates, sum(by_topic.values()))
         elapsed_ms = (time.monotonic() - started) * 1000
         return CommitResult(  # Step 6: the caller returns to Spark
             batch_id, False, sum(by_topic.values()), elapsed_ms, self.transactional_id, by_topic
@@ -283,7 +283,7 @@ class TransactionalSink:
         if undelivered:  # the commit would fail on them anyway: say why, then abort
             raise RuntimeError(f"{undelivered} records of batch {batch_id} not delivered within 60 s")
         if self.fault:
-            self.fault.hit(AFTER_PRODUCE, batch_id, aggregates)
+            self.fault.hit(AFTER_PRODUCE, batch_id, aggregates, sum(by_topic.values()))
         return by_topic
 
     # Step 4
@@ -300,8 +300,8 @@ class TransactionalSink:
         )
 
     # Step 5
-    def _commit(self, producer: Producer, batch_id: int, aggregates: int) -> None:
-        if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates):
+    def _commit(self, producer: Producer, batch_id: int, aggregates: int, records: int) -> None:
+        if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates, records):
             self.fault.run_and_kill(lambda: producer.commit_transaction(60))
         producer.commit_transaction(60)
 

@@ -94,9 +94,15 @@ def test_aggregate_record() -> None:
 # --- exception copies --------------------------------------------------------
 
 
-def exception_records(settings, rows: list[dict], offsets: BatchOffsets, limits: dict | None = None):  # noqa: ANN001, ANN201
+def exception_records(  # noqa: ANN201
+    settings,  # noqa: ANN001
+    rows: list[dict],
+    offsets: BatchOffsets,
+    limits: dict | None = None,
+    repeats: frozenset[tuple[int, int]] = frozenset(),
+):
     """The copies of rows given in (partition, offset) order, and the counts."""
-    copies = ExceptionCopies(settings, offsets, limits or {})
+    copies = ExceptionCopies(settings, offsets, limits or {}, repeats)
     records = list(copies.records(sorted(rows, key=lambda r: (r["partition"], r["offset"]))))
     return records, copies.dlq, copies.late
 
@@ -141,8 +147,10 @@ def test_exception_records_route_dlq_and_late() -> None:
         exception_row(0, 12, b"{not json", reason=S.REASON_NOT_JSON, key=b"\xff\x00"),
         exception_row(1, 31, late_value, event_id="e-1", ad_id="ad-9"),  # the producer's retry
         exception_row(0, 14, None, reason=S.REASON_NOT_JSON, key=None),
+        exception_row(1, 33, late_value, event_id="e-2", ad_id="ad-9"),  # counted on time before
     ]
-    records, dlq, late = exception_records(settings, rows, OFFSETS)
+    # What the query's state says: (1, 31) repeats e-1 of (1, 25), (1, 33) an e-2 seen before.
+    records, dlq, late = exception_records(settings, rows, OFFSETS, repeats=frozenset({(1, 31), (1, 33)}))
     assert (dlq, late) == (2, 1)
     assert records == [
         OutRecord(

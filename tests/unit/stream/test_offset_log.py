@@ -20,8 +20,14 @@ QUERY_ID = "2961e763-1afb-4416-a9f2-f46f64916d24"
 
 
 def write_offsets(
-    checkpoint: Path, batch_id: int, watermark_ms: int, offsets: dict[int, int], topic: str = TOPIC
+    checkpoint: Path,
+    batch_id: int,
+    watermark_ms: int,
+    offsets: dict[int, int],
+    topic: str = TOPIC,
+    branches: int = 2,
 ) -> None:
+    """As the job's query writes it: the one source once per branch reading it."""
     meta = {
         "batchWatermarkMs": watermark_ms,
         "batchTimestampMs": 1795425819628,
@@ -30,7 +36,8 @@ def write_offsets(
     source = {topic: {str(p): o for p, o in offsets.items()}}
     path = checkpoint / "offsets" / str(batch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(f"v1\n{json.dumps(meta, separators=(',', ':'))}\n{json.dumps(source)}".encode())
+    lines = [json.dumps(meta, separators=(",", ":")), *[json.dumps(source)] * branches]
+    path.write_bytes("\n".join(["v1", *lines]).encode())
     # Spark's checksum file beside every entry.
     (path.parent / f".{batch_id}.crc").write_bytes(b"crc\x00\x01")
 
@@ -172,3 +179,17 @@ def test_query_id(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     assert query_id(LocalCheckpoint(empty)) is None
     (empty / "metadata").write_text('{"other": 1}')
     assert query_id(LocalCheckpoint(empty)) is None
+
+
+def test_a_source_listed_once_reads_as_well(tmp_path: Path) -> None:
+    write_initial(tmp_path, {0: 0})
+    write_offsets(tmp_path, 0, 0, {0: 10}, branches=1)
+    assert batch_offsets(LocalCheckpoint(tmp_path), 0).end == {0: 10}
+
+
+def test_branches_that_disagree_raise(tmp_path: Path) -> None:
+    path = tmp_path / "offsets" / "0"
+    path.parent.mkdir(parents=True)
+    path.write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":1}}\n{"t":{"0":2}}')
+    with pytest.raises(OffsetLogError, match="one source"):
+        batch_offsets(LocalCheckpoint(tmp_path), 0)
