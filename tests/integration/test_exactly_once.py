@@ -196,6 +196,10 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
     s2 = pipeline.produce(events=600, seed=32, minutes=3, start=START + timedelta(minutes=3))
     with pipeline.continuous_stream() as (zombie, log_path):
         _wait_for(lambda: "adpipe.stream: batch" in log_path.read_text(), zombie, log_path, "no batch after restart")
+        # A second driver on the checkpoint in use is refused before it starts.
+        second = pipeline.stream(timeout=120)
+        assert second.returncode == 4, second.log[-3000:]
+        assert f"in use by another stream driver (pid {zombie.pid} " in second.log
         successor = TransactionalSink(
             pipeline.settings.kafka_bootstrap,
             stream.transactional_id(pipeline.settings),

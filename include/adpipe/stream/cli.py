@@ -10,15 +10,18 @@ from adpipe.settings import Settings
 
 log = logging.getLogger("adpipe.stream")
 
-# A fenced job (a successor took over its transactional.id), or a ledger
-# that does not fit the checkpoint: stopping is right, restarting blindly is not.
+# A fenced job (a successor took over its transactional.id), a ledger that
+# does not fit the checkpoint, a checkpoint another driver holds or another
+# query wrote: stopping is right, restarting blindly is not.
 EXIT_FENCED = 4
 
 
 def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.faults import FaultPlan
     from adpipe.stream import job
-    from adpipe.stream.sink import LedgerMismatchError, ProducerFencedError
+    from adpipe.stream.checkpoint_lock import CheckpointInUseError
+    from adpipe.stream.offset_log import CheckpointVersionError
+    from adpipe.stream.sink import LedgerMismatchError, ProducerFencedError, TransactionTimedOutError
 
     if args.max_offsets_per_trigger is not None:
         settings = settings.with_overrides(max_offsets_per_trigger=args.max_offsets_per_trigger)
@@ -29,9 +32,12 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
             fault=FaultPlan.from_env(),
             accept_empty_ledger=args.accept_empty_ledger,
         )
-    except (ProducerFencedError, LedgerMismatchError) as exc:
+    except (ProducerFencedError, LedgerMismatchError, CheckpointInUseError, CheckpointVersionError) as exc:
         log.error("%s", exc)
         return EXIT_FENCED
+    except TransactionTimedOutError as exc:  # a restart replays the batch: the supervisor's to do
+        log.error("%s", exc)
+        return 1
     return 0
 
 
@@ -40,7 +46,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "stream",
         help="the aggregation stream job",
         description="Spark Structured Streaming from the raw topic to one-minute aggregates, "
-        "written to Kafka transactionally. Stops cleanly on SIGTERM; exit 4 when fenced by a successor.",
+        "written to Kafka transactionally. Stops cleanly on SIGTERM; exit 4 when it must not go on: "
+        "fenced by a successor, a ledger that does not "
+        "fit the checkpoint, a checkpoint another driver holds or an older query wrote.",
     )
     p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")

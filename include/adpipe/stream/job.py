@@ -28,7 +28,6 @@ repeated rows; the late rows whose position is among them are skipped."""
 from __future__ import annotations
 
 import collections
-import itertools
 import json
 import logging
 import signal
@@ -50,15 +49,23 @@ from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
 from adpipe.spark import build_spark
 from adpipe.stream import transforms as T
+from adpipe.stream.checkpoint_lock import checkpoint_lock
 from adpipe.stream.offset_log import (
     BatchOffsets,
     CheckpointFiles,
     HadoopCheckpoint,
     batch_offsets,
+    check_query_shape,
     last_committed_batch,
     query_id,
 )
-from adpipe.stream.sink import LedgerMismatchError, OutRecord, ProducerFencedError, TransactionalSink
+from adpipe.stream.sink import (
+    LedgerMismatchError,
+    OutRecord,
+    ProducerFencedError,
+    TransactionalSink,
+    TransactionTimedOutError,
+)
 
 # Named after the part: operators grep "adpipe.stream: batch N".
 log = logging.getLogger("adpipe.stream")
@@ -241,7 +248,7 @@ class BatchHandler:
         self.in_batch.set()
         try:
             self._handle(batch_df, batch_id)
-        except (ProducerFencedError, LedgerMismatchError) as exc:
+        except (ProducerFencedError, LedgerMismatchError, TransactionTimedOutError) as exc:
             self.fatal = exc  # Spark wraps it; run() re-raises the original
             raise
         finally:
@@ -290,19 +297,21 @@ class BatchHandler:
         started = time.monotonic()
         offsets = batch_offsets(self.checkpoint, batch_id)
         aggregates, repeats = self._aggregates_and_repeats(batch_df, batch_id)
-        copies = ExceptionCopies(self.settings, offsets, self.limits, repeats)
-        exception_rows = self._exception_rows(offsets)
+        attempts: list[ExceptionCopies] = []
+
+        def batch_records() -> Iterator[OutRecord]:
+            """The batch's records, streamed again on each attempt (with fresh counts)."""
+            copies = ExceptionCopies(self.settings, offsets, self.limits, repeats)
+            attempts.append(copies)
+            yield from aggregates
+            yield from copies.records(self._exception_rows(offsets))
+
         if self.sink.query_id is None:  # written by Spark before the first batch
             self.sink.query_id = query_id(self.checkpoint)
-        result = self.sink.commit_batch(
-            batch_id,
-            offsets.end,
-            itertools.chain(aggregates, copies.records(exception_rows)),
-            len(aggregates),
-            offsets.watermark_ms,
-        )
+        result = self.sink.commit_batch(batch_id, offsets.end, batch_records, len(aggregates), offsets.watermark_ms)
         if result.skipped:  # nothing was written: count what would have been, for the drop check
-            collections.deque(copies.records(exception_rows), maxlen=0)
+            collections.deque(batch_records(), maxlen=0)
+        copies = attempts[-1]
         self.late_rows_by_batch[batch_id] = copies.late_rows
         self.batches += 1
         log.info(
@@ -457,6 +466,10 @@ def _await(query: StreamingQuery, handler: BatchHandler) -> None:
         raise RuntimeError(f"stream query failed: {str(exc).splitlines()[0]}")
 
 
+# How many times the query reads the raw topic (its offsets entries list it so often).
+QUERY_SOURCES = 2
+
+
 def run(
     settings: Settings, available_now: bool = False, fault: FaultPlan | None = None, accept_empty_ledger: bool = False
 ) -> int:
@@ -464,39 +477,55 @@ def run(
     ``available_now``, until what is in the topic now is processed.
     Returns the number of batches handled.
 
-    The sink fences older instances and checks its ledger against the
-    checkpoint (read through Spark's Hadoop FileSystem, at any URI) before
-    the query starts: a job that must not run fails before any batch."""
-    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
-    spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
-    try:
-        checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
-        sink, limits = _sink(settings, fault, checkpoint)
+    Before the query starts the driver takes the checkpoint's lock (one
+    driver per checkpoint), checks that the checkpoint fits this query, and
+    the sink fences older instances and checks its ledger against the
+    checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
+    that must not run fails before any batch."""
+    with checkpoint_lock(settings):
+        kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+        spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
         try:
-            last = last_committed_batch(checkpoint)
-            checkpointed = None
-            if last is not None:
-                batch = batch_offsets(checkpoint, last)
-                checkpointed = (last, batch.end, batch.watermark_ms)
-            sink.start(checkpointed, accept_empty_ledger)
-            handler = BatchHandler(spark, settings, sink, limits, checkpoint)
-            listener = _DropCheck(handler)
-            spark.streams.addListener(listener)
-            try:
-                query = _start_query(spark, settings, handler, available_now)
-                log.info(
-                    "stream job %s started: query %s, checkpoint %s, %s",
-                    settings.job_id,
-                    query.id,
-                    settings.checkpoint_uri,
-                    "available-now" if available_now else "continuous",
-                )
-                _await(query, handler)
-            finally:
-                spark.streams.removeListener(listener)
+            checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
+            check_query_shape(checkpoint, QUERY_SOURCES)
+            handler = _run_query(spark, settings, checkpoint, available_now, fault, accept_empty_ledger)
         finally:
-            sink.close()
-    finally:
-        spark.stop()
+            spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches
+
+
+def _run_query(
+    spark: SparkSession,
+    settings: Settings,
+    checkpoint: CheckpointFiles,
+    available_now: bool,
+    fault: FaultPlan | None,
+    accept_empty_ledger: bool,
+) -> BatchHandler:
+    sink, limits = _sink(settings, fault, checkpoint)
+    try:
+        last = last_committed_batch(checkpoint)
+        checkpointed = None
+        if last is not None:
+            batch = batch_offsets(checkpoint, last)
+            checkpointed = (last, batch.end, batch.watermark_ms)
+        sink.start(checkpointed, accept_empty_ledger)
+        handler = BatchHandler(spark, settings, sink, limits, checkpoint)
+        listener = _DropCheck(handler)
+        spark.streams.addListener(listener)
+        try:
+            query = _start_query(spark, settings, handler, available_now)
+            log.info(
+                "stream job %s started: query %s, checkpoint %s, %s",
+                settings.job_id,
+                query.id,
+                settings.checkpoint_uri,
+                "available-now" if available_now else "continuous",
+            )
+            _await(query, handler)
+        finally:
+            spark.streams.removeListener(listener)
+    finally:
+        sink.close()
+    return handler

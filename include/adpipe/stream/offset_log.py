@@ -22,6 +22,10 @@ class OffsetLogError(RuntimeError):
     """The checkpoint lacks an entry the running batch must have."""
 
 
+class CheckpointVersionError(OffsetLogError):
+    """The checkpoint was written by a query of another shape."""
+
+
 @dataclass(frozen=True)
 class BatchOffsets:
     batch_id: int
@@ -75,6 +79,9 @@ class LocalCheckpoint:
 
     root: Path
 
+    def __str__(self) -> str:
+        return str(self.root)
+
     def read(self, relative: str) -> bytes | None:
         try:
             return (self.root / relative).read_bytes()
@@ -97,6 +104,9 @@ class HadoopCheckpoint:
         self._root = jvm.org.apache.hadoop.fs.Path(uri)
         self._fs = self._root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
         self.uri = uri
+
+    def __str__(self) -> str:
+        return self.uri
 
     def _path(self, relative: str):  # noqa: ANN202 - a Hadoop Path
         return self._jvm.org.apache.hadoop.fs.Path(self._root, relative)
@@ -156,6 +166,24 @@ def batch_offsets(files: CheckpointFiles, batch_id: int) -> BatchOffsets:
     else:
         late_watermark, _topic, start = _entry(files, batch_id - 1)
     return BatchOffsets(batch_id, topic, start, end, watermark, late_watermark)
+
+
+def check_query_shape(files: CheckpointFiles, sources: int) -> None:
+    """Before the query starts: the checkpoint's newest offsets entry must
+    list the source as many times as the query reads it (``sources``).
+    Spark would stop at its first batch with an assertion; this says what it
+    means and what to do."""
+    ids = [int(name) for name in files.names("offsets") if name.isdigit()]
+    if not ids:
+        return
+    listed = len(_json_lines(files, f"offsets/{max(ids)}")) - 1
+    if listed != sources:
+        raise CheckpointVersionError(
+            f"the checkpoint {files} was written by a query that read its source {listed} time(s); this "
+            f"version's query reads it {sources} times (windows, and the state that lists each late event "
+            "once). Spark cannot resume it: start this job with a new ADPIPE_JOB_ID, or move the checkpoint "
+            "away once its last batch is committed."
+        )
 
 
 def last_committed_batch(files: CheckpointFiles) -> int | None:

@@ -30,14 +30,29 @@ If the process dies
   - during Step 5: the coordinator either received the commit (it completes
     it alone; the replay finds the ledger at N and skips) or not (as above);
   - between 5 and 6: the ledger says N; the replay skips it.
-Any error in Steps 3-5 aborts the transaction and stops the job."""
+
+Kafka errors in Steps 3-5, by kind:
+  - abortable (``txn_requires_abort``: a record the broker rejected, a
+    partition that moved in the middle of the transaction): abort, wait
+    (1, 2, 4 s) and produce the whole batch again, up to
+    ``MAX_BATCH_ATTEMPTS`` in all, then stop;
+  - retriable on ``send_offsets_to_transaction`` or ``commit_transaction``
+    (a request timed out): the same call again, up to ``MAX_CALL_ATTEMPTS``;
+  - fenced: a newer instance took the transactional.id: stop, exit 4, never
+    write again (``ProducerFencedError``);
+  - the transaction was open longer than ``transaction.timeout.ms``: the
+    broker aborted it and fenced this producer epoch, which librdkafka reports
+    as "fenced" too; the sink tells them apart by how long the transaction
+    was open and says "timed out" (``TransactionTimedOutError``). Nothing of
+    it is visible; the job stops, and its restart replays the batch;
+  - anything else: abort and stop. Spark replays the batch on restart."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -54,6 +69,25 @@ class ProducerFencedError(RuntimeError):
 
 class LedgerMismatchError(RuntimeError):
     """The sink's ledger was written by a different streaming query."""
+
+
+class TransactionTimedOutError(RuntimeError):
+    """The broker aborted a transaction open past transaction.timeout.ms."""
+
+
+# Whole-batch attempts on abortable errors, and the waits between them.
+MAX_BATCH_ATTEMPTS = 4
+RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
+# Attempts of one retriable call (send_offsets_to_transaction, commit_transaction).
+MAX_CALL_ATTEMPTS = 3
+
+
+class _BatchAborted(Exception):
+    """Steps 3-5 hit an abortable error; the transaction is aborted."""
+
+    def __init__(self, cause: KafkaException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -87,6 +121,19 @@ def _fenced(exc: KafkaException) -> bool:
     return err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) or (
         err.fatal() and "fenc" in err.str().lower()
     )
+
+
+def _retrying(call: Callable[[], None], what: str) -> None:
+    """``call`` again on a retriable error (librdkafka allows it for
+    ``send_offsets_to_transaction`` and ``commit_transaction``)."""
+    for attempt in range(1, MAX_CALL_ATTEMPTS + 1):
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or attempt == MAX_CALL_ATTEMPTS:
+                raise
+            log.warning("%s: retriable error (%s), trying again (%d of %d)", what, exc, attempt + 1, MAX_CALL_ATTEMPTS)
 
 
 class TransactionalSink:
@@ -221,16 +268,17 @@ class TransactionalSink:
         self,
         batch_id: int,
         end_offsets: dict[int, int],
-        records: Iterable[OutRecord],
+        records: Callable[[], Iterable[OutRecord]],
         aggregates: int,
         watermark_ms: int = 0,
     ) -> CommitResult:
         """Steps 1-6 of the module doc for micro-batch ``batch_id``.
 
-        ``records`` is consumed only when the batch is written (not when the
-        ledger shows it committed), so it may be a generator that streams the
-        batch; ``aggregates`` is how many of them are aggregates (the crash
-        points of the tests fire only in batches that carry some)."""
+        ``records()`` gives the batch's records, and is called once per
+        attempt (never when the ledger shows the batch committed), so it may
+        return a generator that streams the batch; ``aggregates`` is how many
+        of them are aggregates (the crash points of the tests fire only in
+        batches that carry some, unless told otherwise)."""
         started = time.monotonic()
         producer = self._ensure_producer()  # Step 1
         ledger = self.check_ledger_owner()  # Step 2
@@ -247,27 +295,70 @@ class TransactionalSink:
                 ledger.batch_id,
             )
             return CommitResult(batch_id, True, 0, (time.monotonic() - started) * 1000, self.transactional_id)
-        try:
-            by_topic = self._produce_batch(producer, batch_id, records, aggregates)  # Step 3
-            self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)  # Step 4
-            self._commit(producer, batch_id, aggregates, sum(by_topic.values()))  # Step 5
-        except KafkaException as exc:
-            if _fenced(exc):
-                raise ProducerFencedError(
-                    f"producer {self.transactional_id} was fenced: another stream job instance with the same "
-                    "transactional.id took over; this instance stops without writing anything more"
-                ) from exc
-            self._abort(exc)
-            raise
-        except BaseException as exc:
-            self._abort(exc)
-            raise
+        for attempt in range(1, MAX_BATCH_ATTEMPTS + 1):
+            try:
+                by_topic = self._transaction(producer, batch_id, records, end_offsets, aggregates, watermark_ms)
+                break
+            except _BatchAborted as aborted:
+                if attempt == MAX_BATCH_ATTEMPTS:
+                    raise RuntimeError(
+                        f"batch {batch_id}: {MAX_BATCH_ATTEMPTS} transactions aborted, the last after: {aborted}"
+                    ) from aborted.cause
+                wait_s = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S)) - 1]
+                log.warning(
+                    "batch %d: transaction aborted after an abortable error (%s); producing the batch again "
+                    "in %.0f s (attempt %d of %d)",
+                    batch_id,
+                    aborted,
+                    wait_s,
+                    attempt + 1,
+                    MAX_BATCH_ATTEMPTS,
+                )
+                time.sleep(wait_s)
         if self.fault:
             self.fault.hit(AFTER_COMMIT, batch_id, aggregates, sum(by_topic.values()))
         elapsed_ms = (time.monotonic() - started) * 1000
         return CommitResult(  # Step 6: the caller returns to Spark
             batch_id, False, sum(by_topic.values()), elapsed_ms, self.transactional_id, by_topic
         )
+
+    def _transaction(
+        self,
+        producer: Producer,
+        batch_id: int,
+        records: Callable[[], Iterable[OutRecord]],
+        end_offsets: dict[int, int],
+        aggregates: int,
+        watermark_ms: int,
+    ) -> dict[str, int]:
+        """Steps 3-5 once; a Kafka error is sorted by kind (module doc)."""
+        opened = time.monotonic()
+        try:
+            by_topic = self._produce_batch(producer, batch_id, records(), aggregates)  # Step 3
+            self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)  # Step 4
+            self._commit(producer, batch_id, aggregates, sum(by_topic.values()))  # Step 5
+            return by_topic
+        except KafkaException as exc:
+            open_ms = (time.monotonic() - opened) * 1000
+            if _fenced(exc) and open_ms >= self._timeout_ms:
+                raise TransactionTimedOutError(
+                    f"the transaction of batch {batch_id} was open {open_ms / 1000:.1f} s, longer than "
+                    f"transaction.timeout.ms ({self._timeout_ms / 1000:.0f} s): the broker aborted it and nothing of "
+                    "it is visible. The batch is replayed when the job restarts; raise "
+                    "ADPIPE_TRANSACTION_TIMEOUT_MS above the longest batch (or lower ADPIPE_MAX_OFFSETS_PER_TRIGGER)"
+                ) from exc
+            if _fenced(exc):
+                raise ProducerFencedError(
+                    f"producer {self.transactional_id} was fenced: another stream job instance with the same "
+                    "transactional.id took over; this instance stops without writing anything more"
+                ) from exc
+            self._abort(exc)
+            if exc.args[0].txn_requires_abort():
+                raise _BatchAborted(exc) from exc
+            raise
+        except BaseException as exc:
+            self._abort(exc)
+            raise
 
     # Step 3
     def _produce_batch(
@@ -293,17 +384,15 @@ class TransactionalSink:
         """The batch's input end offsets, with its id, into the transaction."""
         assert self._ledger_consumer is not None
         meta = json.dumps({"batch_id": batch_id, "query_id": self.query_id, "watermark_ms": watermark_ms})
-        producer.send_offsets_to_transaction(
-            [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())],
-            self._ledger_consumer.consumer_group_metadata(),
-            60,
-        )
+        offsets = [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())]
+        group = self._ledger_consumer.consumer_group_metadata()
+        _retrying(lambda: producer.send_offsets_to_transaction(offsets, group, 60), f"batch {batch_id}: offsets")
 
     # Step 5
     def _commit(self, producer: Producer, batch_id: int, aggregates: int, records: int) -> None:
         if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates, records):
             self.fault.run_and_kill(lambda: producer.commit_transaction(60))
-        producer.commit_transaction(60)
+        _retrying(lambda: producer.commit_transaction(60), f"batch {batch_id}: commit")
 
     @staticmethod
     def _produce(producer: Producer, rec: OutRecord) -> None:

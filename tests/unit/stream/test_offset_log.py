@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from adpipe.stream.offset_log import (
     BatchOffsets,
+    CheckpointVersionError,
     LocalCheckpoint,
     OffsetLogError,
     batch_offsets,
+    check_query_shape,
     last_committed_batch,
     query_id,
 )
@@ -193,3 +195,15 @@ def test_branches_that_disagree_raise(tmp_path: Path) -> None:
     path.write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":1}}\n{"t":{"0":2}}')
     with pytest.raises(OffsetLogError, match="one source"):
         batch_offsets(LocalCheckpoint(tmp_path), 0)
+
+
+def test_a_checkpoint_of_the_query_shape_passes(checkpoint: Path) -> None:
+    check_query_shape(LocalCheckpoint(checkpoint), 2)
+    check_query_shape(LocalCheckpoint(checkpoint / "empty"), 2)  # nothing written yet
+
+
+def test_a_checkpoint_of_an_older_query_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    write_initial(tmp_path, {0: 0})
+    write_offsets(tmp_path, 0, 0, {0: 10}, branches=1)
+    with pytest.raises(CheckpointVersionError, match="new ADPIPE_JOB_ID"):
+        check_query_shape(LocalCheckpoint(tmp_path), 2)

@@ -1,0 +1,75 @@
+"""One driver per checkpoint (adpipe.stream.checkpoint_lock): a second
+holder is refused at once with the first one's pid, a SIGKILLed holder
+leaves no stale lock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from adpipe.settings import load_settings
+from adpipe.stream.checkpoint_lock import CheckpointInUseError, checkpoint_lock, lock_path
+
+
+def _settings(tmp_path: Path, uri: str = ""):  # noqa: ANN202
+    env = {"ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x"}
+    if uri:
+        env["ADPIPE_CHECKPOINT_URI"] = uri
+    return load_settings(env)
+
+
+def test_a_local_checkpoint_is_locked_beside_it_and_a_remote_one_under_the_home(tmp_path: Path) -> None:
+    assert lock_path(_settings(tmp_path, f"file://{tmp_path}/ck")) == tmp_path / "ck" / "region-x.lock"
+    remote = _settings(tmp_path, "s3a://bucket/checkpoints")
+    assert lock_path(remote) == tmp_path / "home" / "stream" / "region-x" / "checkpoint.lock"
+
+
+def test_a_second_driver_is_refused_while_the_first_holds_it(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    with checkpoint_lock(settings):
+        with pytest.raises(CheckpointInUseError, match=f"pid {os.getpid()}"), checkpoint_lock(settings):
+            pass
+    with checkpoint_lock(settings):  # released at the end of the block
+        pass
+
+
+def test_a_sigkilled_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from adpipe.settings import load_settings\n"
+            "from adpipe.stream.checkpoint_lock import checkpoint_lock\n"
+            f"with checkpoint_lock(load_settings({{'ADPIPE_HOME': {str(tmp_path / 'home')!r}, "
+            "'ADPIPE_JOB_ID': 'region-x'})):\n"
+            "    print('locked', flush=True)\n"
+            "    sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(CheckpointInUseError, match=f"pid {holder.pid}"), checkpoint_lock(settings):
+            pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                with checkpoint_lock(settings):
+                    break
+            except CheckpointInUseError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        holder.kill()
+        holder.wait()
