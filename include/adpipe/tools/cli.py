@@ -70,7 +70,11 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.tools import bench
 
-    print(json.dumps(bench.run(settings, events=args.events), indent=2))
+    if args.stream_caps:
+        caps = [int(c) for c in args.stream_caps.split(",")]
+        print(json.dumps(bench.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
+        return 0
+    print(json.dumps(bench.run(settings, events=args.events or 20_000), indent=2))
     return 0
 
 
@@ -133,7 +137,13 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         description="Runs every stage as the real command on fresh topics and prints the seconds each took "
         "(also kept under $ADPIPE_HOME/bench/). Speed targets live here, not in the tests.",
     )
-    p.add_argument("--events", type=int, default=20_000)
+    p.add_argument("--events", type=int, default=None, help="events to send (20,000; 200,000 with --stream-caps)")
+    p.add_argument(
+        "--stream-caps",
+        metavar="N,N,...",
+        help="instead: the stream job alone, once per cap on records per micro-batch (0: none), e.g. "
+        "25000,50000,100000,200000,0; prints events/s and the slowest batch and transaction of each",
+    )
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
