@@ -31,6 +31,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -378,14 +379,67 @@ def _empty_kafka_df(spark: SparkSession) -> DataFrame:
     )
 
 
-def merge_new_rows(spark: SparkSession, table: str, source: DataFrame, keys: tuple[str, ...], hour: datetime) -> int:
+# Delta's conflicts of optimistic concurrency, by Java class. delta-spark's
+# Python classes for them are siblings (none is a subclass of
+# DeltaConcurrentModificationException), so they are matched one by one,
+# and by the Java name for a conflict that reaches Python under another class.
+_CONFLICT_JAVA_CLASSES = (
+    "io.delta.exceptions.DeltaConcurrentModificationException",
+    "io.delta.exceptions.ConcurrentWriteException",
+    "io.delta.exceptions.MetadataChangedException",
+    "io.delta.exceptions.ProtocolChangedException",
+    "io.delta.exceptions.ConcurrentAppendException",
+    "io.delta.exceptions.ConcurrentDeleteReadException",
+    "io.delta.exceptions.ConcurrentDeleteDeleteException",
+    "io.delta.exceptions.ConcurrentTransactionException",
+)
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of Delta's concurrent-write conflicts (to retry)."""
+    from delta.exceptions import (
+        ConcurrentAppendException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentDeleteReadException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+        MetadataChangedException,
+        ProtocolChangedException,
+    )
+
+    conflicts = (
+        DeltaConcurrentModificationException,
+        ConcurrentWriteException,
+        MetadataChangedException,
+        ProtocolChangedException,
+        ConcurrentAppendException,
+        ConcurrentDeleteReadException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentTransactionException,
+    )
+    if isinstance(exc, conflicts):
+        return True
+    text = str(exc)
+    return any(f"{name}:" in text or f"{name} " in text for name in _CONFLICT_JAVA_CLASSES)
+
+
+def merge_new_rows(
+    spark: SparkSession,
+    table: str,
+    source: DataFrame,
+    keys: tuple[str, ...],
+    hour: datetime,
+    before_merge: Callable[[], None] | None = None,
+) -> int:
     """Insert the rows whose key is not in the table yet (insert-if-absent);
     a rerun finds nothing new and writes no table version at all.
 
     Concurrent loads of overlapping hours conflict in Delta's optimistic
-    concurrency; the loser retries with backoff and then finds the winner's
-    rows present. Returns the number of rows inserted."""
-    from delta.exceptions import DeltaConcurrentModificationException
+    concurrency (any class of :func:`is_write_conflict`); the loser retries
+    with backoff and jitter, and then finds the winner's rows present.
+    ``before_merge`` runs before each MERGE (the tests hold two loads at a
+    barrier there). Returns the number of rows inserted."""
     from delta.tables import DeltaTable
 
     hour_literal = f"TIMESTAMP'{hour.astimezone(UTC):%Y-%m-%d %H:%M:%S}'"
@@ -397,6 +451,8 @@ def merge_new_rows(spark: SparkSession, table: str, source: DataFrame, keys: tup
             new_rows = source.join(existing, list(keys), "left_anti")
             if new_rows.isEmpty():
                 return 0
+            if before_merge is not None:
+                before_merge()
             # The MERGE's own metrics row: the table's latest history entry
             # may already be another load's commit.
             metrics = (
@@ -408,12 +464,18 @@ def merge_new_rows(spark: SparkSession, table: str, source: DataFrame, keys: tup
                 .first()
             )
             return int(metrics["num_inserted_rows"]) if metrics is not None else 0
-        except DeltaConcurrentModificationException as exc:
+        except Exception as exc:
+            if not is_write_conflict(exc):
+                raise
             if attempt == MERGE_ATTEMPTS:
                 raise LoadError(f"{table}: still conflicting after {attempt} attempts: {exc}") from exc
             pause = min(30.0, 0.5 * 2**attempt) * (0.5 + random.random())  # noqa: S311 - jitter
             log.warning(
-                "%s: concurrent write conflict (%s); retry %d in %.1fs", table, type(exc).__name__, attempt, pause
+                "%s: concurrent write conflict (%s); retry %d in %.1fs",
+                table,
+                type(exc).__name__,
+                attempt,
+                pause,
             )
             time.sleep(pause)
     raise AssertionError("unreachable")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -177,3 +180,65 @@ def test_regions_default_to_this_job_and_parse_from_json() -> None:
 def test_bad_regions_are_clear_errors(raw: str, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings({"ADPIPE_REGIONS": raw})
+
+
+# --- concurrent MERGEs ---------------------------------------------------------
+
+
+def test_two_merges_held_at_a_barrier_conflict_and_the_loser_retries(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two loads of one hour read the same table version (both wait at a
+    barrier just before their MERGE), so the second commit is a real Delta
+    conflict: it must be retried, and the table ends with each key once."""
+    table = f"default.conflict_{uuid.uuid4().hex[:8]}"
+    spark.sql(
+        f"CREATE TABLE {table} (k STRING, v BIGINT, event_hour TIMESTAMP) "
+        "USING delta PARTITIONED BY (event_hour)"
+    )
+    schema = "k string, v bigint, event_hour timestamp"
+    spark.createDataFrame([("seed", 0, HOUR)], schema).write.format("delta").mode("append").saveAsTable(table)
+    barrier = threading.Barrier(2)
+    held: set[str] = set()
+
+    def hold_first_attempts_together() -> None:
+        name = threading.current_thread().name
+        if name not in held:
+            held.add(name)
+            barrier.wait(120)
+
+    inserted: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def load_rows(name: str, rows: list[tuple]) -> None:
+        try:
+            source = spark.createDataFrame(rows, schema)
+            inserted[name] = load.merge_new_rows(spark, table, source, ("k",), HOUR, hold_first_attempts_together)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    loads = [
+        threading.Thread(target=load_rows, name="a", args=("a", [("a1", 1, HOUR), ("both", 3, HOUR)])),
+        threading.Thread(target=load_rows, name="b", args=("b", [("b1", 2, HOUR), ("both", 3, HOUR)])),
+    ]
+    with caplog.at_level(logging.WARNING, logger="adpipe.lakehouse.load"):
+        for t in loads:
+            t.start()
+        for t in loads:
+            t.join(300)
+    assert errors == []
+    conflicts = [r for r in caplog.records if "concurrent write conflict" in r.getMessage()]
+    assert len(conflicts) == 1, caplog.text  # the loser, once
+    assert "Concurrent" in conflicts[0].getMessage()  # a Delta conflict class, named
+    assert sorted(inserted.values()) == [1, 2]  # the loser found "both" present on its retry
+    rows = sorted((r["k"], r["v"]) for r in spark.table(table).collect())
+    assert rows == [("a1", 1), ("b1", 2), ("both", 3), ("seed", 0)]
+
+
+def test_every_delta_conflict_class_is_a_write_conflict_and_nothing_else_is() -> None:
+    from delta.exceptions import ConcurrentAppendException, ProtocolChangedException
+
+    assert load.is_write_conflict(ConcurrentAppendException("files added"))
+    assert load.is_write_conflict(ProtocolChangedException("protocol changed"))
+    assert load.is_write_conflict(RuntimeError("io.delta.exceptions.ConcurrentTransactionException: two writers"))
+    assert not load.is_write_conflict(RuntimeError("[DELTA_MISSING_COLUMN] no such column"))
