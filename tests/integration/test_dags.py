@@ -400,7 +400,7 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
 
 
 def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expectation(flow: Flow) -> None:
-    # A second record for an existing (ad_id, window_start) under a new record_uuid.
+    # A second record for an existing (region, ad_id, window_start) under a new record_uuid.
     aggregates = [
         json.loads(r.value) for r in kafka_io.read_topic(flow.settings.kafka_bootstrap, flow.settings.topics.aggregates)
     ]
@@ -430,7 +430,7 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     message = validate_alerts[-1]["message"]
     assert message.startswith("QualityError")
     # The failing expectation, its columns and the duplicated key are named.
-    assert "expect_compound_columns_to_be_unique(column_list=['ad_id', 'window_start'])" in message, message
+    assert "expect_compound_columns_to_be_unique(column_list=['region', 'ad_id', 'window_start'])" in message, message
     assert f"ad_id={original['ad_id']!r}, window_start={original['window_start'][:19]}" in message, message
     # A new record_uuid: the record_uuid uniqueness check itself still holds.
     assert "expect_column_values_to_be_unique(column='record_uuid')" not in message, message

@@ -62,7 +62,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "validate",
         help="Great Expectations checks of one loaded hour (the exactly-once proof); exit 1 on a failed one",
         description="Runs the GE checkpoints on the hour's rows of the ads tables: unique record_uuid and "
-        "(ad_id, window_start), aligned windows, non-negative counts, and the reconciliation of aggregates "
+        "(region, ad_id, window_start), aligned windows, non-negative counts, and the reconciliation of aggregates "
         "with the distinct raw events minus the late ones. Results and Data Docs under $ADPIPE_HOME/gx.",
     )
     p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH")

@@ -6,7 +6,7 @@ For one UTC ``event_hour`` this module reads the three tables of
 * ``adpipe_ad_events_raw`` on the raw events: ``event_id`` unique, a known
   ``event_type``, ``event_hour`` = the hour of ``event_time``.
 * ``adpipe_ad_minute_aggregates`` on the aggregates: ``record_uuid`` unique,
-  (``ad_id``, ``window_start``) unique, windows aligned (start on the minute,
+  (``region``, ``ad_id``, ``window_start``) unique, windows aligned (start on the minute,
   end = start + 1 minute, in the validated hour), counts non-null
   non-negative ``LongType``; row count and the hour's impression and click
   totals equal to what the raw table implies (numbers computed in Spark and
@@ -155,8 +155,10 @@ def hour_frames(spark: SparkSession, hour: datetime) -> HourFrames:
 
 
 def expected_minute_counts(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
-    """Per (``ad_id``, ``window_start``): the distinct raw events of each type,
-    without the ``event_id``s quarantined as late (the contract's counts)."""
+    """Per (``region``, ``ad_id``, ``window_start``): the distinct raw events
+    of each type, without the ``event_id``s quarantined as late (the
+    contract's counts). Each region's stream counts the events of its own
+    raw topic, so the region is part of the key."""
     late_ids_df = (
         quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_LATE))
         .where(F.col("event_id").isNotNull())
@@ -167,7 +169,7 @@ def expected_minute_counts(raw_df: DataFrame, quarantine_df: DataFrame) -> DataF
         raw_df.dropDuplicates(["event_id"])
         .join(late_ids_df, on="event_id", how="left_anti")
         .withColumn("window_start", F.date_trunc("minute", F.col("event_time")))
-        .groupBy("ad_id", "window_start")
+        .groupBy("region", "ad_id", "window_start")
         .agg(
             F.count(F.when(F.col("event_type") == "impression", True)).alias("expected_impressions"),
             F.count(F.when(F.col("event_type") == "click", True)).alias("expected_clicks"),
@@ -176,26 +178,27 @@ def expected_minute_counts(raw_df: DataFrame, quarantine_df: DataFrame) -> DataF
 
 
 def reconciliation_frame(raw_df: DataFrame, quarantine_df: DataFrame, aggregates_df: DataFrame) -> DataFrame:
-    """Per (``ad_id``, ``window_start``): expected counts (from raw) next to the
-    aggregates' counts, full outer join, so a missing aggregate has null
+    """Per (``region``, ``ad_id``, ``window_start``): expected counts (from
+    raw) next to the aggregates' counts, full outer join, so a missing aggregate has null
     ``actual_*`` and an aggregate without raw events has null ``expected_*``.
 
-    Columns: ``ad_id``, ``window_start``, ``expected_impressions``,
+    Columns: ``region``, ``ad_id``, ``window_start``, ``expected_impressions``,
     ``expected_clicks``, ``actual_impressions``, ``actual_clicks`` (summed over
     the aggregate rows of the key, so a duplicated aggregate shows as an
     over-count too), ``aggregate_rows``, ``impressions_diff`` and
     ``clicks_diff`` (actual - expected; null when a side is missing)."""
     expected_df = expected_minute_counts(raw_df, quarantine_df)
-    actual_df = aggregates_df.groupBy("ad_id", "window_start").agg(
+    actual_df = aggregates_df.groupBy("region", "ad_id", "window_start").agg(
         F.sum("impressions").alias("actual_impressions"),
         F.sum("clicks").alias("actual_clicks"),
         F.count(F.lit(1)).alias("aggregate_rows"),
     )
     return (
-        expected_df.join(actual_df, on=["ad_id", "window_start"], how="full_outer")
+        expected_df.join(actual_df, on=["region", "ad_id", "window_start"], how="full_outer")
         .withColumn("impressions_diff", F.col("actual_impressions") - F.col("expected_impressions"))
         .withColumn("clicks_diff", F.col("actual_clicks") - F.col("expected_clicks"))
         .select(
+            "region",
             "ad_id",
             "window_start",
             "expected_impressions",
@@ -254,8 +257,10 @@ def _aggregates_expectations() -> list[Any]:
     ]
     out += [
         gxe.ExpectColumnValuesToBeUnique(column="record_uuid", notes="record_uuid is the idempotency key"),
+        # Regions count their own events: two regions may serve one ad in one
+        # minute, each with its own aggregate (and record_uuid).
         gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=["ad_id", "window_start"], notes="one aggregate per ad and minute"
+            column_list=["region", "ad_id", "window_start"], notes="one aggregate per region, ad and minute"
         ),
         gxe.ExpectColumnValuesToBeInSet(
             column="window_start_us_past_minute", value_set=[0], notes="window_start is on the minute"
@@ -276,7 +281,7 @@ def _aggregates_expectations() -> list[Any]:
     out += [
         gxe.ExpectTableRowCountToEqual(
             value={"$PARAMETER": P_EXPECTED_WINDOWS},
-            notes="one aggregate per (ad, minute) with on-time raw events",
+            notes="one aggregate per (region, ad, minute) with on-time raw events",
         ),
         gxe.ExpectColumnSumToBeBetween(
             column="impressions",

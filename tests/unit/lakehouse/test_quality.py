@@ -27,13 +27,15 @@ def at(minute: int, second: int = 0) -> datetime:
     return HOUR + timedelta(minutes=minute, seconds=second)
 
 
-def kafka(offset: int) -> tuple:
-    return ("region-local", "t", 0, offset, LOADED)
+def kafka(offset: int, region: str = "region-local") -> tuple:
+    return (region, "t", 0, offset, LOADED)
 
 
-def raw(event_id: str, ad_id: str, event_type: str, event_time: datetime, offset: int = 0) -> tuple:
+def raw(
+    event_id: str, ad_id: str, event_type: str, event_time: datetime, offset: int = 0, region: str = "region-local"
+) -> tuple:
     hour = event_time.replace(minute=0, second=0, microsecond=0)
-    return (event_id, ad_id, "cmp-1", event_type, event_time, hour, *kafka(offset))
+    return (event_id, ad_id, "cmp-1", event_type, event_time, hour, *kafka(offset, region))
 
 
 def agg(
@@ -43,10 +45,11 @@ def agg(
     impressions: int,
     clicks: int,
     window_end: datetime | None = None,
+    region: str = "region-local",
 ) -> tuple:
     hour = window_start.replace(minute=0, second=0, microsecond=0)
     end = window_end or window_start + MIN
-    return (record_uuid, ad_id, window_start, end, impressions, clicks, hour, *kafka(0))
+    return (record_uuid, ad_id, window_start, end, impressions, clicks, hour, *kafka(0, region))
 
 
 def late(event_id: str, ad_id: str, event_type: str, event_time: datetime) -> tuple:
@@ -103,6 +106,7 @@ def failed_with(result: Q.QualityResult, *fragments: str) -> list[str]:
 
 RECON_SCHEMA = StructType(
     [
+        StructField("region", StringType()),
         StructField("ad_id", StringType()),
         StructField("window_start", TimestampType()),
         StructField("expected_impressions", LongType()),
@@ -132,8 +136,8 @@ def test_reconciliation_frame_consistent_hour(spark: SparkSession) -> None:
     got = Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df)
     expected = spark.createDataFrame(
         [
-            ("ad-1", at(0), 2, 1, 2, 1, 1, 0, 0),
-            ("ad-2", at(1), 1, 0, 1, 0, 1, 0, 0),
+            ("region-local", "ad-1", at(0), 2, 1, 2, 1, 1, 0, 0),
+            ("region-local", "ad-2", at(1), 1, 0, 1, 0, 1, 0, 0),
         ],
         RECON_SCHEMA,
     )
@@ -163,10 +167,10 @@ def test_reconciliation_frame_shows_every_kind_of_difference(spark: SparkSession
     got = Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df)
     expected = spark.createDataFrame(
         [
-            ("ad-1", at(0), 1, 1, 2, 1, 1, 1, 0),
-            ("ad-2", at(1), 1, 0, None, None, None, None, None),
-            ("ad-4", at(3), 0, 1, 0, 2, 2, 0, 1),
-            ("ad-9", at(5), None, None, 1, 0, 1, None, None),
+            ("region-local", "ad-1", at(0), 1, 1, 2, 1, 1, 1, 0),
+            ("region-local", "ad-2", at(1), 1, 0, None, None, None, None, None),
+            ("region-local", "ad-4", at(3), 0, 1, 0, 2, 2, 0, 1),
+            ("region-local", "ad-9", at(5), None, None, 1, 0, 1, None, None),
         ],
         RECON_SCHEMA,
     )
@@ -224,7 +228,7 @@ def test_injected_duplicate_aggregate_fires_naming_the_expectation(spark: SparkS
     assert not result.success
     (line,) = failed_with(result, Q.AGGREGATES_NAME, "expect_column_values_to_be_unique", "column='record_uuid'")
     assert "2 unexpected of 3 rows" in line and "'u1'" in line
-    failed_with(result, "expect_compound_columns_to_be_unique", "column_list=['ad_id', 'window_start']")
+    failed_with(result, "expect_compound_columns_to_be_unique", "column_list=['region', 'ad_id', 'window_start']")
     failed_with(result, "expect_table_row_count_to_equal", "value=2", "observed 3")
     with pytest.raises(Q.QualityError) as err:
         result.raise_for_failure()
@@ -238,6 +242,23 @@ def test_duplicate_ad_minute_with_other_uuid_fails(spark: SparkSession, settings
     assert not result.success
     failed_with(result, "expect_compound_columns_to_be_unique", "'ad-1'")
     assert not [line for line in result.failed if "column='record_uuid'" in line]
+
+
+def test_two_regions_serving_one_ad_in_one_minute_pass(spark: SparkSession, settings) -> None:
+    """Each region counts its own events: ad-1 at 12:00 has e1 and e3 through
+    this region and e2 through another, two aggregates that sum to the raw."""
+    raw_rows = [
+        RAW_ROWS[0],
+        raw("e2", "ad-1", "impression", at(0, 40), region="region-eu"),
+        *RAW_ROWS[2:],
+    ]
+    rows = [
+        agg("u1", "ad-1", at(0), 1, 1),
+        agg("u1-eu", "ad-1", at(0), 1, 0, region="region-eu"),
+        AGG_ROWS[1],
+    ]
+    result = Q.validate_frames(settings, HOUR, frames(spark, raw_rows=raw_rows, agg_rows=rows))
+    assert result.success, result.failed
 
 
 @pytest.mark.parametrize(
