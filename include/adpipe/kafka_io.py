@@ -167,6 +167,14 @@ def stream_commits(region: Settings | Region) -> dict[int, tuple[int, str]]:
     return group_commits(region.kafka_bootstrap, ledger_group(region.job_id), region.topics.events)
 
 
+def stream_lag(region: Settings | Region) -> dict[int, int]:
+    """Per partition of a region's raw topic: records its stream job has not
+    committed yet (a partition it never committed counts from zero)."""
+    ends = end_offsets(region.kafka_bootstrap, region.topics.events)
+    done = stream_commits(region)
+    return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
+
+
 def read_topic(
     bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0
 ) -> Iterator[Record]:

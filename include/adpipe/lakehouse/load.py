@@ -166,19 +166,42 @@ def region_ranges(settings: Settings, region: Region) -> RegionRanges:
     )
 
 
-def hour_closed(settings: Settings, hour: datetime) -> bool:
-    """True when every region's stream job has committed a batch whose
-    watermark (delay and allowed lateness included) is past the hour's end:
-    all of the hour's windows are then emitted and committed."""
-    end_ms = int((hour + timedelta(hours=1)).timestamp() * 1000)
+def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None) -> bool:
+    """True when every region has closed the hour: its stream job committed a
+    batch whose watermark (delay and allowed lateness included) is past the
+    hour's end, so all of the hour's windows are emitted and committed; or,
+    for a quiet region (no events, so a watermark that does not move), its
+    stream has no lag (every raw record committed) and the wall clock
+    (``now``) is past the hour's end plus the maximum lateness. An event of
+    the hour that still arrives after that is counted when the region's
+    watermark passes it, and a later load of the hour picks it up."""
+    end = hour + ONE_HOUR
+    end_ms = int(end.timestamp() * 1000)
+    now = now or datetime.now(UTC)
     for region in settings.regions:
         rs = settings.for_region(region)
         commits = kafka_io.stream_commits(rs)
         marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
-        if not marks or max(marks) < end_ms:
-            log.info("hour %s not closed in region %s (watermark %s)", hour_label(hour), region.job_id, marks)
-            return False
+        if marks and max(marks) >= end_ms:
+            continue
+        lag = sum(kafka_io.stream_lag(rs).values())
+        if lag == 0 and now >= end + timedelta(milliseconds=settings.lateness_ms):
+            log.info("hour %s closed in quiet region %s: no lag, and past its end plus lateness", hour_label(hour),
+                     region.job_id)
+            continue
+        log.info(
+            "hour %s not closed in region %s (watermark %s, lag %d records)",
+            hour_label(hour),
+            region.job_id,
+            iso_ms(max(marks)) if marks else "none",
+            lag,
+        )
+        return False
     return True
+
+
+def iso_ms(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- pure transformations ------------------------------------------------------------------

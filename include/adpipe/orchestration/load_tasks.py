@@ -2,8 +2,10 @@
 taken from the run's data interval (never from the clock), so a rerun, a
 catchup run or a backfill run of an hour does the same thing.
 
-1. ``wait_for_hour_closed`` - every region's stream watermark (delay and
-   allowed lateness included) is past the hour's end (``adpipe.lakehouse.load.hour_closed``).
+1. ``wait_for_hour_closed`` - every region has closed the hour: its stream
+   watermark (delay and allowed lateness included) is past the hour's end,
+   or, for a quiet region, its stream has no lag and the clock is past the
+   hour's end plus the lateness (``adpipe.lakehouse.load.hour_closed``).
 2. ``load`` - Union & Load of the hour into the Delta tables (idempotent:
    insert-only MERGE on each table's key).
 3. ``validate`` - the Great Expectations suites on the hour; a failed

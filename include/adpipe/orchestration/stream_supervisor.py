@@ -109,15 +109,6 @@ def read_heartbeat(settings: Settings) -> dict[str, Any] | None:
         return None
 
 
-def input_lag(settings: Settings) -> dict[int, int]:
-    """Per partition of the raw topic: records the job has not committed."""
-    from adpipe import kafka_io
-
-    ends = kafka_io.end_offsets(settings.kafka_bootstrap, settings.topics.events)
-    done = kafka_io.stream_commits(settings)
-    return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
-
-
 @dataclass
 class StreamHealth:
     job_id: str
@@ -147,12 +138,14 @@ class StreamHealth:
 
 
 def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
+    from adpipe import kafka_io
+
     now = time.time() if now is None else now
     state = read_state(settings)
     pid = state.get("pid")
     beat = read_heartbeat(settings)
     age = now - beat["at"] if beat else None
-    lag_by_partition = input_lag(settings)
+    lag_by_partition = kafka_io.stream_lag(settings)
     lag = sum(lag_by_partition.values())
     if process_alive(pid):
         alive, how = True, "process"

@@ -1,0 +1,57 @@
+"""When an hour is closed for Union & Load, with a real broker and a real
+stream job: a busy region closes it by its watermark; a quiet region (no
+events, so no watermark) closes it once its stream has no lag and the wall
+clock is past the hour's end plus the lateness; a region with records its
+stream has not committed never closes it."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from adpipe.lakehouse.load import hour_closed
+from adpipe.settings import Settings, load_settings
+
+from tests.integration.conftest import Pipeline, make_pipeline
+
+HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
+END = HOUR + timedelta(hours=1)
+LATENESS = timedelta(seconds=30)  # the default watermark delay, no allowed lateness
+
+
+def _both(busy: Pipeline, other: Pipeline) -> Settings:
+    regions = json.dumps(
+        [
+            {"job_id": p.settings.job_id, "events": p.settings.topics.events,
+             "aggregates": p.settings.topics.aggregates, "dlq": p.settings.topics.dlq, "late": p.settings.topics.late}
+            for p in (busy, other)
+        ]
+    )
+    return load_settings({**busy.env, "ADPIPE_REGIONS": regions})
+
+
+def test_a_quiet_region_closes_its_hours_by_the_clock_a_lagging_one_does_not(
+    broker: Settings,  # noqa: ARG001 - the session's broker must be up
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "quiet").mkdir()
+    busy, quiet = make_pipeline(tmp_path / "busy"), make_pipeline(tmp_path / "quiet")
+    # The busy region's watermark passes 13:00: 12:58 .. 13:03 of events.
+    busy.produce(events=300, seed=51, minutes=5, start=HOUR + timedelta(minutes=58))
+    assert busy.stream().returncode == 0
+    settings = _both(busy, quiet)
+    assert hour_closed(load_settings(busy.env), HOUR, now=END)  # the busy region alone: by its watermark
+
+    # The quiet region never had an event: closed only once the clock is past end + lateness.
+    assert not hour_closed(settings, HOUR, now=END + LATENESS - timedelta(seconds=1))
+    assert hour_closed(settings, HOUR, now=END + LATENESS)
+
+    # Records its stream has not counted yet: not closed, whatever the clock says.
+    quiet.produce(events=20, seed=52, minutes=1, start=HOUR + timedelta(minutes=10))
+    assert not hour_closed(settings, HOUR, now=END + timedelta(days=1))
+    # Once its stream has counted them (its watermark is still before 13:00), no lag again.
+    assert quiet.stream().returncode == 0
+    assert hour_closed(settings, HOUR, now=END + timedelta(days=1))
+    assert not hour_closed(settings, HOUR, now=END)
