@@ -31,8 +31,8 @@ demo: jars ## the pipeline end to end with a crash injected, ending in the verif
 test: jars ## the whole suite: real broker + Spark + SIGKILL tests on one worker, unit tests beside them
 	$(BIN)/pytest -n 2 --dist loadgroup
 
-bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/)
-	$(BIN)/adpipe bench
+bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
+	$(BIN)/adpipe bench $(ARGS)
 
 test-unit: jars ## unit tests only
 	$(BIN)/pytest tests/unit

@@ -124,6 +124,37 @@ def offset_bounds(bootstrap: str, topic: str, isolation: str = "read_committed")
         consumer.close()
 
 
+def first_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, tuple[int, int | None]]:
+    """Per partition: the first offset the broker still keeps, and the
+    timestamp (ms) of the first record there (None for an empty partition)."""
+    bounds = offset_bounds(bootstrap, topic, "read_uncommitted")
+    first: dict[int, tuple[int, int | None]] = {p: (low, None) for p, (low, _high) in bounds.items()}
+    pending = {p for p, (low, high) in bounds.items() if high > low}
+    if not pending:
+        return first
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "adpipe-retention-probe",
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, bounds[p][0]) for p in sorted(pending)])
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() or msg.partition() not in pending:
+                continue
+            first[msg.partition()] = (bounds[msg.partition()][0], msg.timestamp()[1])
+            pending.discard(msg.partition())
+            consumer.pause([TopicPartition(topic, msg.partition())])
+    finally:
+        consumer.close()
+    return first
+
+
 def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
     """The offset after the last readable record of each partition."""
     return {p: high for p, (_low, high) in offset_bounds(bootstrap, topic, isolation).items()}

@@ -105,6 +105,27 @@ def compare(expected: dict[str, dict], actual: dict[str, list[tuple]]) -> dict:
     return report
 
 
+def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
+    """The topics of each region that may no longer hold every record of the
+    hour: the broker deleted records of a partition (its first offset is
+    above 0) and the first record it still keeps is later than the earliest
+    a record of the hour can have been written (the hour's start less the
+    future skew an event may have over its record). Kafka cannot then prove
+    the hour, so the check fails rather than passing on what is left."""
+    earliest_ms = int(hour.timestamp() * 1000) - settings.max_future_skew_ms
+    gaps = []
+    for region in settings.regions:
+        rs = settings.for_region(region)
+        for topic in (rs.topics.events, rs.topics.aggregates, rs.topics.late, rs.topics.dlq):
+            for partition, (low, first_ms) in sorted(kafka_io.first_retained(rs.kafka_bootstrap, topic).items()):
+                if low > 0 and (first_ms is None or first_ms > earliest_ms):
+                    gaps.append(
+                        {"region": region.job_id, "topic": topic, "partition": partition, "first_offset": low,
+                         "first_timestamp_ms": first_ms}
+                    )
+    return gaps
+
+
 def check_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> dict:
     if spark is None:
         from adpipe.lakehouse.metastore import metastore_session
@@ -114,4 +135,10 @@ def check_hour(settings: Settings, hour: datetime, spark: SparkSession | None = 
     report = compare(expected_rows(settings, hour), actual_rows(spark, hour, regions))
     report["hour"] = hour.strftime("%Y-%m-%dT%H")
     report["regions"] = regions
+    gaps = retention_gaps(settings, hour)
+    report["past_retention"] = gaps[:LIST_LIMIT]
+    report["past_retention_count"] = len(gaps)
+    if gaps:
+        report["problems"] += len(gaps)
+        report["ok"] = False
     return report
