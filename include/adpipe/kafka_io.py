@@ -124,6 +124,22 @@ def offset_bounds(bootstrap: str, topic: str, isolation: str = "read_committed")
         consumer.close()
 
 
+def offsets_for_times(bootstrap: str, topic: str, timestamp_ms: int) -> dict[int, int | None]:
+    """Per partition: the first offset whose record timestamp is at or after
+    ``timestamp_ms`` (every record before it is older); None when there is no
+    such record yet."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "adpipe-time-probe", "enable.auto.commit": False})
+    try:
+        md = consumer.list_topics(topic, timeout=30)
+        if md.topics[topic].error is not None:
+            raise KafkaException(md.topics[topic].error)
+        wanted = [TopicPartition(topic, p, timestamp_ms) for p in sorted(md.topics[topic].partitions)]
+        found = consumer.offsets_for_times(wanted, timeout=30)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+    finally:
+        consumer.close()
+
+
 def first_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, tuple[int, int | None]]:
     """Per partition: the first offset the broker still keeps, and the
     timestamp (ms) of the first record there (None for an empty partition)."""

@@ -54,6 +54,20 @@ def _utc_time(env: dict[str, str], name: str, default: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+def _share(env: dict[str, str], name: str, default: float) -> float:
+    """A fraction between 0 and 1."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r} is not a number") from exc
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(f"{name}={raw} must be between 0 and 1")
+    return value
+
+
 def _money(env: dict[str, str], name: str, default: str) -> int:
     """An amount in micro-units (exact decimal, at most 6 places)."""
     raw = (env.get(name) or default).strip()
@@ -144,6 +158,9 @@ class Settings:
     # once, in event time: until the watermark passes the end of the event's
     # minute plus this (adpipe.stream.late_dedupe says what happens after).
     late_dedupe_retention_s: int = 86_400
+    # The quality gate fails an hour whose late events are more than this
+    # share of its valid events (a stream far behind, a producer replaying).
+    max_late_share: float = 0.01
     # Where checkpoints live, as a URI Spark writes (file://, hdfs://, s3a://);
     # empty: ADPIPE_HOME/checkpoints. Each job's is <this>/<job id>.
     checkpoint_base_uri: str = ""
@@ -318,6 +335,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", 100_000),
         max_future_skew_s=_int(env, "ADPIPE_MAX_FUTURE_SKEW_S", 300),
         late_dedupe_retention_s=_int(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", 86_400),
+        max_late_share=_share(env, "ADPIPE_MAX_LATE_SHARE", 0.01),
         checkpoint_base_uri=_checkpoint_uri(env),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),

@@ -1,8 +1,10 @@
 """When an hour is closed for Union & Load, with a real broker and a real
-stream job: a busy region closes it by its watermark; a quiet region (no
-events, so no watermark) closes it once its stream has no lag and the wall
-clock is past the hour's end plus the lateness; a region with records its
-stream has not committed never closes it."""
+stream job: a busy region closes it by its watermark; a quiet region
+(nothing arrived since the hour's end, so a watermark that stands still)
+closes it once its stream has no lag and the wall clock is past the hour's
+end plus the lateness; a region with records its stream has not committed,
+or with records that arrived after the hour (its watermark decides), does
+not close it by the clock."""
 
 from __future__ import annotations
 
@@ -12,12 +14,27 @@ from pathlib import Path
 
 from adpipe.lakehouse.load import hour_closed
 from adpipe.settings import Settings, load_settings
+from confluent_kafka import Producer
 
 from tests.integration.conftest import Pipeline, make_pipeline
 
 HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
 END = HOUR + timedelta(hours=1)
 LATENESS = timedelta(seconds=30)  # the default watermark delay, no allowed lateness
+
+
+def _event(n: int, at: datetime) -> bytes:
+    body = {"event_id": f"quiet-{n}", "ad_id": "ad-q", "event_type": "impression", "event_time": at.isoformat()}
+    return json.dumps(body).encode()
+
+
+def _send(pipeline: Pipeline, values: list[bytes], written_at: datetime | None) -> None:
+    """Raw events with the record timestamp ``written_at`` (None: now)."""
+    producer = Producer({"bootstrap.servers": pipeline.settings.kafka_bootstrap, "enable.idempotence": True})
+    stamp = int(written_at.timestamp() * 1000) if written_at else 0
+    for value in values:
+        producer.produce(pipeline.settings.topics.events, value, timestamp=stamp)
+    assert producer.flush(30) == 0
 
 
 def _both(busy: Pipeline, other: Pipeline) -> Settings:
@@ -48,10 +65,16 @@ def test_a_quiet_region_closes_its_hours_by_the_clock_a_lagging_one_does_not(
     assert not hour_closed(settings, HOUR, now=END + LATENESS - timedelta(seconds=1))
     assert hour_closed(settings, HOUR, now=END + LATENESS)
 
-    # Records its stream has not counted yet: not closed, whatever the clock says.
-    quiet.produce(events=20, seed=52, minutes=1, start=HOUR + timedelta(minutes=10))
+    # Events written during the hour (record timestamps 12:10): while its
+    # stream has not counted them, not closed whatever the clock says.
+    _send(quiet, [_event(n, HOUR + timedelta(minutes=10)) for n in range(20)], HOUR + timedelta(minutes=10))
     assert not hour_closed(settings, HOUR, now=END + timedelta(days=1))
-    # Once its stream has counted them (its watermark is still before 13:00), no lag again.
+    # Counted (its watermark stays before 13:00): quiet again, closed by the clock.
     assert quiet.stream().returncode == 0
     assert hour_closed(settings, HOUR, now=END + timedelta(days=1))
     assert not hour_closed(settings, HOUR, now=END)
+    # An event that arrives after the hour's end (written now): the region is not
+    # quiet any more, and its watermark (12:09:30) decides: not closed.
+    _send(quiet, [_event(99, HOUR + timedelta(minutes=11))], None)
+    assert quiet.stream().returncode == 0
+    assert not hour_closed(settings, HOUR, now=END + timedelta(days=1))

@@ -96,14 +96,16 @@ def test_with_overrides_returns_a_changed_copy() -> None:
         ({"ADPIPE_TOPIC_PARTITIONS": "four"}, "ADPIPE_TOPIC_PARTITIONS='four' is not an integer"),
         ({"ADPIPE_TRIGGER_INTERVAL_S": "0"}, "ADPIPE_TRIGGER_INTERVAL_S=0 must be >= 1"),
         ({"ADPIPE_ALLOWED_LATENESS_S": "-1"}, "ADPIPE_ALLOWED_LATENESS_S=-1 must be >= 0"),
+        ({"ADPIPE_MAX_LATE_SHARE": "1%"}, "ADPIPE_MAX_LATE_SHARE='1%' is not a number"),
+        ({"ADPIPE_MAX_LATE_SHARE": "1.5"}, "ADPIPE_MAX_LATE_SHARE=1.5 must be between 0 and 1"),
         ({"ADPIPE_TRANSACTION_TIMEOUT_MS": "999"}, "ADPIPE_TRANSACTION_TIMEOUT_MS=999 must be >= 1000"),
         ({"ADPIPE_KAFKA_BOOTSTRAP": "localhost"}, "ADPIPE_KAFKA_BOOTSTRAP='localhost' must be host:port"),
         ({"ADPIPE_KAFKA_BOOTSTRAP": ""}, "ADPIPE_KAFKA_BOOTSTRAP='' must be host:port"),
         ({"ADPIPE_MAX_FUTURE_SKEW_S": "-5"}, "ADPIPE_MAX_FUTURE_SKEW_S=-5 must be >= 0"),
     ],
     ids=[
-        "not_integer", "word", "below_minimum", "negative", "timeout_too_small", "no_port", "empty_bootstrap",
-        "negative_skew",
+        "not_integer", "word", "below_minimum", "negative", "share_not_number", "share_above_one",
+        "timeout_too_small", "no_port", "empty_bootstrap", "negative_skew",
     ],
 )
 def test_bad_values_raise_settings_error(env: dict[str, str], message: str) -> None:

@@ -13,8 +13,15 @@ that is safely over-inclusive and keeps the rows whose event time (window
 start for aggregates) falls in the hour; the insert-if-absent MERGE on each
 table's unique key makes any overlap between runs harmless.
 
-- Start: the first offset the broker still keeps (so nothing of the hour is
-  missed however late it arrived).
+- Start: the first offset whose record was written at or after the hour's
+  start less the larger of the future skew and the lateness
+  (``offsets_for_times``), never before the first offset the broker keeps.
+  Nothing of the hour is before it: a valid event's ``event_time`` is at
+  most the future skew after its record's timestamp (else it is malformed),
+  a late or DLQ copy is written after its raw record, and an aggregate after
+  its window closed. A run no longer scans everything Kafka keeps. The DLQ
+  is the exception, read from its first kept offset: a malformed record may
+  name any event time, and the topic is small.
 - End of the raw topic: the offsets the region's stream job has committed in
   its ledger group (see tx_sink). Exactly the raw records whose outcome (an
   aggregate, a late listing or a DLQ entry) is already committed, so the
@@ -143,9 +150,26 @@ def _kept_to_stable(bootstrap: str, topic: str) -> TopicRange:
     return TopicRange(topic, {p: lo for p, (lo, _hi) in bounds.items()}, {p: hi for p, (_lo, hi) in bounds.items()})
 
 
-def region_ranges(settings: Settings, region: Region) -> RegionRanges:
-    """The offsets one run reads from one region (see the module docstring)."""
+def _written_since(bootstrap: str, rng: TopicRange, since_ms: int) -> TopicRange:
+    """``rng`` without the records written before ``since_ms``."""
+    firsts = kafka_io.offsets_for_times(bootstrap, rng.topic, since_ms)
+    start = {}
+    for p, lo in rng.start.items():
+        first = firsts.get(p)
+        start[p] = rng.end.get(p, lo) if first is None else max(lo, first)  # None: nothing that recent
+    return TopicRange(rng.topic, start, rng.end)
+
+
+def read_since_ms(settings: Settings, hour: datetime) -> int:
+    """The earliest record timestamp a record of ``hour`` can have (module doc)."""
+    slack_ms = max(settings.max_future_skew_ms, settings.lateness_ms)
+    return int(hour.timestamp() * 1000) - slack_ms
+
+
+def region_ranges(settings: Settings, region: Region, hour: datetime) -> RegionRanges:
+    """The offsets one run of ``hour`` reads from one region (see the module docstring)."""
     rs = settings.for_region(region)
+    since_ms = read_since_ms(settings, hour)
     commits = kafka_io.stream_commits(rs)
     raw_bounds = kafka_io.offset_bounds(rs.kafka_bootstrap, rs.topics.events)
     raw = TopicRange(
@@ -154,14 +178,18 @@ def region_ranges(settings: Settings, region: Region) -> RegionRanges:
         {p: max(lo, commits[p][0]) if p in commits else lo for p, (lo, _hi) in raw_bounds.items()},
     )
     marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
-    # Read after the ledger: every output of the committed batches is below these.
+
+    def output(topic: str) -> TopicRange:
+        # Read after the ledger: every output of the committed batches is below these.
+        return _written_since(rs.kafka_bootstrap, _kept_to_stable(rs.kafka_bootstrap, topic), since_ms)
+
     return RegionRanges(
         region=region.job_id,
         bootstrap=rs.kafka_bootstrap,
         watermark_ms=max(marks) if marks else None,
-        raw=raw,
-        aggregates=_kept_to_stable(rs.kafka_bootstrap, rs.topics.aggregates),
-        late=_kept_to_stable(rs.kafka_bootstrap, rs.topics.late),
+        raw=_written_since(rs.kafka_bootstrap, raw, since_ms),
+        aggregates=output(rs.topics.aggregates),
+        late=output(rs.topics.late),
         dlq=_kept_to_stable(rs.kafka_bootstrap, rs.topics.dlq),
     )
 
@@ -169,12 +197,14 @@ def region_ranges(settings: Settings, region: Region) -> RegionRanges:
 def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None) -> bool:
     """True when every region has closed the hour: its stream job committed a
     batch whose watermark (delay and allowed lateness included) is past the
-    hour's end, so all of the hour's windows are emitted and committed; or,
-    for a quiet region (no events, so a watermark that does not move), its
-    stream has no lag (every raw record committed) and the wall clock
-    (``now``) is past the hour's end plus the maximum lateness. An event of
-    the hour that still arrives after that is counted when the region's
-    watermark passes it, and a later load of the hour picks it up."""
+    hour's end, so all of the hour's windows are emitted and committed; or
+    the region is quiet: nothing reached its raw topic since the hour ended
+    (no record timestamp at or after the end), its stream has committed every
+    record (no lag), and the wall clock (``now``) is past the hour's end plus
+    the lateness. A quiet region's watermark stands still, so without this
+    rule it would hold every hour open. Windows it has not emitted yet (its
+    watermark short of their end) come with its next events, and a later
+    load of the hour picks them up."""
     end = hour + ONE_HOUR
     end_ms = int(end.timestamp() * 1000)
     now = now or datetime.now(UTC)
@@ -185,16 +215,23 @@ def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None)
         if marks and max(marks) >= end_ms:
             continue
         lag = sum(kafka_io.stream_lag(rs).values())
-        if lag == 0 and now >= end + timedelta(milliseconds=settings.lateness_ms):
-            log.info("hour %s closed in quiet region %s: no lag, and past its end plus lateness", hour_label(hour),
-                     region.job_id)
+        arrived_since = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
+        quiet = lag == 0 and all(offset is None for offset in arrived_since.values())
+        if quiet and now >= end + timedelta(milliseconds=settings.lateness_ms):
+            log.info(
+                "hour %s closed in quiet region %s: nothing arrived since its end, no lag, the clock past its end "
+                "plus lateness",
+                hour_label(hour),
+                region.job_id,
+            )
             continue
         log.info(
-            "hour %s not closed in region %s (watermark %s, lag %d records)",
+            "hour %s not closed in region %s (watermark %s, lag %d records, %s)",
             hour_label(hour),
             region.job_id,
             iso_ms(max(marks)) if marks else "none",
             lag,
+            "quiet" if quiet else "records arrived since the hour's end",
         )
         return False
     return True
@@ -526,7 +563,7 @@ def load_hour(settings: Settings, hour: datetime, spark: SparkSession | None = N
     loaded_at = datetime.now(UTC).replace(microsecond=0)
     raw_parts, agg_parts, quarantine_parts, manifest = [], [], [], []
     for region in settings.regions:
-        ranges = region_ranges(settings, region)
+        ranges = region_ranges(settings, region, hour)
         manifest.append(asdict(ranges))
         log.info(
             "region %s: raw %d records (up to the stream's committed offsets), aggregates %d, late %d, dlq %d",

@@ -65,6 +65,7 @@ RECONCILIATION_NAME = "adpipe_minute_reconciliation"
 P_EXPECTED_WINDOWS = "expected_windows"
 P_EXPECTED_IMPRESSIONS = "expected_impressions"
 P_EXPECTED_CLICKS = "expected_clicks"
+P_MAX_LATE_SHARE = "max_late_share"
 
 MINUTE_US = 60_000_000
 EVENT_TYPES = ("impression", "click")
@@ -93,7 +94,7 @@ class QualityResult:
     data_docs: Path | None  # index.html of the built Data Docs
     results_path: Path  # the JSON of this run's validation results
     notes: list[str] = field(default_factory=list)
-    parameters: dict[str, int] = field(default_factory=dict)  # the expectation parameters used
+    parameters: dict[str, float] = field(default_factory=dict)  # the expectation parameters used
 
     def describe(self) -> str:
         verdict = "passed" if self.success else f"FAILED ({len(self.failed)} of {self.evaluated} expectations failed)"
@@ -225,6 +226,20 @@ def with_window_checks(aggregates_df: DataFrame) -> DataFrame:
     )
 
 
+def with_late_flag(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
+    """``is_late``: 1 for a raw event quarantined as late, else 0 (its mean
+    is the hour's late share)."""
+    late_ids_df = (
+        quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_LATE))
+        .where(F.col("event_id").isNotNull())
+        .select("event_id", F.lit(1).alias("is_late"))
+        .distinct()
+    )
+    return raw_df.join(late_ids_df, on="event_id", how="left").withColumn(
+        "is_late", F.coalesce(F.col("is_late"), F.lit(0))
+    )
+
+
 def with_hour_check(raw_df: DataFrame) -> DataFrame:
     """``event_time_hour``: the hour ``event_time`` falls in (must equal ``event_hour``)."""
     return raw_df.withColumn("event_time_hour", F.date_trunc("hour", F.col("event_time")))
@@ -244,6 +259,12 @@ def _raw_expectations() -> list[Any]:
         gxe.ExpectColumnValuesToBeInSet(column="event_type", value_set=list(EVENT_TYPES)),
         gxe.ExpectColumnPairValuesToBeEqual(
             column_A="event_time_hour", column_B="event_hour", notes="event_hour is the hour of event_time"
+        ),
+        gxe.ExpectColumnMeanToBeBetween(
+            column="is_late",
+            min_value=0,
+            max_value={"$PARAMETER": P_MAX_LATE_SHARE},
+            notes="late events are at most ADPIPE_MAX_LATE_SHARE of the hour's valid events",
         ),
     ]
 
@@ -512,14 +533,14 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
 
     hour = normalize_hour(hour)
     tag = _hour_tag(hour)
-    raw_df = with_hour_check(frames.raw_df)
+    raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df)
     aggregates_df = with_window_checks(frames.aggregates_df)
     recon_df = reconciliation_frame(frames.raw_df, frames.quarantine_df, frames.aggregates_df)
 
     # The numbers GE compares the aggregates with, computed in Spark from raw.
     stats = _expected_parameters(recon_df)
     recon_rows = stats.pop("recon_rows")
-    parameters = stats
+    parameters: dict[str, float] = {**stats, P_MAX_LATE_SHARE: settings.max_late_share}
     raw_rows = frames.raw_df.count()
 
     notes: list[str] = []

@@ -41,6 +41,9 @@ def demo_env(settings: Settings, run_id: str) -> dict[str, str]:
             # The budget service's embedded default (SQLite), one per demo run,
             # so the spend verify expects is this run's alone.
             "ADPIPE_BUDGET_DB": f"sqlite:///{settings.home / 'demo' / run_id / 'budget.db'}",
+            # The demo sends late events on purpose (about 1 % of its hour),
+            # to show their path; the gate's default (1 %) is for real traffic.
+            "ADPIPE_MAX_LATE_SHARE": os.environ.get("ADPIPE_MAX_LATE_SHARE", "0.05"),
         }
     )
     return env
@@ -67,11 +70,13 @@ def _stream(env: dict[str, str], log_path: Path, max_offsets: int, fault: dict[s
 
 def run_start(runs_dir: Path) -> datetime:
     """The first event time of the next demo run. Each run in a home gets an
-    hour of its own (the n-th run: n days after the first), so the Delta
+    hour of its own (the n-th run: n days before the first), so the Delta
     tables' hour holds that run's rows only and the checks judge that run,
-    not earlier ones with the same seed (and so the same event ids)."""
+    not earlier ones with the same seed (and so the same event ids). Before,
+    not after: an event time ahead of its record's timestamp (now) by more
+    than ADPIPE_MAX_FUTURE_SKEW_S is malformed."""
     earlier_runs = sum(1 for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.exists() else 0
-    return produce.ProduceSpec.start + timedelta(days=earlier_runs)
+    return produce.ProduceSpec.start - timedelta(days=earlier_runs)
 
 
 def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:

@@ -77,7 +77,9 @@ AGG_ROWS = [agg("u1", "ad-1", at(0), 2, 1), agg("u2", "ad-2", at(1), 1, 0)]
 
 @pytest.fixture
 def settings(tmp_path: Path):
-    return load_settings({"ADPIPE_HOME": str(tmp_path)})
+    # The fixture hour has one late event of five: the late-share gate is
+    # tested on its own, with the default.
+    return load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.25"})
 
 
 def frames(
@@ -201,8 +203,13 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
     assert result.failed == []
     assert result.hour == HOUR
     # 4 raw + 18 aggregates + 4 reconciliation expectations.
-    assert result.evaluated == 26
-    assert result.parameters == {"expected_windows": 2, "expected_impressions": 3, "expected_clicks": 1}
+    assert result.evaluated == 27
+    assert result.parameters == {
+        "expected_windows": 2,
+        "expected_impressions": 3,
+        "expected_clicks": 1,
+        "max_late_share": 0.25,
+    }
     assert result.data_docs is not None and result.data_docs.name == "index.html"
     assert result.data_docs.is_relative_to(settings.home)
     assert result.data_docs.exists()
@@ -242,6 +249,18 @@ def test_duplicate_ad_minute_with_other_uuid_fails(spark: SparkSession, settings
     assert not result.success
     failed_with(result, "expect_compound_columns_to_be_unique", "'ad-1'")
     assert not [line for line in result.failed if "column='record_uuid'" in line]
+
+
+def test_a_late_share_above_the_limit_fails_naming_the_expectation(spark: SparkSession, tmp_path: Path) -> None:
+    strict = load_settings({"ADPIPE_HOME": str(tmp_path)})  # the default: 1 %
+    assert strict.max_late_share == 0.01
+    result = Q.validate_frames(strict, HOUR, frames(spark))  # one late event of five: 20 %
+    assert not result.success
+    (line,) = failed_with(result, Q.RAW_NAME, "expect_column_mean_to_be_between", "column='is_late'")
+    assert "0.2" in line, line
+    assert [f for f in result.failed if "is_late" not in f] == []  # nothing else is wrong with the hour
+    lenient = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.2"})
+    assert Q.validate_frames(lenient, HOUR, frames(spark)).success  # the bound is inclusive
 
 
 def test_two_regions_serving_one_ad_in_one_minute_pass(spark: SparkSession, settings) -> None:
@@ -354,12 +373,17 @@ def test_empty_hour_is_valid(spark: SparkSession, settings) -> None:
     assert json.loads(result.results_path.read_text())["success"] is True
 
 
-def test_hour_of_only_late_events_still_checks_raw(spark: SparkSession, settings) -> None:
+def test_hour_of_only_late_events_still_checks_raw(spark: SparkSession, tmp_path: Path) -> None:
     raw_rows = [raw("e5", "ad-1", "impression", at(2, 1))]
-    result = Q.validate_frames(settings, HOUR, frames(spark, raw_rows, [QUARANTINE_ROWS[0]], []))
-    assert result.success, result.describe()
-    assert result.evaluated == 4  # the raw suite only
+    hour_frames = frames(spark, raw_rows, [QUARANTINE_ROWS[0]], [])
+    # Every event of the hour late: the late-share gate fails it, and only it.
+    result = Q.validate_frames(load_settings({"ADPIPE_HOME": str(tmp_path)}), HOUR, hour_frames)
+    assert not result.success
+    failed_with(result, Q.RAW_NAME, "column='is_late'", "observed 1")
+    assert result.evaluated == 5 and len(result.failed) == 1  # the raw suite only
     assert any("nothing to reconcile" in note for note in result.notes)
+    lenient = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "1"})
+    assert Q.validate_frames(lenient, HOUR, hour_frames).success
 
 
 # ---------------------------------------------------------------------------
@@ -382,7 +406,7 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
         first = Q.validate_hour(settings, HOUR, spark)
         second = Q.validate_hour(settings, HOUR, spark)
         assert first.success and second.success, first.describe() + "\n" + second.describe()
-        assert first.evaluated == second.evaluated == 26
+        assert first.evaluated == second.evaluated == 27
         assert first.results_path != second.results_path
         assert first.results_path.exists() and second.results_path.exists()
         # Re-running updated the stored suites in place instead of adding copies.
@@ -392,7 +416,12 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
         # above; read on their own, they fail.
         next_hour = Q.validate_hour(settings, other, spark)
         assert not next_hour.success
-        assert next_hour.parameters == {"expected_windows": 1, "expected_impressions": 0, "expected_clicks": 1}
+        assert next_hour.parameters == {
+            "expected_windows": 1,
+            "expected_impressions": 0,
+            "expected_clicks": 1,
+            "max_late_share": 0.25,
+        }
         failed_with(next_hour, "expect_column_sum_to_be_between", "column='clicks'", "observed 7")
     finally:
         for view in views.values():

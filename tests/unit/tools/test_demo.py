@@ -17,5 +17,5 @@ def test_each_demo_run_in_a_home_gets_an_hour_of_its_own(tmp_path: Path) -> None
     second = run_start(runs)
     (runs / "20261123163240").mkdir()
     third = run_start(runs)
-    assert (second - first, third - second) == (timedelta(days=1), timedelta(days=1))
+    assert (first - second, second - third) == (timedelta(days=1), timedelta(days=1))  # back in time
     assert len({first.replace(minute=0), second.replace(minute=0), third.replace(minute=0)}) == 3
