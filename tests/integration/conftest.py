@@ -172,6 +172,9 @@ def make_pipeline(workdir: Path, extra_env: dict[str, str] | None = None) -> Pip
         "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
         "ADPIPE_JOB_ID": name,
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
+        # Two state partitions instead of four: each stateful operator runs a
+        # task per partition and batch; the same semantics at half the tasks.
+        "ADPIPE_SHUFFLE_PARTITIONS": "2",
         **(extra_env or {}),
     }
     settings = load_settings(env)
