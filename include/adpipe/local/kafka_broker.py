@@ -95,6 +95,9 @@ def server_properties(settings: Settings) -> str:
             "group.initial.rebalance.delay.ms=0",
             # Producers may ask for up to 15 minutes (see Settings).
             "transaction.max.timeout.ms=900000",
+            # A transaction past its timeout is aborted within a second of it
+            # (default: checked every 10 s), so a stalled batch fails promptly.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000",
             "log.retention.hours=168",
             # The stream job's ledger is a consumer group's committed offsets:
             # Kafka drops an idle group's offsets after 7 days by default, and a

@@ -151,11 +151,19 @@ def test_initial_offsets_of_another_topic_raise(tmp_path: Path) -> None:
         batch_offsets(LocalCheckpoint(tmp_path), 0)
 
 
-def test_two_topics_raise(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        ('{"a":{"0":1},"b":{"0":2}}', "one topic"),
+        ('{"t":{"0":1}}\n{"t":{"0":2}}', "one source"),  # the query's two branches disagree
+    ],
+    ids=["two_topics", "branches_disagree"],
+)
+def test_an_offsets_entry_of_more_than_one_source_raises(tmp_path: Path, sources: str, message: str) -> None:
     path = tmp_path / "offsets" / "0"
     path.parent.mkdir(parents=True)
-    path.write_text('v1\n{"batchWatermarkMs":0}\n{"a":{"0":1},"b":{"0":2}}')
-    with pytest.raises(OffsetLogError, match="one topic"):
+    path.write_text('v1\n{"batchWatermarkMs":0}\n' + sources)
+    with pytest.raises(OffsetLogError, match=message):
         batch_offsets(LocalCheckpoint(tmp_path), 0)
 
 
@@ -187,14 +195,6 @@ def test_a_source_listed_once_reads_as_well(tmp_path: Path) -> None:
     write_initial(tmp_path, {0: 0})
     write_offsets(tmp_path, 0, 0, {0: 10}, branches=1)
     assert batch_offsets(LocalCheckpoint(tmp_path), 0).end == {0: 10}
-
-
-def test_branches_that_disagree_raise(tmp_path: Path) -> None:
-    path = tmp_path / "offsets" / "0"
-    path.parent.mkdir(parents=True)
-    path.write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":1}}\n{"t":{"0":2}}')
-    with pytest.raises(OffsetLogError, match="one source"):
-        batch_offsets(LocalCheckpoint(tmp_path), 0)
 
 
 def test_a_checkpoint_of_the_query_shape_passes(checkpoint: Path) -> None:
