@@ -214,11 +214,12 @@ def stream_commits(region: Settings | Region) -> dict[int, tuple[int, str]]:
     return group_commits(region.kafka_bootstrap, ledger_group(region.job_id), region.topics.events)
 
 
-def stream_lag(region: Settings | Region) -> dict[int, int]:
+def stream_lag(region: Settings | Region, commits: dict[int, tuple[int, str]] | None = None) -> dict[int, int]:
     """Per partition of a region's raw topic: records its stream job has not
-    committed yet (a partition it never committed counts from zero)."""
+    committed yet (a partition it never committed counts from zero).
+    ``commits``: its :func:`stream_commits`, when the caller has read them."""
     ends = end_offsets(region.kafka_bootstrap, region.topics.events)
-    done = stream_commits(region)
+    done = stream_commits(region) if commits is None else commits
     return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
 
 

@@ -214,7 +214,7 @@ def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None)
         marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
         if marks and max(marks) >= end_ms:
             continue
-        lag = sum(kafka_io.stream_lag(rs).values())
+        lag = sum(kafka_io.stream_lag(rs, commits).values())
         arrived_since = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
         quiet = lag == 0 and all(offset is None for offset in arrived_since.values())
         if quiet and now >= end + timedelta(milliseconds=settings.lateness_ms):
