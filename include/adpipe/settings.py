@@ -210,6 +210,12 @@ class Settings:
     load_start: datetime = datetime(2026, 11, 22, tzinfo=UTC)
     # How long the load DAG waits for an hour to close before failing.
     load_wait_timeout_s: int = 6 * 3600
+    # The daily table maintenance's VACUUM keeps files that any table version
+    # of the last this-many hours references (time travel, and readers or a
+    # load that began before an OPTIMIZE). Set on each table as its
+    # delta.deletedFileRetentionDuration, which Delta 4's VACUUM applies. At
+    # least 7 days (Delta's default): a shorter one is refused here.
+    vacuum_retention_h: int = 168
     # Port of the local Airflow UI / API server (make airflow).
     airflow_port: int = 8080
 
@@ -360,5 +366,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         stream_stall_s=_int(env, "ADPIPE_STREAM_STALL_S", 300, 1),
         load_start=_utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
         load_wait_timeout_s=_int(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
+        vacuum_retention_h=_int(env, "ADPIPE_VACUUM_RETENTION_H", 168, 168),
         airflow_port=_int(env, "ADPIPE_AIRFLOW_PORT", 8080, 1),
     )

@@ -8,7 +8,9 @@ import sys
 import pytest
 from adpipe.cli import build_parser
 
-VERBS = ["kafka", "pg", "jars", "produce", "stream", "load", "validate", "budget", "verify", "bench", "demo"]
+VERBS = [
+    "kafka", "pg", "jars", "produce", "stream", "load", "validate", "maintain", "budget", "verify", "bench", "demo"
+]
 
 
 @pytest.mark.parametrize("verb", VERBS)

@@ -6,7 +6,9 @@ the Hive metastore, and the Great Expectations gate on them.
 * :mod:`~adpipe.lakehouse.metastore` - the Hive metastore and the Spark
   session on it.
 * :mod:`~adpipe.lakehouse.quality` - the Great Expectations checks of an hour.
-* :mod:`~adpipe.lakehouse.cli` - ``adpipe load`` and ``adpipe validate``.
+* :mod:`~adpipe.lakehouse.maintenance` - OPTIMIZE and VACUUM of the tables.
+* :mod:`~adpipe.lakehouse.cli` - ``adpipe load``, ``adpipe validate`` and
+  ``adpipe maintain``.
 
 Union & Load is hourly by design (Uber's is a streaming job): the aggregates
 are already exactly-once in Kafka, and an idempotent hourly load is simple to

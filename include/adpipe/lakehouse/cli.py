@@ -42,6 +42,18 @@ def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if result.success else 1
 
 
+def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.lakehouse import maintenance
+    from adpipe.lakehouse.metastore import metastore_session
+
+    # Names are checked before a Spark session is started for them.
+    tables = [maintenance.check_table_name(t) for t in args.tables] if args.tables else maintenance.DEFAULT_TABLES
+    spark = metastore_session(settings, "adpipe-maintain")
+    for result in maintenance.optimize_and_vacuum(settings, spark, tables):
+        print(result.describe())
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "load",
@@ -67,3 +79,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH")
     p.set_defaults(func=cmd_validate, needs_metastore=True)
+
+    p = sub.add_parser(
+        "maintain",
+        help="OPTIMIZE then VACUUM the ads Delta tables (the daily table maintenance)",
+        description="For each table: sets its delta.deletedFileRetentionDuration to n hours, n = "
+        "ADPIPE_VACUUM_RETENTION_H (168, never less: Delta's retention check stays on, and time travel keeps that "
+        "far back; Delta 4's VACUUM applies this property, not its RETAIN clause); OPTIMIZE compacts each "
+        "partition's small files into few large ones (the same rows; one Delta commit); then VACUUM ... RETAIN n "
+        "HOURS deletes the files that no table version of the last n hours references. A table that does not "
+        "exist yet is skipped. Prints one line per table: files compacted, files deleted, seconds. Safe to rerun.",
+    )
+    p.add_argument(
+        "--tables",
+        nargs="+",
+        metavar="TABLE",
+        help="[database.]table names (default: ads.ad_events_raw ads.ad_minute_aggregates ads.ad_events_quarantine)",
+    )
+    p.set_defaults(func=cmd_maintain, needs_metastore=True)

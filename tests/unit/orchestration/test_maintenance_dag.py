@@ -1,0 +1,104 @@
+"""The daily table-maintenance DAG: it loads, runs once a day at 03:30 UTC
+without catchup, alerts once per failed run (DAG-level callback only), and
+its task body hands the lakehouse's summaries to XCom as plain dicts."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+from adpipe.settings import PROJECT_ROOT, load_settings
+
+from tests.conftest import TEST_HOME
+
+DAG_ID = "ad_table_maintenance"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def airflow_home() -> Iterator[None]:
+    """Airflow reads AIRFLOW_HOME when first imported: give it a scratch one."""
+    home = TEST_HOME / "unit-airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("AIRFLOW_HOME", "AIRFLOW__CORE__LOAD_EXAMPLES")}
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def dag():  # noqa: ANN201 - airflow's DAG, imported late on purpose
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags[DAG_ID]
+
+
+def test_the_dag_loads_with_its_doc_tags_and_one_task(dag) -> None:  # noqa: ANN001
+    assert dag.dag_id == DAG_ID
+    assert "adpipe" in dag.tags and "maintenance" in dag.tags
+    for words in ("OPTIMIZE", "VACUUM", "ADPIPE_VACUUM_RETENTION_H", "168", "03:30 UTC"):
+        assert words in dag.doc_md
+    assert [t.task_id for t in dag.tasks] == ["optimize_and_vacuum"]
+    assert dag.tasks[0].downstream_task_ids == set()
+
+
+def test_daily_at_0330_utc_without_catchup(dag) -> None:  # noqa: ANN001
+    import pendulum
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    timetable = coerce_to_core_timetable(dag.timetable)
+    restriction = TimeRestriction(earliest=pendulum.datetime(2026, 11, 22, 5, 0), latest=None, catchup=True)
+    first = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
+    assert first.run_after == pendulum.datetime(2026, 11, 23, 3, 30)
+    following = timetable.next_dagrun_info(last_automated_data_interval=first.data_interval, restriction=restriction)
+    assert following.run_after == pendulum.datetime(2026, 11, 24, 3, 30)
+
+
+def test_failure_alerts_once_per_run_from_the_dag_level_only(dag) -> None:  # noqa: ANN001
+    from adpipe.orchestration.alerts import notify_failure
+
+    assert dag.on_failure_callback is notify_failure
+    for task in dag.tasks:
+        callbacks = task.on_failure_callback
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        assert notify_failure not in callbacks, f"{task.task_id}: a task callback would alert a second time"
+        assert callbacks in ([], [None]), task.task_id
+        assert task.retries == 1
+
+
+def test_the_task_body_returns_one_plain_summary_per_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adpipe.lakehouse import maintenance, metastore
+    from adpipe.orchestration import maintenance_tasks
+
+    settings = load_settings({"ADPIPE_VACUUM_RETENTION_H": "200"})
+    calls = []
+
+    def fake_optimize_and_vacuum(given, spark):  # noqa: ANN001, ANN202
+        calls.append((given, spark))
+        return [
+            maintenance.TableMaintenance("ads.ad_events_raw", False, 1, 4, 2, 1.5),
+            maintenance.TableMaintenance("ads.ad_minute_aggregates", skipped=True),
+        ]
+
+    monkeypatch.setattr(metastore, "metastore_session", lambda s, app: f"session of {app}")
+    monkeypatch.setattr(maintenance, "optimize_and_vacuum", fake_optimize_and_vacuum)
+    out = maintenance_tasks.optimize_and_vacuum(settings)
+    assert calls == [(settings, "session of adpipe-maintenance")]
+    assert out == [
+        {"table": "ads.ad_events_raw", "skipped": False, "files_added": 1, "files_removed": 4,
+         "files_deleted": 2, "seconds": 1.5},
+        {"table": "ads.ad_minute_aggregates", "skipped": True, "files_added": 0, "files_removed": 0,
+         "files_deleted": None, "seconds": 0.0},
+    ]
+    json.dumps(out)  # XCom stores JSON
