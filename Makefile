@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-unit lint bench kafka-up kafka-down pg-up pg-down airflow clean
+.PHONY: help deps venv jars demo test test-slow test-unit lint bench kafka-up kafka-down pg-up pg-down airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,8 +28,11 @@ jars: venv ## JVM jars from Maven Central into .cache/jvm (once)
 demo: jars ## the pipeline end to end with a crash injected, ending in the verify report
 	$(BIN)/adpipe demo
 
-test: jars ## the whole suite: real broker + Spark + SIGKILL tests on one worker, unit tests beside them
-	$(BIN)/pytest -n 2 --dist loadgroup
+test: jars ## the suite: real broker + Spark + SIGKILL tests on one worker, unit tests beside them (under 30 min)
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow"
+
+test-slow: jars ## the long scenarios kept out of make test's 30 minutes (CI runs both)
+	$(BIN)/pytest -m slow
 
 bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
 	$(BIN)/adpipe bench $(ARGS)

@@ -23,7 +23,7 @@ minutes** (one at a time, no catchup) that supervises it:
 
 A death between two runs costs at most five minutes of latency, never data:
 the restarted job resumes from its checkpoint and Kafka ledger, exactly once.
-Every failure goes through the one notifier (`adpipe.orchestration.alerts`).
+Every failed task alerts once through the one notifier (`adpipe.orchestration.alerts`).
 Logic: `adpipe.orchestration.stream_supervisor`.
 """
 
@@ -44,8 +44,8 @@ with DAG(
     dagrun_timeout=timedelta(minutes=15),
     doc_md=__doc__,
     tags=["adpipe", "stream"],
+    # Task level only: one failure is one alert (a DAG-level callback would add a second).
     default_args={"owner": "adpipe", "retries": 0, "on_failure_callback": notify_failure},
-    on_failure_callback=notify_failure,
 ) as dag:
     start = StreamSubmitOperator(task_id="start_stream_if_down")
 

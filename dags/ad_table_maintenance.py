@@ -6,8 +6,9 @@ partition (a rerun, a backfill or a late correction adds more), so the
 number of files, and the time to plan and read them, grows all day. Once a
 day this DAG compacts them and deletes the files no recent version needs:
 
-1. `optimize_and_vacuum` — for `ads.ad_events_raw`, `ads.ad_minute_aggregates`
-   and `ads.ad_events_quarantine`, one after the other
+1. `optimize_and_vacuum` — for `ads.ad_events_raw`, `ads.ad_minute_aggregates`,
+   `ads.ad_events_quarantine`, their staging twins in `ads_staging` and the
+   loads' ledger `ads.load_runs`, one after the other
    (`adpipe.lakehouse.maintenance`; `adpipe maintain` does the same):
    * the table's `delta.deletedFileRetentionDuration` is set to
      `n = ADPIPE_VACUUM_RETENTION_H` hours (168 = 7 days, and never less:
@@ -31,9 +32,9 @@ task retries once after 10 minutes). No catchup: a missed day adds nothing
 to do but the next run's compaction. One run at a time; a run longer than 3
 hours is failed.
 
-Alerts: `notify_failure` is the DAG's failure callback only, not the task's:
-one failed run is one alert (a task callback would alert a second time for
-the same failure).
+Alerts: `notify_failure` is the task's failure callback only, as in every
+adpipe DAG: one failure is one alert, with the task's exception (a DAG-level
+callback would alert a second time for the same failure).
 
 Logic: `adpipe.orchestration.maintenance_tasks`.
 """
@@ -54,8 +55,12 @@ with DAG(
     dagrun_timeout=timedelta(hours=3),
     doc_md=__doc__,
     tags=["adpipe", "maintenance"],
-    default_args={"owner": "adpipe", "retries": 1, "retry_delay": timedelta(minutes=10)},
-    on_failure_callback=notify_failure,
+    default_args={
+        "owner": "adpipe",
+        "retries": 1,
+        "retry_delay": timedelta(minutes=10),
+        "on_failure_callback": notify_failure,
+    },
 ) as dag:
 
     @task(task_id="optimize_and_vacuum")

@@ -1,31 +1,46 @@
 """
-### ad_union_and_load — hourly Union & Load into Delta, gated by Great Expectations
+### ad_union_and_load — hourly Union & Load into Delta: write, audit, publish
 
 **Hourly by design.** Uber's Union & Load is a streaming job; ours is a batch
 job per closed UTC hour. The aggregates are already exactly-once in Kafka,
 so an hourly, idempotent load is simpler to reason about, rerun and backfill,
 and an hour is the unit the quality gate and Data Docs report on.
 
+**Load by arrival, file by event time.** Each run reads what arrived in every
+region's topics since the last run (offsets kept in the ledger
+`ads.load_runs`) and files each row in its own `event_hour`: a record that
+arrives hours late lands in its hour with the next run, counted as a late
+correction (`ads.late_corrections`).
+
 Schedule: `CronDataIntervalTimetable("0 * * * *", UTC)` — each run's data
 interval is one hour (a plain cron schedule in Airflow 3 has a zero-length
 interval). `catchup=True` from `ADPIPE_LOAD_START`, one run at a time;
 `airflow backfill create --dag-id ad_union_and_load --from-date ... --to-date ...`
-loads past hours the same way. Every task reads the hour from the run's
-data interval, never from the clock.
+runs past hours the same way. A manual run may name its hour in the `hour`
+param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
 
 1. `wait_for_hour_closed` — sensor (reschedule mode, timeout
-   `ADPIPE_LOAD_WAIT_TIMEOUT_S`): every region's stream watermark (delay plus
-   allowed lateness) is past the hour's end, so all its windows are committed.
-2. `load` — `adpipe.lakehouse.load.load_hour`: union of the regions' raw events,
-   aggregates and quarantined records into `ads.*` (insert-only MERGE on each
-   key: rerunning an hour changes nothing).
-3. `validate` — `adpipe.lakehouse.quality.validate_hour`: the Great Expectations suites
-   on the hour. **A failed expectation fails the run**, and the failure
-   notifier names it.
-4. `publish_data_docs` — the hour's Data Docs under
-   `$ADPIPE_HOME/data_docs/<hour>` (`latest` points at the newest).
+   `ADPIPE_LOAD_WAIT_TIMEOUT_S`): every region's stream has closed the hour
+   (watermark past its end; a quiet region: no lag and the clock past the
+   end plus the lateness).
+2. `stage` — the new records of every region into `ads_staging.*`.
+   `stage`, `validate` and `publish` are Spark applications submitted by
+   `SparkSubmitOperator` (`jobs/union_and_load.py --step ...`, connection
+   `adpipe_spark`); `ADPIPE_LOAD_SUBMIT=in-process` runs them in the task's
+   own process instead.
+3. `validate` — the Great Expectations gate on each hour to publish
+   (published plus staged rows; Kafka's retention and the regions that had
+   input). **A failed expectation fails the run, and nothing is published.**
+4. `verify` — the independent check: the candidate against counts
+   recomputed in plain Python from the raw Kafka records.
+5. `publish` — the audited rows into `ads.ad_events_raw`,
+   `ads.ad_minute_aggregates`, `ads.ad_events_quarantine` (Airflow Assets, so
+   downstream DAGs can be scheduled on them).
+6. `publish_data_docs` — always, even after a failure: a page linking to
+   the hour's Data Docs (`$ADPIPE_HOME/data_docs/<hour>.html`, `latest.html`).
 
-Logic: `adpipe.orchestration.load_tasks`.
+Every task alerts once on failure through the one notifier (task level
+only). Logic: `adpipe.orchestration.load_tasks`, `adpipe.lakehouse.load`.
 """
 
 from __future__ import annotations
@@ -33,8 +48,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from adpipe.orchestration.alerts import notify_failure
+from adpipe.orchestration.assets import TABLE_ASSETS
+from adpipe.orchestration.load_tasks import LoadStepOperator
 from adpipe.settings import load_settings
-from airflow.sdk import DAG, CronDataIntervalTimetable, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 # Parse time reads only the environment (no I/O): start date, sensor timeout.
 _settings = load_settings()
@@ -47,46 +64,59 @@ with DAG(
     max_active_runs=1,
     doc_md=__doc__,
     tags=["adpipe", "load"],
+    params={
+        "hour": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$",
+            description="UTC hour YYYY-MM-DDTHH for a manual run; empty: the run's data interval",
+        )
+    },
     default_args={
         "owner": "adpipe",
         "retries": 1,
         "retry_delay": timedelta(minutes=5),
         "on_failure_callback": notify_failure,
     },
-    on_failure_callback=notify_failure,
 ) as dag:
+
+    def _hour(context: dict) -> object:
+        from adpipe.orchestration import load_tasks
+
+        return load_tasks.hour_of_run(
+            context.get("params"), context.get("data_interval_start"), context.get("data_interval_end")
+        )
 
     @task.sensor(
         task_id="wait_for_hour_closed", poke_interval=60, timeout=_settings.load_wait_timeout_s, mode="reschedule"
     )
-    def wait_for_hour_closed(data_interval_start=None, data_interval_end=None) -> bool:  # noqa: ANN001
+    def wait_for_hour_closed(**context) -> bool:  # noqa: ANN003
         from adpipe.orchestration import load_tasks
 
-        hour = load_tasks.hour_of_interval(data_interval_start, data_interval_end)
-        return load_tasks.hour_is_closed(load_settings(), hour)
+        return load_tasks.hour_is_closed(load_settings(), _hour(context))
 
-    @task(task_id="load")
-    def load(data_interval_start=None, data_interval_end=None) -> dict:  # noqa: ANN001
-        from adpipe.orchestration import load_tasks
-
-        hour = load_tasks.hour_of_interval(data_interval_start, data_interval_end)
-        return load_tasks.load(load_settings(), hour)
-
+    # The Spark steps: spark-submit jobs/union_and_load.py --step ... (connection
+    # adpipe_spark), or in the task's process with ADPIPE_LOAD_SUBMIT=in-process.
+    staged = LoadStepOperator(task_id="stage", step="stage")
     # A failed expectation is not transient: no retry, fail and alert now.
-    @task(task_id="validate", retries=0)
-    def validate(data_interval_start=None, data_interval_end=None) -> dict:  # noqa: ANN001
+    validate = LoadStepOperator(task_id="validate", step="validate", retries=0)
+
+    @task(task_id="verify", retries=0)
+    def verify(**context) -> dict:  # noqa: ANN003
         from adpipe.orchestration import load_tasks
 
-        hour = load_tasks.hour_of_interval(data_interval_start, data_interval_end)
-        return load_tasks.validate(load_settings(), hour)
+        settings = load_settings()
+        return load_tasks.verify(settings, _hour(context), load_tasks.run_file(settings, context["run_id"]))
 
-    @task(task_id="publish_data_docs")
-    def publish_data_docs(validation: dict, data_interval_start=None, data_interval_end=None) -> str | None:  # noqa: ANN001
+    published = LoadStepOperator(task_id="publish", step="publish", outlets=TABLE_ASSETS)
+
+    @task(task_id="publish_data_docs", trigger_rule="all_done", retries=0)
+    def publish_data_docs(**context) -> str | None:  # noqa: ANN003
         from adpipe.orchestration import load_tasks
 
-        hour = load_tasks.hour_of_interval(data_interval_start, data_interval_end)
-        return load_tasks.publish_data_docs(load_settings(), hour, validation.get("data_docs"))
+        return load_tasks.publish_data_docs(load_settings(), _hour(context))
 
-    validation = validate()
-    wait_for_hour_closed() >> load() >> validation
-    publish_data_docs(validation)
+    checked = [validate, verify()]
+    wait_for_hour_closed() >> staged >> checked
+    checked >> published
+    [*checked, published] >> publish_data_docs()

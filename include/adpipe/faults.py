@@ -29,6 +29,9 @@ AFTER_COMMIT = "after_commit"  # (b) Kafka committed, Spark's checkpoint not
 BUDGET_BEFORE_DB_COMMIT = "budget_before_db_commit"  # ledger, spend, offsets written, not committed
 BUDGET_AFTER_DB_COMMIT = "budget_after_db_commit"  # database committed, Kafka offsets not
 BUDGET_AFTER_EVENTS_COMMIT = "budget_after_events_commit"  # budget events in Kafka, outbox not marked sent
+# Union & Load (adpipe.lakehouse.load); "batch" is the load run's id.
+LOAD_AFTER_STAGE = "load_after_stage"  # rows staged, the ledger's "staged" row not written
+LOAD_AFTER_PUBLISH = "load_after_publish"  # one published table written, the others and the ledger not
 POINTS = (
     AFTER_PRODUCE,
     DURING_COMMIT,
@@ -36,6 +39,8 @@ POINTS = (
     BUDGET_BEFORE_DB_COMMIT,
     BUDGET_AFTER_DB_COMMIT,
     BUDGET_AFTER_EVENTS_COMMIT,
+    LOAD_AFTER_STAGE,
+    LOAD_AFTER_PUBLISH,
 )
 
 

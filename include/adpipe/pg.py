@@ -22,3 +22,20 @@ def connect(settings: Settings, database: str = "adpipe", autocommit: bool = Tru
     )
     conn.autocommit = autocommit
     return conn
+
+
+def ensure_databases(settings: Settings, names: tuple[str, ...]) -> list[str]:
+    """Create the databases that do not exist yet; return those created."""
+    conn = connect(settings, "postgres")
+    created = []
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database")
+            existing = {row[0] for row in cur.fetchall()}
+            for name in names:
+                if name not in existing:
+                    cur.execute(f'CREATE DATABASE "{name}"')
+                    created.append(name)
+    finally:
+        conn.close()
+    return created

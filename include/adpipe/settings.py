@@ -54,6 +54,14 @@ def _utc_time(env: dict[str, str], name: str, default: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default)."""
+    value = env.get(name, choices[0])
+    if value not in choices:
+        raise SettingsError(f"{name}={value!r} must be one of {', '.join(choices)}")
+    return value
+
+
 def _share(env: dict[str, str], name: str, default: float) -> float:
     """A fraction between 0 and 1."""
     raw = env.get(name)
@@ -191,6 +199,9 @@ class Settings:
     # "postgres": a Hive metastore in PostgreSQL that several Spark
     # applications share; "derby": Spark's embedded one, one JVM at a time.
     metastore: str = "postgres"
+    # The PostgreSQL database of the Hive metastore (one per deployment, or
+    # per test home: each its own "ads" tables).
+    metastore_database: str = "adpipe_metastore"
     # The regions Union & Load reads (ADPIPE_REGIONS); empty = this one.
     extra_regions: tuple[Region, ...] = ()
     # Airflow (adpipe.orchestration). Alerts go to a JSON-lines file under
@@ -210,6 +221,9 @@ class Settings:
     load_start: datetime = datetime(2026, 11, 22, tzinfo=UTC)
     # How long the load DAG waits for an hour to close before failing.
     load_wait_timeout_s: int = 6 * 3600
+    # How the load DAG runs its Spark steps: "spark-submit" (SparkSubmitOperator,
+    # connection adpipe_spark) or "in-process" (in the task's own process).
+    load_submit: str = "spark-submit"
     # The daily table maintenance's VACUUM keeps files that any table version
     # of the last this-many hours references (time travel, and readers or a
     # load that began before an OPTIMIZE). Set on each table as its
@@ -325,6 +339,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     metastore = env.get("ADPIPE_METASTORE", "postgres")
     if metastore not in ("postgres", "derby"):
         raise SettingsError(f"ADPIPE_METASTORE={metastore!r} must be 'postgres' or 'derby'")
+    metastore_database = env.get("ADPIPE_METASTORE_DATABASE", Settings.metastore_database)
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", metastore_database):
+        raise SettingsError(
+            f"ADPIPE_METASTORE_DATABASE={metastore_database!r} must be a lower-case PostgreSQL name (a-z, 0-9, _)"
+        )
     return Settings(
         home=home,
         kafka_bootstrap=bootstrap,
@@ -357,6 +376,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_default_budget_micros=_budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
         budget_session_timeout_ms=_int(env, "ADPIPE_BUDGET_SESSION_TIMEOUT_MS", 10_000, 6000),
         metastore=metastore,
+        metastore_database=metastore_database,
         extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics),
         alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
         alert_webhook_timeout_s=_int(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", 5, 1),
@@ -366,6 +386,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         stream_stall_s=_int(env, "ADPIPE_STREAM_STALL_S", 300, 1),
         load_start=_utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
         load_wait_timeout_s=_int(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
+        load_submit=_choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process")),
         vacuum_retention_h=_int(env, "ADPIPE_VACUUM_RETENTION_H", 168, 168),
         airflow_port=_int(env, "ADPIPE_AIRFLOW_PORT", 8080, 1),
     )

@@ -259,10 +259,12 @@ class Flow:
         self.webhook = webhook
 
     def load_env(self, name: str, **extra: str) -> dict[str, str]:
-        """The load DAG's environment with tables of its own (a Derby
-        metastore and warehouse under ``name``); Airflow's home and database
-        stay shared."""
-        return {**self.env, "ADPIPE_HOME": str(self.workdir / name), "ADPIPE_METASTORE": "derby", **extra}
+        """The load DAG's environment with tables of its own (a metastore
+        database and a warehouse under ``name``; the verify task's process
+        shares them, which Derby would not allow); Airflow's home and
+        database stay shared."""
+        database = f"adpipe_ms_{self.env['ADPIPE_JOB_ID']}_{name}".lower().replace("-", "_")
+        return {**self.env, "ADPIPE_HOME": str(self.workdir / name), "ADPIPE_METASTORE_DATABASE": database, **extra}
 
     def stop_stream(self) -> None:
         pid = read_state(self.settings).get("pid")
@@ -396,7 +398,7 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
     hours_loaded = {json.loads(r)["event_hour"][:13] for r in one_by_one["ads.ad_minute_aggregates"]}
     assert len(hours_loaded) == 3
     assert backfilled == one_by_one
-    assert (Path(env_b["ADPIPE_HOME"]) / "data_docs" / "latest").exists()
+    assert (Path(env_b["ADPIPE_HOME"]) / "data_docs" / "latest.html").exists()
 
 
 def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expectation(flow: Flow) -> None:
@@ -417,12 +419,19 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     env = flow.load_env("backfill")
     _Capture.received.clear()
     results, out = _run(
-        DAG_TEST, [str(DAGS_FOLDER), "ad_union_and_load", (HOURS[1] + timedelta(hours=1)).isoformat()], env
+        DAG_TEST,
+        [str(DAGS_FOLDER), "ad_union_and_load", (HOURS[1] + timedelta(hours=1)).isoformat()],
+        {**env, **TABLE_HOURS},
     )
     assert results and results[0]["state"] == "failed", explain(results, out)
-    assert results[0]["tis"]["load"] == "success"
-    assert results[0]["tis"]["validate"] == "failed"
-    assert results[0]["tis"]["publish_data_docs"] == "upstream_failed"
+    published = [json.loads(r)["record_uuid"] for r in _tables(out)["ads.ad_minute_aggregates"]]
+    assert original["record_uuid"] in published and duplicate["record_uuid"] not in published, "published unchecked"
+    tis = results[0]["tis"]
+    assert (tis["stage"], tis["validate"], tis["verify"]) == ("success", "failed", "failed"), explain(results, out)
+    assert tis["publish"] == "upstream_failed"
+    assert tis["publish_data_docs"] == "success"  # the failed hour's Data Docs are linked too
+    page = Path(env["ADPIPE_HOME"]) / "data_docs" / f"{HOURS[1]:%Y-%m-%dT%H}.html"
+    assert "adpipe_ad_minute_aggregates" in page.read_text()
     settings = load_settings(env)
     alerts = [json.loads(line) for line in alerts_file(settings).read_text().splitlines()]
     validate_alerts = [a for a in alerts if a["task_id"] == "validate"]
@@ -436,3 +445,7 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     assert "expect_column_values_to_be_unique(column='record_uuid')" not in message, message
     posted = [p for p in _Capture.received if p.get("task_id") == "validate"]
     assert posted and posted[-1]["message"] == message
+    # One alert per failed task (task-level callbacks only), none for the DAG run itself.
+    assert sorted(p.get("task_id") for p in _Capture.received) == ["validate", "verify"]
+    verify_alert = next(p for p in _Capture.received if p.get("task_id") == "verify")
+    assert verify_alert["message"].startswith("TablesDisagree") and "duplicated" in verify_alert["message"]

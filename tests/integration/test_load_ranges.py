@@ -1,13 +1,18 @@
-"""Which offsets a load of one hour reads, on a real broker: from the first
-record written at or after the hour's start less the slack (skew or
-lateness), not from the beginning of the topic; the DLQ from its beginning."""
+"""Which offsets a load reads, on a real broker: a partition no load has
+read starts at the first record written at or after the hour's start less
+the slack (skew or lateness), not at the beginning of the topic; a partition
+with coverage continues where the coverage ends; a read for an hour before
+the coverage goes back to that hour; records deleted before any load read
+them are counted as lost."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from adpipe.lakehouse.load import read_since_ms, region_ranges
-from confluent_kafka import Producer
+from adpipe import kafka_io
+from adpipe.lakehouse.ranges import advance, read_since_ms, region_ranges
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from tests.integration.conftest import Pipeline
 
@@ -22,21 +27,46 @@ def _write(pipeline: Pipeline, topic: str, stamps: list[datetime]) -> None:
     assert producer.flush(30) == 0
 
 
-def test_a_load_reads_from_the_hour_less_its_slack_and_the_dlq_from_its_start(pipeline: Pipeline) -> None:
+def test_a_load_reads_from_the_hour_less_its_slack_then_from_where_it_stopped(pipeline: Pipeline) -> None:
     settings = pipeline.settings
     assert read_since_ms(settings, HOUR) == int(HOUR.timestamp() * 1000) - 300_000  # the skew (300 s) > lateness
     just_before = HOUR - timedelta(seconds=200)  # within the slack: may hold the hour's records
     stamps = [OLD] * 5 + [just_before] * 3 + [HOUR + timedelta(minutes=5)] * 4
-    for topic in (settings.topics.late, settings.topics.aggregates, settings.topics.dlq):
+    topics = (settings.topics.late, settings.topics.aggregates, settings.topics.dlq)
+    for topic in topics:
         _write(pipeline, topic, stamps)
 
     (region,) = settings.regions
     ranges = region_ranges(settings, region, HOUR)
-    for rng in (ranges.late, ranges.aggregates):
+    for rng in (ranges.late, ranges.aggregates, ranges.dlq):
         assert (rng.start[0], rng.end[0]) == (5, 12), rng  # the five old records are skipped
-    assert (ranges.dlq.start[0], ranges.dlq.end[0]) == (0, 12)
-    # An hour after every record: nothing to read but the DLQ.
+    # An hour after every record, nothing loaded yet: nothing to read.
     later = region_ranges(settings, region, HOUR + timedelta(hours=5))
-    assert later.late.records() == later.aggregates.records() == 0 and later.dlq.records() == 12
-    # The old hour reads everything.
-    assert region_ranges(settings, region, OLD).late.records() == 12
+    assert later.late.records() == later.aggregates.records() == later.dlq.records() == 0
+
+    # Once the first run is in the coverage, the next reads only what arrived since.
+    coverage = advance({}, [ranges])[region.job_id]
+    assert coverage[settings.topics.late]["0"] == [5, 12]
+    assert region_ranges(settings, region, HOUR, coverage).late.records() == 0
+    _write(pipeline, settings.topics.late, [HOUR + timedelta(hours=3)] * 2)  # two days late, say
+    next_run = region_ranges(settings, region, HOUR + timedelta(hours=1), coverage)
+    assert (next_run.late.start[0], next_run.late.end[0]) == (12, 14)
+    # A backfill of an hour before the coverage goes back to that hour's records.
+    assert region_ranges(settings, region, OLD, coverage).late.start[0] == 0
+
+
+def test_records_deleted_before_any_load_read_them_are_counted_as_lost(pipeline: Pipeline) -> None:
+    settings = pipeline.settings
+    topic = settings.topics.dlq
+    _write(pipeline, topic, [HOUR] * 6)
+    (region,) = settings.regions
+    coverage = advance({}, [region_ranges(settings, region, HOUR)])[region.job_id]
+    coverage[topic]["0"] = [0, 2]  # a load read two records, then stopped for a long time
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    done = admin.delete_records([TopicPartition(topic, 0, 4)])  # retention took offsets 0..3
+    for future in done.values():
+        future.result(30)
+    assert kafka_io.offset_bounds(settings.kafka_bootstrap, topic)[0][0] == 4
+    dlq = region_ranges(settings, region, HOUR, coverage).dlq
+    assert (dlq.start[0], dlq.end[0]) == (4, 6)
+    assert dlq.lost == {0: 2}

@@ -1,5 +1,5 @@
 """An hour Kafka no longer holds in full fails the check instead of passing
-on what is left (adpipe.tools.table_verify.retention_gaps), with a real
+on what is left (adpipe.lakehouse.ranges.retention_gaps), with a real
 broker deleting records as retention would."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from adpipe import kafka_io
-from adpipe.tools.table_verify import retention_gaps
+from adpipe.lakehouse.ranges import retention_gaps
 from confluent_kafka import TopicPartition
 
 from tests.integration.conftest import Pipeline

@@ -1,11 +1,14 @@
-"""``adpipe load`` and ``adpipe validate``: Union & Load of an hour into the
-``ads`` tables, and the Great Expectations gate on it (``load`` is also
+"""``adpipe load``, ``adpipe validate`` and ``adpipe maintain``: Union &
+Load into the ``ads`` tables, the Great Expectations gate on an hour, and
+the tables' daily OPTIMIZE and VACUUM (``load`` is also
 ``jobs/union_and_load.py`` under spark-submit)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
 
 from adpipe.settings import Settings
 
@@ -18,19 +21,59 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.lakehouse import load
     from adpipe.lakehouse.metastore import metastore_session
 
-    hours = load.hours_between(load.parse_hour(args.hour), load.parse_hour(args.to_hour) if args.to_hour else None)
-    spark = None
-    for hour in hours:
-        if not args.allow_open and not load.hour_closed(settings, hour):
-            log.error(
-                "hour %s is not closed yet: a region's stream watermark has not passed %s. Wait, or pass "
-                "--allow-open to load what is there (its windows may be incomplete).",
-                load.hour_label(hour), load.hour_label(hour + load.ONE_HOUR),
-            )
-            return EXIT_HOUR_OPEN
-        spark = spark or metastore_session(settings, "adpipe-load")
-        result = load.load_hour(settings, hour, spark)
-        print(result.describe())
+    hour = load.parse_hour(args.hour)
+    last = load.parse_hour(args.to_hour) if args.to_hour else None
+    if args.repair and last is not None:
+        log.error("--repair rebuilds one hour: give --hour without --to-hour")
+        return 2
+    if not args.allow_open and not all(load.hour_closed(settings, h) for h in load.hours_between(hour, last)):
+        # Refused before a Spark session is started for it.
+        log.error(
+            "an hour asked for is not closed yet: a region's stream watermark has not passed its end. Wait, "
+            "or pass --allow-open to load what is there (its windows may be incomplete)."
+        )
+        return EXIT_HOUR_OPEN
+    if args.step != "all" and (args.repair or last is not None or not args.run_file):
+        log.error("--step %s runs one step of one hour's load: give --run-file, without --repair or --to-hour",
+                  args.step)
+        return 2
+    spark = metastore_session(settings, "adpipe-load")
+    try:
+        if args.repair:
+            result = load.repair_hour(settings, hour, spark)
+        elif args.step != "all":
+            return _one_step(args.step, settings, spark, hour, Path(args.run_file))
+        else:
+            result = load.load_hour(settings, hour, spark, last, allow_open=True)
+    except load.GateFailed as exc:
+        log.error("%s", exc)
+        return 1
+    print(result.describe())
+    return 0
+
+
+def _one_step(step: str, settings: Settings, spark: object, hour: object, run_file: Path) -> int:
+    """One step of a load (the DAG's spark-submitted tasks): ``stage`` writes
+    the staged run to ``run_file``; ``audit`` and ``publish`` read it and
+    write their results beside it (:func:`adpipe.lakehouse.load.step_file`)."""
+    from adpipe.lakehouse import load
+
+    if step == "stage":
+        run = load.stage(settings, spark, hour, allow_open=True)  # type: ignore[arg-type]
+        load.write_json(run_file, run.to_dict())
+        print(f"run {run.run_id} staged {run.staged}; hours to audit: {', '.join(run.hours) or 'none'}")
+        return 0
+    run = load.StagedRun.from_dict(json.loads(run_file.read_text()))
+    if step == "audit":
+        results = load.audit(settings, spark, run)  # type: ignore[arg-type]
+        failed = [r for r in results if not r.success]
+        text = "\n".join(r.describe() for r in (failed or results))
+        load.write_json(load.step_file(run_file, "audit"), {"success": not failed, "describe": text})
+        print(text)
+        return 1 if failed else 0
+    done = load.publish(settings, spark, run)  # type: ignore[arg-type]
+    load.write_json(load.step_file(run_file, "publish"), done)
+    print(f"run {run.run_id} published {done['inserted']}; late corrections {done['corrections'] or 'none'}")
     return 0
 
 
@@ -57,17 +100,37 @@ def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "load",
-        help="Union & Load of one hour (or a range) into the ads Delta tables",
-        description="Reads every region's aggregates (read_committed), raw events, late and DLQ records, "
-        "unions them, dedupes by record_uuid / event_id, and MERGEs (insert-if-absent) into "
-        "ads.ad_minute_aggregates, ads.ad_events_raw and ads.ad_events_quarantine. Idempotent: a rerun "
-        "changes nothing. Regions: ADPIPE_REGIONS (default: this job's own topics).",
+        help="Union & Load: new records of every region into the ads Delta tables, audited before publication",
+        description="Reads what arrived in every region's raw, aggregates, late and DLQ topics since the last load "
+        "(read_committed; raw records up to the stream job's committed offsets), unions the regions, dedupes by "
+        "record_uuid / event_id / (source, event_key), and files each row in the partition of its own event_hour "
+        "(a late record lands in its hour). Write-audit-publish: the rows are staged in ads_staging, the Great "
+        "Expectations gate checks each closed hour's candidate (published plus staged rows) and what Kafka says "
+        "of it, and only then are they published into ads.ad_events_raw, ads.ad_minute_aggregates and "
+        "ads.ad_events_quarantine (insert-if-absent: a rerun changes nothing). A failed gate publishes nothing, "
+        "keeps the staged rows and exits 1 naming the expectations. The ledger is ads.load_runs; rows published "
+        "into an hour after its first publication are in the view ads.late_corrections. Regions: ADPIPE_REGIONS "
+        "(default: this job's own topics). Exit 2: an hour asked for is not closed.",
     )
     p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour)")
-    p.add_argument("--to-hour", help="load every hour from --hour to this one, inclusive (a backfill)")
+    p.add_argument("--to-hour", help="audit and publish every hour from --hour to this one, inclusive (a backfill)")
     p.add_argument(
-        "--allow-open", action="store_true", help="load even if the stream's watermark has not closed the hour"
+        "--allow-open", action="store_true", help="publish the hour even if the stream's watermark has not closed it"
     )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="rebuild the hour's published partitions from Kafka (read from the hour's start, audited, written over "
+        "the hour in one commit per table); idempotent. For an hour published wrongly before the gate existed.",
+    )
+    p.add_argument(
+        "--step",
+        choices=("all", "stage", "audit", "publish"),
+        default="all",
+        help="run one step of the load (the Airflow DAG submits each as its own Spark application): stage writes "
+        "the staged run to --run-file, audit (exit 1 on a failed expectation) and publish read it",
+    )
+    p.add_argument("--run-file", help="with --step: the JSON file the steps hand the staged run over in")
     p.set_defaults(func=cmd_load, needs_metastore=True)
 
     p = sub.add_parser(
@@ -94,6 +157,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--tables",
         nargs="+",
         metavar="TABLE",
-        help="[database.]table names (default: ads.ad_events_raw ads.ad_minute_aggregates ads.ad_events_quarantine)",
+        help="[database.]table names (default: the three published ads tables, their ads_staging twins and "
+        "ads.load_runs)",
     )
     p.set_defaults(func=cmd_maintain, needs_metastore=True)

@@ -1,64 +1,108 @@
-"""Union & Load: one UTC hour of every region into the ``ads`` Delta tables.
+"""Union & Load: every region's new records into the ``ads`` Delta tables,
+written, audited, then published.
 
 Uber's Union & Load is a streaming job; ours is an hourly batch by design
-(the project card): the Airflow DAG ``ad_union_and_load`` runs it once the
-hour is closed, and any hour can be loaded again or backfilled.
+(the project card): the Airflow DAG ``ad_union_and_load`` runs it once an
+hour is closed, and any hour can be loaded again, repaired or backfilled.
 
-Which Kafka offsets cover the hour
-----------------------------------
-Event time and Kafka position are unrelated (late events arrive hours after
-their minute; a producer may send yesterday's events today), so no offset
-range is *exactly* one hour of event time. Each run therefore reads a range
-that is safely over-inclusive and keeps the rows whose event time (window
-start for aggregates) falls in the hour; the insert-if-absent MERGE on each
-table's unique key makes any overlap between runs harmless.
+One run (``adpipe load --hour H``; the DAG's tasks do the same steps)
+---------------------------------------------------------------------
+1. **Stage** (under the load lock): read, per region and topic, what arrived
+   since the offsets earlier runs loaded (:mod:`adpipe.lakehouse.ranges`),
+   union the regions, dedupe by each table's key, and insert the rows not
+   published yet into the staging twins (``ads_staging.*``), each in the
+   partition of its own ``event_hour``. Then append a ``staged`` row to the
+   ledger ``ads.load_runs`` with the coverage after this run.
+2. **Audit**: for each closed hour with staged rows (and the hour asked
+   for), the Great Expectations gate on the candidate (published rows plus
+   the staged ones) and what Kafka says of the hour. A failed gate appends a
+   ``failed`` ledger row naming the expectations; nothing is published, the
+   staged rows stay for inspection (and for the next run, which audits
+   them again).
+3. **Publish** (under the load lock): the audited hours' staged rows are
+   inserted into ``ads.*`` (insert-if-absent on each key, ``load_run`` =
+   this run), removed from staging, and a ``published`` ledger row records
+   the hours and, per hour, the late corrections (rows published into an
+   hour after its first publication; also the view ``ads.late_corrections``).
+   Rows of hours still open stay staged until their hour closes.
 
-- Start: the first offset whose record was written at or after the hour's
-  start less the larger of the future skew and the lateness
-  (``offsets_for_times``), never before the first offset the broker keeps.
-  Nothing of the hour is before it: a valid event's ``event_time`` is at
-  most the future skew after its record's timestamp (else it is malformed),
-  a late or DLQ copy is written after its raw record, and an aggregate after
-  its window closed. A run no longer scans everything Kafka keeps. The DLQ
-  is the exception, read from its first kept offset: a malformed record may
-  name any event time, and the topic is small.
-- End of the raw topic: the offsets the region's stream job has committed in
-  its ledger group (see tx_sink). Exactly the raw records whose outcome (an
-  aggregate, a late listing or a DLQ entry) is already committed, so the
-  raw table never holds an event whose late/DLQ fate is still unknown.
-- End of the aggregates, late and DLQ topics: their last stable offsets,
-  read *after* the ledger, so every output of those batches is included.
+A crash anywhere loses and doubles nothing: before the ``staged`` ledger
+row the next run reads the same offsets again, and every write is
+insert-if-absent on the table's key (a staged row already published, or
+staged, is not written again); after it, the rows are in staging and the
+next run audits and publishes them. ``adpipe load --hour H --repair``
+rebuilds one hour's published partitions from Kafka (read from the hour's
+start, whatever was loaded), audited the same way: for an hour published
+wrongly before this gate existed.
 
-The ranges of each run are written to a manifest under
-``$ADPIPE_HOME/load/`` so a run can be audited and repeated."""
+A manifest of each run (ranges read, rows, gate) is kept under
+``$ADPIPE_HOME/load/runs/``."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from adpipe import kafka_io, raw_events
+from adpipe import faults, raw_events
 from adpipe import schemas as S
+from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.metastore import metastore_session
-from adpipe.settings import Region, Settings
+from adpipe.lakehouse.ranges import (
+    ONE_HOUR,
+    Coverage,
+    RegionRanges,
+    TopicRange,
+    advance,
+    closed_hours,
+    hour_closed,
+    hour_label,
+    hours_between,
+    iso_ms,
+    parse_hour,
+    read_since_ms,
+    region_ranges,
+)
+from adpipe.settings import Settings
 
-__all__ = ["hour_closed", "load_hour", "parse_hour"]
+__all__ = [
+    "ONE_HOUR",
+    "LoadError",
+    "LoadResult",
+    "StagedRun",
+    "TopicRange",
+    "audit",
+    "hour_closed",
+    "hour_label",
+    "hours_between",
+    "iso_ms",
+    "load_hour",
+    "parse_hour",
+    "publish",
+    "read_since_ms",
+    "region_ranges",
+    "repair_hour",
+    "stage",
+    "step_file",
+    "write_json",
+]
 
 log = logging.getLogger(__name__)
 
 MERGE_ATTEMPTS = 8
-ONE_HOUR = timedelta(hours=1)
 # The aggregate JSON of the contract (adpipe.stream.job.aggregate_record writes it).
 _AGGREGATE_JSON = StructType(
     [
@@ -77,168 +121,12 @@ class LoadError(RuntimeError):
     """The hour cannot be loaded (not closed yet, or a table write failed for good)."""
 
 
-def parse_hour(text: str) -> datetime:
-    """``YYYY-MM-DDTHH`` (also with ``:MM[:SS]`` and a zone) -> the UTC hour."""
-    raw = text.strip()
-    try:
-        if len(raw) < 13:  # a bare date would silently mean its midnight
-            raise ValueError(raw)
-        if len(raw) == 13:
-            ts = datetime.strptime(raw, "%Y-%m-%dT%H").replace(tzinfo=UTC)
-        else:
-            ts = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-            if ts.tzinfo is None:
-                ts = ts.replace(tzinfo=UTC)
-    except ValueError as exc:
-        raise ValueError(f"--hour {text!r}: expected YYYY-MM-DDTHH (UTC), e.g. 2026-11-22T12") from exc
-    ts = ts.astimezone(UTC)
-    if (ts.minute, ts.second, ts.microsecond) != (0, 0, 0):
-        raise ValueError(f"--hour {text!r} is not the start of an hour")
-    return ts
+class GateFailed(LoadError):
+    """The audit failed: nothing was published; the message names the expectations."""
 
-
-def hours_between(first: datetime, last: datetime | None = None) -> list[datetime]:
-    """Every hour from ``first`` to ``last`` inclusive (just ``first`` without ``last``)."""
-    last = last or first
-    if last < first:
-        raise ValueError(f"--to-hour {hour_label(last)} is before --hour {hour_label(first)}")
-    return [first + i * ONE_HOUR for i in range(int((last - first) / ONE_HOUR) + 1)]
-
-
-def hour_label(hour: datetime) -> str:
-    return hour.astimezone(UTC).strftime("%Y-%m-%dT%H")
-
-
-# --- which offsets -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TopicRange:
-    topic: str
-    start: dict[int, int]
-    end: dict[int, int]
-
-    def partitions(self) -> list[int]:
-        return sorted(p for p in self.end if self.end[p] > self.start.get(p, 0))
-
-    def records(self) -> int:
-        return sum(self.end[p] - self.start[p] for p in self.partitions())
-
-    def options(self) -> dict[str, str]:
-        """Spark Kafka source options reading exactly this range."""
-        parts = self.partitions()
-        return {
-            "assign": json.dumps({self.topic: parts}),
-            "startingOffsets": json.dumps({self.topic: {str(p): self.start[p] for p in parts}}),
-            "endingOffsets": json.dumps({self.topic: {str(p): self.end[p] for p in parts}}),
-        }
-
-
-@dataclass(frozen=True)
-class RegionRanges:
-    region: str
-    bootstrap: str
-    watermark_ms: int | None
-    raw: TopicRange
-    aggregates: TopicRange
-    late: TopicRange
-    dlq: TopicRange
-
-
-def _kept_to_stable(bootstrap: str, topic: str) -> TopicRange:
-    bounds = kafka_io.offset_bounds(bootstrap, topic)
-    return TopicRange(topic, {p: lo for p, (lo, _hi) in bounds.items()}, {p: hi for p, (_lo, hi) in bounds.items()})
-
-
-def _written_since(bootstrap: str, rng: TopicRange, since_ms: int) -> TopicRange:
-    """``rng`` without the records written before ``since_ms``."""
-    firsts = kafka_io.offsets_for_times(bootstrap, rng.topic, since_ms)
-    start = {}
-    for p, lo in rng.start.items():
-        first = firsts.get(p)
-        start[p] = rng.end.get(p, lo) if first is None else max(lo, first)  # None: nothing that recent
-    return TopicRange(rng.topic, start, rng.end)
-
-
-def read_since_ms(settings: Settings, hour: datetime) -> int:
-    """The earliest record timestamp a record of ``hour`` can have (module doc)."""
-    slack_ms = max(settings.max_future_skew_ms, settings.lateness_ms)
-    return int(hour.timestamp() * 1000) - slack_ms
-
-
-def region_ranges(settings: Settings, region: Region, hour: datetime) -> RegionRanges:
-    """The offsets one run of ``hour`` reads from one region (see the module docstring)."""
-    rs = settings.for_region(region)
-    since_ms = read_since_ms(settings, hour)
-    commits = kafka_io.stream_commits(rs)
-    raw_bounds = kafka_io.offset_bounds(rs.kafka_bootstrap, rs.topics.events)
-    raw = TopicRange(
-        rs.topics.events,
-        {p: lo for p, (lo, _hi) in raw_bounds.items()},
-        {p: max(lo, commits[p][0]) if p in commits else lo for p, (lo, _hi) in raw_bounds.items()},
-    )
-    marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
-
-    def output(topic: str) -> TopicRange:
-        # Read after the ledger: every output of the committed batches is below these.
-        return _written_since(rs.kafka_bootstrap, _kept_to_stable(rs.kafka_bootstrap, topic), since_ms)
-
-    return RegionRanges(
-        region=region.job_id,
-        bootstrap=rs.kafka_bootstrap,
-        watermark_ms=max(marks) if marks else None,
-        raw=_written_since(rs.kafka_bootstrap, raw, since_ms),
-        aggregates=output(rs.topics.aggregates),
-        late=output(rs.topics.late),
-        dlq=_kept_to_stable(rs.kafka_bootstrap, rs.topics.dlq),
-    )
-
-
-def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None) -> bool:
-    """True when every region has closed the hour: its stream job committed a
-    batch whose watermark (delay and allowed lateness included) is past the
-    hour's end, so all of the hour's windows are emitted and committed; or
-    the region is quiet: nothing reached its raw topic since the hour ended
-    (no record timestamp at or after the end), its stream has committed every
-    record (no lag), and the wall clock (``now``) is past the hour's end plus
-    the lateness. A quiet region's watermark stands still, so without this
-    rule it would hold every hour open. Windows it has not emitted yet (its
-    watermark short of their end) come with its next events, and a later
-    load of the hour picks them up."""
-    end = hour + ONE_HOUR
-    end_ms = int(end.timestamp() * 1000)
-    now = now or datetime.now(UTC)
-    for region in settings.regions:
-        rs = settings.for_region(region)
-        commits = kafka_io.stream_commits(rs)
-        marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
-        if marks and max(marks) >= end_ms:
-            continue
-        lag = sum(kafka_io.stream_lag(rs, commits).values())
-        arrived_since = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
-        quiet = lag == 0 and all(offset is None for offset in arrived_since.values())
-        if quiet and now >= end + timedelta(milliseconds=settings.lateness_ms):
-            log.info(
-                "hour %s closed in quiet region %s: nothing arrived since its end, no lag, the clock past its end "
-                "plus lateness",
-                hour_label(hour),
-                region.job_id,
-            )
-            continue
-        log.info(
-            "hour %s not closed in region %s (watermark %s, lag %d records, %s)",
-            hour_label(hour),
-            region.job_id,
-            iso_ms(max(marks)) if marks else "none",
-            lag,
-            "quiet" if quiet else "records arrived since the hour's end",
-        )
-        return False
-    return True
-
-
-def iso_ms(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def __init__(self, message: str, results: list[quality.QualityResult]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 # --- pure transformations ------------------------------------------------------------------
@@ -255,6 +143,7 @@ def _kafka_columns(region: str, loaded_at: datetime) -> list[Column]:
         F.col("partition").cast("int").alias("kafka_partition"),
         F.col("offset").cast("long").alias("kafka_offset"),
         F.lit(loaded_at).cast("timestamp").alias("loaded_at"),
+        F.lit(None).cast("long").alias("load_run"),  # set by the run that stages the rows
     ]
 
 
@@ -264,15 +153,18 @@ def _first_per_key(df: DataFrame, keys: list[str]) -> DataFrame:
     return df.withColumn("__n", F.row_number().over(w)).where(F.col("__n") == 1).drop("__n")
 
 
-def _in_hour(hour: datetime) -> Column:
+def _in_hour(hour: datetime | None) -> Column:
+    """Rows of ``hour``; every row for None (a load files each row in its own hour)."""
+    if hour is None:
+        return F.lit(True)
     return F.col("event_hour") == F.lit(hour.astimezone(UTC)).cast("timestamp")
 
 
 def raw_table_rows(
-    kafka_df: DataFrame, region: str, hour: datetime, loaded_at: datetime, max_future_skew_ms: int
+    kafka_df: DataFrame, region: str, hour: datetime | None, loaded_at: datetime, max_future_skew_ms: int
 ) -> DataFrame:
-    """Raw Kafka rows -> ``ads.ad_events_raw`` rows of the hour (valid events
-    only, by the stream job's own reading of the contract)."""
+    """Raw Kafka rows -> ``ads.ad_events_raw`` rows (of ``hour`` only, unless
+    None): valid events only, by the stream job's own reading of the contract."""
     parsed = raw_events.valid_events(raw_events.parse_raw_events(kafka_df, max_future_skew_ms))
     rows = parsed.select(
         "event_id",
@@ -286,8 +178,8 @@ def raw_table_rows(
     return rows.select(*T.RAW_SCHEMA.fieldNames())
 
 
-def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime, loaded_at: datetime) -> DataFrame:
-    """Aggregate records -> ``ads.ad_minute_aggregates`` rows of the hour."""
+def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime | None, loaded_at: datetime) -> DataFrame:
+    """Aggregate records -> ``ads.ad_minute_aggregates`` rows (of ``hour`` only, unless None)."""
     body = F.from_json(F.col("value").cast("string"), _AGGREGATE_JSON)
     parsed = kafka_df.select("*", body.alias("a")).where(_aggregate_ok())
     rows = parsed.select(
@@ -346,11 +238,11 @@ def quarantine_table_rows(
     late_df: DataFrame,
     aggregates_df: DataFrame,
     region: str,
-    hour: datetime,
+    hour: datetime | None,
     loaded_at: datetime,
 ) -> DataFrame:
     """DLQ records, late events and unreadable aggregate records ->
-    ``ads.ad_events_quarantine`` rows of the hour."""
+    ``ads.ad_events_quarantine`` rows (of ``hour`` only, unless None)."""
     # DLQ: the original bytes; an event time when one can be read from them,
     # else the hour the record reached the DLQ.
     dlq_rows = _with_event_fields(dlq_df).select(
@@ -484,30 +376,40 @@ def is_write_conflict(exc: BaseException) -> bool:
     return any(f"{name}:" in text or f"{name} " in text for name in _CONFLICT_JAVA_CLASSES)
 
 
+def _hours_condition(column: str, hours: list[datetime]) -> str:
+    literals = ", ".join(f"TIMESTAMP'{h.astimezone(UTC):%Y-%m-%d %H:%M:%S}'" for h in sorted(set(hours)))
+    return f"{column} IN ({literals})"
+
+
 def merge_new_rows(
     spark: SparkSession,
     table: str,
     source: DataFrame,
     keys: tuple[str, ...],
-    hour: datetime,
+    hours: datetime | list[datetime],
     before_merge: Callable[[], None] | None = None,
 ) -> int:
-    """Insert the rows whose key is not in the table yet (insert-if-absent);
-    a rerun finds nothing new and writes no table version at all.
+    """Insert the rows of ``source`` whose key is not in the table's
+    partitions of ``hours`` yet (insert-if-absent); a rerun finds nothing
+    new and writes no table version at all. Columns the table has and the
+    source lacks (one an operator added) are left null.
 
-    Concurrent loads of overlapping hours conflict in Delta's optimistic
-    concurrency (any class of :func:`is_write_conflict`); the loser retries
-    with backoff and jitter, and then finds the winner's rows present.
-    ``before_merge`` runs before each MERGE (the tests hold two loads at a
-    barrier there). Returns the number of rows inserted."""
+    Concurrent writers conflict in Delta's optimistic concurrency (any class
+    of :func:`is_write_conflict`); the loser retries with backoff and
+    jitter, and then finds the winner's rows present. ``before_merge`` runs
+    before each MERGE (the tests hold two loads at a barrier there). Returns
+    the number of rows inserted."""
     from delta.tables import DeltaTable
 
-    hour_literal = f"TIMESTAMP'{hour.astimezone(UTC):%Y-%m-%d %H:%M:%S}'"
-    # The partition literal limits the MERGE's read (and so its conflicts) to this hour.
-    condition = " AND ".join([f"t.{k} <=> s.{k}" for k in keys] + [f"t.event_hour = {hour_literal}"])
+    hours = [hours] if isinstance(hours, datetime) else list(hours)
+    if not hours:
+        return 0
+    # The partition list limits the MERGE's read (and so its conflicts) to these hours.
+    in_hours = _hours_condition("t.event_hour", hours)
+    condition = " AND ".join([f"t.{k} <=> s.{k}" for k in keys] + [in_hours])
     for attempt in range(1, MERGE_ATTEMPTS + 1):
         try:
-            existing = spark.table(table).where(F.col("event_hour") == F.expr(hour_literal)).select(*keys)
+            existing = spark.table(table).where(F.expr(in_hours.replace("t.event_hour", "event_hour"))).select(*keys)
             new_rows = source.join(existing, list(keys), "left_anti")
             if new_rows.isEmpty():
                 return 0
@@ -519,7 +421,7 @@ def merge_new_rows(
                 DeltaTable.forName(spark, table)
                 .alias("t")
                 .merge(source.alias("s"), condition)
-                .whenNotMatchedInsertAll()
+                .whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in source.columns})
                 .execute()
                 .first()
             )
@@ -541,67 +443,381 @@ def merge_new_rows(
     raise AssertionError("unreachable")
 
 
+# --- rows of a run ----------------------------------------------------------------------------
+
+
+def table_rows(
+    spark: SparkSession,
+    settings: Settings,
+    ranges: list[RegionRanges],
+    loaded_at: datetime,
+    run_id: int,
+    hour: datetime | None = None,
+) -> dict[str, DataFrame]:
+    """Per table, the rows of the records in ``ranges``: every region's,
+    unioned, one row per key (a producer retry, a replayed or injected
+    duplicate: the dedupe the design puts before the load), ``load_run`` =
+    ``run_id``; only the rows of ``hour`` when one is given (a repair)."""
+    parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
+    for rr in ranges:
+        empty = _empty_kafka_df(spark)
+        raw_df = _read(spark, rr.bootstrap, rr.raw) or empty
+        agg_df = _read(spark, rr.bootstrap, rr.aggregates) or empty
+        late_df = _read(spark, rr.bootstrap, rr.late) or empty
+        dlq_df = _read(spark, rr.bootstrap, rr.dlq) or empty
+        parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
+        parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
+        parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
+    out = {}
+    for table, dfs in parts.items():
+        union = dfs[0]
+        for df in dfs[1:]:
+            union = union.unionByName(df)
+        _schema, keys = T.TABLES[table]
+        out[table] = _first_per_key(union, list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
+    return out
+
+
+def _hour_labels(df: DataFrame) -> list[str]:
+    """The distinct ``event_hour`` values of ``df`` as UTC labels (formatted
+    by Spark in its UTC session zone: a collected timestamp would be a naive
+    datetime in the host's zone)."""
+    label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
+    return sorted(r["h"] for r in df.select(label).distinct().collect())
+
+
+def _in_hours(hours: list[datetime]) -> Column:
+    return F.expr(_hours_condition("event_hour", hours)) if hours else F.lit(False)
+
+
+# --- the ledger ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    next_run: int
+    coverage: Coverage
+
+
+def ledger_state(spark: SparkSession) -> LedgerState:
+    """The next run's id and every offset loaded so far (the coverage of the
+    latest ``staged`` row)."""
+    runs = spark.table(T.LOAD_RUNS)
+    last = runs.agg(F.max("run_id").alias("m")).first()
+    latest = runs.where(F.col("step") == "staged").orderBy(F.col("run_id").desc()).select("coverage").first()
+    coverage = json.loads(latest["coverage"]) if latest is not None and latest["coverage"] else {}
+    return LedgerState(int(last["m"] or 0) + 1 if last is not None else 1, coverage)
+
+
+def _append_ledger(
+    spark: SparkSession, run_id: int, step: str, kind: str, hour: datetime | None, **fields: object
+) -> None:
+    row: dict[str, object] = dict.fromkeys(T.LOAD_RUNS_SCHEMA.fieldNames())
+    row.update(run_id=run_id, step=step, kind=kind, hour=hour, at=datetime.now(UTC))
+    row.update({k: v if isinstance(v, str) or v is None else json.dumps(v, default=str) for k, v in fields.items()})
+    names = T.LOAD_RUNS_SCHEMA.fieldNames()
+    spark.createDataFrame([tuple(row[n] for n in names)], T.LOAD_RUNS_SCHEMA).write.format("delta").mode(
+        "append"
+    ).saveAsTable(T.LOAD_RUNS)
+
+
+def _finalized_hours(spark: SparkSession) -> set[str]:
+    """Hours some run has published (or repaired): rows published into them
+    later are late corrections."""
+    done = spark.table(T.LOAD_RUNS).where(F.col("step").isin("published", "repaired")).select("hours").collect()
+    return {h for r in done if r["hours"] for h in json.loads(r["hours"])}
+
+
+LOCK_WAIT_S = 3600.0
+
+
+@contextmanager
+def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """One load step at a time per ``ADPIPE_HOME``: staging and publishing
+    read the ledger and the tables and write them back. A second load waits
+    (logging who holds the lock) rather than fail."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    path = settings.home / "load.lock"
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        waited = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LoadError(f"another load holds {path} (pid {path.read_text().strip()}) too long") from None
+                if not waited:
+                    log.info("waiting for the load running as pid %s (%s)", path.read_text().strip() or "?", path)
+                    waited = True
+                time.sleep(1.0)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- write, audit, publish ----------------------------------------------------------------------
+
+
+class HourOpen(LoadError):
+    """An hour asked for is not closed by every region's stream yet."""
+
+
+@dataclass
+class StagedRun:
+    """What a staging step did; handed to audit and publish (also through
+    Airflow's XCom, as a dict)."""
+
+    run_id: int
+    kind: str
+    hour: str  # the hour asked for (the first of a range)
+    hours: list[str]  # the hours to audit and publish: closed ones with staged rows, and those asked for
+    staged: dict[str, int] = field(default_factory=dict)  # rows staged by this run, per table
+    read: list[dict] = field(default_factory=list)  # the ranges read, per region
+    lost_to_retention: int = 0
+
+    def hour_list(self) -> list[datetime]:
+        return [parse_hour(h) for h in self.hours]
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StagedRun:
+        return cls(**data)
+
+
+def _pending_hours(spark: SparkSession, run_id: int) -> list[str]:
+    hours: set[str] = set()
+    for table in T.TABLES:
+        hours.update(_hour_labels(spark.table(T.staged(table)).where(F.col("load_run") <= run_id)))
+    return sorted(hours)
+
+
+def stage(
+    settings: Settings,
+    spark: SparkSession,
+    hour: datetime,
+    last_hour: datetime | None = None,
+    allow_open: bool = False,
+) -> StagedRun:
+    """Step 1 (module doc): stage what arrived since the last run. ``hour``
+    (to ``last_hour``): the hours asked for, which must be closed unless
+    ``allow_open``; the first one bounds the read of a partition no run has
+    loaded yet."""
+    asked = hours_between(hour, last_hour)
+    if not allow_open:
+        open_hours = [h for h in asked if h not in closed_hours(settings, asked)]
+        if open_hours:
+            raise HourOpen(
+                f"hour {hour_label(open_hours[0])} is not closed yet: a region's stream watermark has not passed "
+                f"{hour_label(open_hours[0] + ONE_HOUR)}. Wait, or pass --allow-open to load what is there (its "
+                "windows may be incomplete)."
+            )
+    with load_lock(settings):
+        state = ledger_state(spark)
+        run_id = state.next_run
+        loaded_at = datetime.now(UTC).replace(microsecond=0)
+        ranges = [region_ranges(settings, r, hour, state.coverage.get(r.job_id)) for r in settings.regions]
+        for rr in ranges:
+            log.info(
+                "run %d, region %s: raw %d records (to the stream's committed offsets), aggregates %d, late %d, "
+                "dlq %d",
+                run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
+            )
+        staged: dict[str, int] = {}
+        for table, source in table_rows(spark, settings, ranges, loaded_at, run_id).items():
+            source = source.cache()
+            hours = [parse_hour(h) for h in _hour_labels(source)]
+            _schema, keys = T.TABLES[table]
+            published = spark.table(table).where(_in_hours(hours)).select(*keys)
+            new_rows = source.join(published, list(keys), "left_anti")
+            staged[table] = merge_new_rows(spark, T.staged(table), new_rows, keys, hours)
+            source.unpersist()
+            log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged[table])
+        faults_plan = faults.FaultPlan.from_env()
+        if faults_plan is not None:
+            faults_plan.hit(faults.LOAD_AFTER_STAGE, run_id, 1)
+        pending = [parse_hour(h) for h in _pending_hours(spark, run_id)]
+        ready = set(closed_hours(settings, [h for h in pending if h not in asked]))
+        hours = sorted(ready | set(asked))
+        lost = sum(n for rr in ranges for rng in rr.topics() for n in rng.lost.values())
+        run = StagedRun(
+            run_id, "load", hour_label(hour), [hour_label(h) for h in hours], staged, [asdict(r) for r in ranges], lost
+        )
+        _append_ledger(
+            spark, run_id, "staged", "load", hour,
+            coverage=advance(state.coverage, ranges), read=run.read, rows=staged, hours=run.hours,
+            message=f"{lost} records lost to retention before any load read them" if lost else None,
+        )
+    _write_manifest(settings, run_id, "staged", run.to_dict())
+    return run
+
+
+def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quality.QualityResult]:
+    """Step 2: the gate on each hour's candidate (published plus staged
+    rows). A failure is written to the ledger; nothing is published."""
+    results = []
+    for hour in run.hour_list():
+        frames = quality.hour_frames(spark, hour, staged_through=run.run_id)
+        results.append(quality.validate_frames(settings, hour, frames, quality.kafka_facts(settings, hour)))
+    failed = [f"{hour_label(r.hour)} {line}" for r in results if not r.success for line in r.failed]
+    if failed:
+        _append_ledger(spark, run.run_id, "failed", run.kind, parse_hour(run.hour), hours=run.hours,
+                       message="\n".join(failed))
+        _write_manifest(settings, run.run_id, "failed", {"failed": failed})
+    return results
+
+
+def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str, dict]:
+    """Step 3: the audited hours' staged rows into the published tables.
+    Returns ``{"inserted": {table: rows}, "corrections": {hour: rows}}``."""
+    hours = run.hour_list()
+    inserted: dict[str, int] = {}
+    corrections: dict[str, int] = {}
+    with load_lock(settings):
+        finalized = _finalized_hours(spark)
+        fault_plan = faults.FaultPlan.from_env()
+        for table, (schema, keys) in T.TABLES.items():
+            staged = (
+                spark.table(T.staged(table))
+                .where(_in_hours(hours) & (F.col("load_run") <= run.run_id))
+                .select(*schema.fieldNames())
+                .withColumn("load_run", F.lit(run.run_id).cast("long"))
+            )
+            published = spark.table(table).where(_in_hours(hours)).select(*keys)
+            new_rows = staged.join(published, list(keys), "left_anti").cache()
+            label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
+            for r in new_rows.groupBy(label).count().collect():
+                if r["h"] in finalized:
+                    corrections[r["h"]] = corrections.get(r["h"], 0) + int(r["count"])
+            inserted[table] = merge_new_rows(spark, table, new_rows, keys, hours)
+            new_rows.unpersist()
+            log.info("run %d: %s: %d rows published", run.run_id, table, inserted[table])
+            if fault_plan is not None:
+                fault_plan.hit(faults.LOAD_AFTER_PUBLISH, run.run_id, 1)
+        _clear_staged(spark, hours, run.run_id)
+        _append_ledger(spark, run.run_id, "published", run.kind, parse_hour(run.hour), rows=inserted,
+                       hours=run.hours, corrections=corrections)
+    if corrections:
+        log.info("run %d: late corrections to hours already published: %s", run.run_id, corrections)
+    _write_manifest(settings, run.run_id, "published", {"inserted": inserted, "corrections": corrections})
+    return {"inserted": inserted, "corrections": corrections}
+
+
+def _clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
+    from delta.tables import DeltaTable
+
+    for table in T.TABLES:
+        DeltaTable.forName(spark, T.staged(table)).delete(_in_hours(hours) & (F.col("load_run") <= through_run))
+
+
 @dataclass
 class LoadResult:
     hour: str
+    run_id: int = 0
+    hours: list[str] = field(default_factory=list)
+    staged: dict[str, int] = field(default_factory=dict)
     inserted: dict[str, int] = field(default_factory=dict)
-    source_rows: dict[str, int] = field(default_factory=dict)
-    regions: list[dict] = field(default_factory=list)
+    corrections: dict[str, int] = field(default_factory=dict)
+    gate: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    manifest: str = ""
 
     def describe(self) -> str:
-        parts = ", ".join(f"{t}: +{self.inserted[t]} of {self.source_rows[t]}" for t in self.inserted)
-        return f"hour {self.hour} loaded in {self.seconds:.1f}s ({parts})"
+        parts = ", ".join(f"{t}: +{self.inserted.get(t, 0)} of {self.staged.get(t, 0)} staged" for t in T.TABLES)
+        extra = f"; late corrections {self.corrections}" if self.corrections else ""
+        hours = ", ".join(self.hours) or "none"
+        return f"run {self.run_id}: hours {hours} audited and published in {self.seconds:.1f}s ({parts}){extra}"
 
 
-def load_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> LoadResult:
-    """Union & Load of one UTC hour from every region (idempotent)."""
+def _gate_failure(results: list[quality.QualityResult]) -> GateFailed:
+    text = "\n".join(r.describe() for r in results if not r.success)
+    return GateFailed(f"the gate failed; nothing was published (the rows stay staged in {T.STAGING_DATABASE}):\n"
+                      f"{text}", results)
+
+
+def load_hour(
+    settings: Settings,
+    hour: datetime,
+    spark: SparkSession | None = None,
+    last_hour: datetime | None = None,
+    allow_open: bool = False,
+) -> LoadResult:
+    """Union & Load asked for ``hour`` (to ``last_hour``): stage, audit,
+    publish (module doc). Raises :class:`HourOpen` for an hour not closed,
+    :class:`GateFailed` (nothing published) for a failed audit."""
     started = time.monotonic()
-    if spark is None:
-        spark = metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
-    loaded_at = datetime.now(UTC).replace(microsecond=0)
-    raw_parts, agg_parts, quarantine_parts, manifest = [], [], [], []
-    for region in settings.regions:
-        ranges = region_ranges(settings, region, hour)
-        manifest.append(asdict(ranges))
-        log.info(
-            "region %s: raw %d records (up to the stream's committed offsets), aggregates %d, late %d, dlq %d",
-            region.job_id,
-            ranges.raw.records(),
-            ranges.aggregates.records(),
-            ranges.late.records(),
-            ranges.dlq.records(),
-        )
-        empty = _empty_kafka_df(spark)
-        raw_df = _read(spark, ranges.bootstrap, ranges.raw) or empty
-        agg_df = _read(spark, ranges.bootstrap, ranges.aggregates) or empty
-        late_df = _read(spark, ranges.bootstrap, ranges.late) or empty
-        dlq_df = _read(spark, ranges.bootstrap, ranges.dlq) or empty
-        raw_parts.append(raw_table_rows(raw_df, region.job_id, hour, loaded_at, settings.max_future_skew_ms))
-        agg_parts.append(aggregate_table_rows(agg_df, region.job_id, hour, loaded_at))
-        quarantine_parts.append(quarantine_table_rows(dlq_df, late_df, agg_df, region.job_id, hour, loaded_at))
-
-    result = LoadResult(hour=hour_label(hour), regions=manifest)
-    for table, parts in ((T.RAW, raw_parts), (T.AGGREGATES, agg_parts), (T.QUARANTINE, quarantine_parts)):
-        _schema, keys = T.TABLES[table]
-        union = parts[0]
-        for part in parts[1:]:
-            union = union.unionByName(part)
-        # Union of regions, then one row per key (a producer retry, a replayed
-        # or injected duplicate): the dedupe the design puts before the load.
-        source = _first_per_key(union, list(keys)).cache()
-        result.source_rows[table] = source.count()
-        result.inserted[table] = merge_new_rows(spark, table, source, keys, hour)
-        source.unpersist()
-        log.info("%s: %d rows for %s, %d new", table, result.source_rows[table], result.hour, result.inserted[table])
-    result.seconds = time.monotonic() - started
-    result.manifest = str(_write_manifest(settings, result))
-    return result
+    spark = spark or metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
+    run = stage(settings, spark, hour, last_hour, allow_open)
+    results = audit(settings, spark, run)
+    if not all(r.success for r in results):
+        raise _gate_failure(results)
+    done = publish(settings, spark, run)
+    return LoadResult(
+        hour=run.hour, run_id=run.run_id, hours=run.hours, staged=run.staged, inserted=done["inserted"],
+        corrections=done["corrections"], gate=[r.describe().splitlines()[0] for r in results],
+        seconds=time.monotonic() - started,
+    )
 
 
-def _write_manifest(settings: Settings, result: LoadResult) -> Path:
-    path = settings.home / "load" / result.hour / f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}.json"
+def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> LoadResult:
+    """Rebuild the published partitions of ``hour`` from Kafka: every record
+    from the hour's start (less the slack) to the ends a load reads, the rows
+    of that hour only, audited like a load, then written over the hour's
+    partitions in one Delta commit per table (``replaceWhere``). Idempotent:
+    the same records give the same rows."""
+    started = time.monotonic()
+    spark = spark or metastore_session(settings, f"adpipe-repair-{hour_label(hour)}")
+    with load_lock(settings):
+        run_id = ledger_state(spark).next_run
+        loaded_at = datetime.now(UTC).replace(microsecond=0)
+        ranges = [region_ranges(settings, r, hour, None) for r in settings.regions]
+        rows = {t: df.cache() for t, df in table_rows(spark, settings, ranges, loaded_at, run_id, hour).items()}
+        frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
+                                    aggregates_df=rows[T.AGGREGATES])
+        result = quality.validate_frames(settings, hour, frames, quality.kafka_facts(settings, hour))
+        if not result.success:
+            _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
+                           message="\n".join(result.failed))
+            raise _gate_failure([result])
+        written: dict[str, int] = {}
+        for table, df in rows.items():
+            target = spark.table(table)
+            columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
+                       for c in target.columns]
+            written[table] = df.count()
+            df.select(*columns).write.format("delta").mode("overwrite").option(
+                "replaceWhere", _hours_condition("event_hour", [hour])
+            ).saveAsTable(table)
+            df.unpersist()
+        _clear_staged(spark, [hour], run_id)
+        _append_ledger(spark, run_id, "repaired", "repair", hour, read=[asdict(r) for r in ranges], rows=written,
+                       hours=[hour_label(hour)])
+    _write_manifest(settings, run_id, "repaired", {"hour": hour_label(hour), "rows": written})
+    return LoadResult(hour=hour_label(hour), run_id=run_id, hours=[hour_label(hour)], staged=written,
+                      inserted=written, gate=[result.describe().splitlines()[0]],
+                      seconds=time.monotonic() - started)
+
+
+def _write_manifest(settings: Settings, run_id: int, step: str, body: dict) -> Path:
+    return write_json(settings.home / "load" / "runs" / f"{run_id:06d}-{step}.json", body)
+
+
+def write_json(path: Path, body: dict) -> Path:
+    """Write ``body`` whole or not at all (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
+    tmp.replace(path)
     return path
+
+
+def step_file(run_file: Path, step: str) -> Path:
+    """Where a step of the run handed over in ``run_file`` writes its result."""
+    return run_file.with_name(f"{run_file.stem}.{step}.json")

@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 
 from adpipe.jars import ensure_classpath
 from adpipe.lakehouse import tables as T
-from adpipe.pg import connect
+from adpipe.pg import connect, ensure_databases
 from adpipe.settings import Settings
 from adpipe.spark import build_spark
 
 log = logging.getLogger(__name__)
 
-METASTORE_DATABASE = "adpipe_metastore"
 _INIT_LOCK = "SELECT pg_advisory_lock(hashtext('adpipe-metastore-init'))"
 _INIT_UNLOCK = "SELECT pg_advisory_unlock(hashtext('adpipe-metastore-init'))"
 
@@ -63,7 +63,7 @@ def connection_options(settings: Settings) -> dict[str, str]:
             "javax.jdo.option.ConnectionPassword": "mine",
         }
     return {
-        "javax.jdo.option.ConnectionURL": settings.jdbc_url(METASTORE_DATABASE),
+        "javax.jdo.option.ConnectionURL": settings.jdbc_url(settings.metastore_database),
         "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
         "javax.jdo.option.ConnectionUserName": settings.pg_user,
         "javax.jdo.option.ConnectionPassword": settings.pg_password,
@@ -141,7 +141,8 @@ def _init_lock(settings: Settings) -> Iterator[Any]:
     if settings.metastore == "derby":
         yield None
         return
-    conn = connect(settings, METASTORE_DATABASE)
+    ensure_databases(settings, (settings.metastore_database,))
+    conn = connect(settings, settings.metastore_database)
     try:
         with conn.cursor() as cur:
             cur.execute(_INIT_LOCK)
@@ -167,20 +168,39 @@ def ensure_schema(settings: Settings) -> bool:
     with _init_lock(settings) as cur:
         if _schema_exists(cur):
             return False
-        log.info("creating the Hive metastore schema in PostgreSQL database %s", METASTORE_DATABASE)
+        log.info("creating the Hive metastore schema in PostgreSQL database %s", settings.metastore_database)
         _create_schema(settings)
         return True
 
 
 def ensure_tables(spark: SparkSession) -> None:
-    """The ``ads`` database and its three Delta tables, if missing. Callers
-    hold the init lock: two applications creating the same Delta table at
-    once conflict (Delta's ProtocolChangedException on an empty directory)."""
+    """The ``ads`` and ``ads_staging`` databases, the Delta tables, the loads'
+    ledger and the late-corrections view, if missing; a column the code's
+    schema has and an existing table lacks (a table of an older version) is
+    added. Callers hold the init lock: two applications creating the same
+    Delta table at once conflict (Delta's ProtocolChangedException on an
+    empty directory)."""
     from delta.tables import DeltaTable
 
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {T.DATABASE}")
-    for name, (schema, _keys) in T.TABLES.items():
-        DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema).partitionedBy("event_hour").execute()
+    for database in (T.DATABASE, T.STAGING_DATABASE):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {database}")
+    wanted = [(name, schema, "event_hour") for name, (schema, _keys) in T.TABLES.items()]
+    wanted += [(T.staged(name), schema, "event_hour") for name, (schema, _keys) in T.TABLES.items()]
+    wanted.append((T.LOAD_RUNS, T.LOAD_RUNS_SCHEMA, None))
+    for name, schema, partition in wanted:
+        builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
+        (builder.partitionedBy(partition) if partition else builder).execute()
+        _add_missing_columns(spark, name, schema)
+    spark.sql(T.LATE_CORRECTIONS_SQL)
+
+
+def _add_missing_columns(spark: SparkSession, name: str, schema: StructType) -> None:
+    have = {c.lower() for c in spark.table(name).columns}
+    missing = [f for f in schema.fields if f.name.lower() not in have]
+    if missing:
+        columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in missing)
+        log.info("%s: adding the columns this version writes: %s", name, columns)
+        spark.sql(f"ALTER TABLE {name} ADD COLUMNS ({columns})")
 
 
 def metastore_session(settings: Settings, app_name: str) -> SparkSession:

@@ -66,6 +66,8 @@ P_EXPECTED_WINDOWS = "expected_windows"
 P_EXPECTED_IMPRESSIONS = "expected_impressions"
 P_EXPECTED_CLICKS = "expected_clicks"
 P_MAX_LATE_SHARE = "max_late_share"
+P_EXPECTED_REGIONS = "expected_regions"
+P_MIN_RAW_ROWS = "min_raw_rows"
 
 MINUTE_US = 60_000_000
 EVENT_TYPES = ("impression", "click")
@@ -94,7 +96,7 @@ class QualityResult:
     data_docs: Path | None  # index.html of the built Data Docs
     results_path: Path  # the JSON of this run's validation results
     notes: list[str] = field(default_factory=list)
-    parameters: dict[str, float] = field(default_factory=dict)  # the expectation parameters used
+    parameters: dict[str, Any] = field(default_factory=dict)  # the expectation parameters used
 
     def describe(self) -> str:
         verdict = "passed" if self.success else f"FAILED ({len(self.failed)} of {self.evaluated} expectations failed)"
@@ -141,17 +143,31 @@ def _hour_tag(hour: datetime) -> str:
     return hour.astimezone(UTC).strftime("%Y-%m-%dT%H")
 
 
-def hour_frames(spark: SparkSession, hour: datetime) -> HourFrames:
-    """Read the three tables (names from :mod:`adpipe.lakehouse.tables`) for ``event_hour == hour``."""
+def hour_frames(spark: SparkSession, hour: datetime, staged_through: int | None = None) -> HourFrames:
+    """The three tables' rows of ``event_hour == hour``: the published ones,
+    or with ``staged_through`` the candidate a write-audit-publish run would
+    publish: the published rows plus the staged rows of runs up to that one
+    that are not published yet."""
     hour = normalize_hour(hour)
 
-    def read(name: str) -> DataFrame:
-        return spark.table(name).where(F.col("event_hour") == F.lit(hour))
+    def read(name: str, schema: Any) -> DataFrame:
+        keys = next(k for s, k in tables.TABLES.values() if s is schema)
+        names = schema.fieldNames()
+        published = spark.table(name).where(F.col("event_hour") == F.lit(hour)).select(*names)
+        if staged_through is None:
+            return published
+        staged = (
+            spark.table(tables.staged(name))  # the staging twin of a published table
+            .where((F.col("event_hour") == F.lit(hour)) & (F.col("load_run") <= F.lit(staged_through)))
+            .select(*names)
+            .join(published.select(*keys), list(keys), "left_anti")
+        )
+        return published.unionByName(staged)
 
     return HourFrames(
-        raw_df=read(tables.RAW),
-        quarantine_df=read(tables.QUARANTINE),
-        aggregates_df=read(tables.AGGREGATES),
+        raw_df=read(tables.RAW, tables.RAW_SCHEMA),
+        quarantine_df=read(tables.QUARANTINE, tables.QUARANTINE_SCHEMA),
+        aggregates_df=read(tables.AGGREGATES, tables.AGGREGATES_SCHEMA),
     )
 
 
@@ -265,6 +281,15 @@ def _raw_expectations() -> list[Any]:
             min_value=0,
             max_value={"$PARAMETER": P_MAX_LATE_SHARE},
             notes="late events are at most ADPIPE_MAX_LATE_SHARE of the hour's valid events",
+        ),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value={"$PARAMETER": P_MIN_RAW_ROWS},
+            notes="an hour whose raw topics received records in Kafka is never empty",
+        ),
+        gxe.ExpectColumnDistinctValuesToContainSet(
+            column="region",
+            value_set={"$PARAMETER": P_EXPECTED_REGIONS},
+            notes="every configured region whose raw topic received records in the hour has rows of it",
         ),
     ]
 
@@ -432,6 +457,12 @@ def _checkpoints(settings: Settings) -> tuple[Any, dict[str, Any]]:
     return context, checkpoints
 
 
+def docs_site(settings: Settings) -> Path | None:
+    """The local Data Docs site's folder, once a validation has built it."""
+    site = gx_root(settings) / "uncommitted" / "data_docs" / DOCS_SITE
+    return site if (site / "index.html").exists() else None
+
+
 def _docs_index(context: Any) -> Path | None:
     for site in context.get_docs_sites_urls(site_name=DOCS_SITE) or []:
         url = site.get("site_url")
@@ -521,16 +552,47 @@ def _expected_parameters(recon_df: DataFrame) -> dict[str, int]:
     return {k: int(row[k]) for k in (P_EXPECTED_WINDOWS, P_EXPECTED_IMPRESSIONS, P_EXPECTED_CLICKS, "recon_rows")}
 
 
-def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> QualityResult:
+@dataclass(frozen=True)
+class KafkaFacts:
+    """What Kafka says about an hour, independently of the tables: the
+    regions whose raw topic received records in it, and the topics that no
+    longer hold all of its records (deleted by retention)."""
+
+    regions_with_input: tuple[str, ...] = ()
+    retention_gaps: tuple[dict, ...] = ()
+
+    def failures(self) -> list[str]:
+        return [
+            f"kafka_retention: {g['region']} {g['topic']}[{g['partition']}] keeps records from offset "
+            f"{g['first_offset']} only, written after the hour began: Kafka can no longer prove this hour"
+            for g in self.retention_gaps
+        ]
+
+
+def kafka_facts(settings: Settings, hour: datetime) -> KafkaFacts:
+    from adpipe.lakehouse import ranges
+
+    return KafkaFacts(
+        tuple(ranges.regions_with_input(settings, hour)), tuple(ranges.retention_gaps(settings, hour))
+    )
+
+
+def validate_frames(
+    settings: Settings, hour: datetime, frames: HourFrames, facts: KafkaFacts | None = None
+) -> QualityResult:
     """Run the hour's GE checkpoints on the given frames (no table reads).
 
-    An hour with neither on-time raw events nor aggregates skips the
-    aggregates and reconciliation checkpoints (nothing to reconcile; GE's
-    column sum of an empty column is null, not 0), and an hour with no raw
-    events skips the raw one; an hour with nothing at all passes with a note.
+    ``facts`` (:func:`kafka_facts`): an hour whose raw topics received
+    records is never "empty" (the raw checks then run, and fail on no rows),
+    each region with input must have rows, and an hour Kafka no longer holds
+    in full fails. An hour with neither on-time raw events nor aggregates
+    skips the aggregates and reconciliation checkpoints (GE's column sum of
+    an empty column is null, not 0); an hour with nothing at all and no
+    input passes with a note.
     """
     from great_expectations.core.run_identifier import RunIdentifier
 
+    facts = facts or KafkaFacts()
     hour = normalize_hour(hour)
     tag = _hour_tag(hour)
     raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df)
@@ -540,15 +602,20 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
     # The numbers GE compares the aggregates with, computed in Spark from raw.
     stats = _expected_parameters(recon_df)
     recon_rows = stats.pop("recon_rows")
-    parameters: dict[str, float] = {**stats, P_MAX_LATE_SHARE: settings.max_late_share}
+    parameters: dict[str, Any] = {
+        **stats,
+        P_MAX_LATE_SHARE: settings.max_late_share,
+        P_MIN_RAW_ROWS: 1 if facts.regions_with_input else 0,
+        P_EXPECTED_REGIONS: sorted(facts.regions_with_input),
+    }
     raw_rows = frames.raw_df.count()
 
     notes: list[str] = []
     to_run: list[tuple[str, DataFrame]] = []
-    if raw_rows:
+    if raw_rows or facts.regions_with_input:
         to_run.append((RAW_NAME, raw_df))
     else:
-        notes.append("no raw events in this hour: raw checks skipped")
+        notes.append("no raw events in this hour and no raw input in Kafka: raw checks skipped")
     if recon_rows:
         to_run += [(AGGREGATES_NAME, aggregates_df), (RECONCILIATION_NAME, recon_df)]
     else:
@@ -585,6 +652,7 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
                 failed += [failure_line(name, evr) for evr in suite_result.results if not evr.success]
         data_docs = _docs_index(context)
 
+    failed += facts.failures()
     success = all_succeeded and not failed
     results_path = gx_root(settings) / "uncommitted" / "hourly_results" / tag / f"{run_time:%Y%m%dT%H%M%S%fZ}.json"
     results_path.parent.mkdir(parents=True, exist_ok=True)
@@ -624,7 +692,8 @@ def validate_frames(settings: Settings, hour: datetime, frames: HourFrames) -> Q
 
 
 def validate_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> QualityResult:
-    """Read the hour from the tables and validate it (see :func:`validate_frames`).
+    """Read the hour from the published tables and validate it, with what
+    Kafka says of the hour (see :func:`validate_frames`).
 
     Without ``spark``, builds the session on the metastore (where the tables
     are) and stops it afterwards when this call started it."""
@@ -636,7 +705,7 @@ def validate_hour(settings: Settings, hour: datetime, spark: SparkSession | None
         owned = SparkSession.getActiveSession() is None
         spark = metastore_session(settings, "adpipe-quality")
     try:
-        return validate_frames(settings, hour, hour_frames(spark, hour))
+        return validate_frames(settings, hour, hour_frames(spark, hour), kafka_facts(settings, hour))
     finally:
         if owned:
             spark.stop()
@@ -644,10 +713,12 @@ def validate_hour(settings: Settings, hour: datetime, spark: SparkSession | None
 
 __all__ = [
     "HourFrames",
+    "KafkaFacts",
     "QualityError",
     "QualityResult",
     "expected_minute_counts",
     "hour_frames",
+    "kafka_facts",
     "normalize_hour",
     "reconciliation_frame",
     "validate_frames",

@@ -3,8 +3,16 @@ their names, schemas and unique keys, in one place for the loader, the
 Great Expectations checks and verify.
 
 Every table carries ``event_hour`` (the UTC hour the event time, or the
-window start, falls in): the hourly load writes and the checks read one
-``event_hour`` at a time."""
+window start, falls in): the load files each row in its own hour, and the
+checks read one ``event_hour`` at a time.
+
+Write-audit-publish: a load first writes the rows it read into the staging
+twins of the three tables (database ``ads_staging``, same schemas), the
+Great Expectations gate audits them, and only then are they published into
+``ads``. ``load_run`` is the load run that published a row (in staging: the
+run that staged it). ``ads.load_runs`` is the loads' ledger (which Kafka
+offsets each run read, what it published), and ``ads.late_corrections``
+the rows published into an hour after its first publication."""
 
 from __future__ import annotations
 
@@ -19,9 +27,12 @@ from pyspark.sql.types import (
 )
 
 DATABASE = "ads"
+STAGING_DATABASE = "ads_staging"
 RAW = f"{DATABASE}.ad_events_raw"
 AGGREGATES = f"{DATABASE}.ad_minute_aggregates"
 QUARANTINE = f"{DATABASE}.ad_events_quarantine"
+LOAD_RUNS = f"{DATABASE}.load_runs"
+LATE_CORRECTIONS = f"{DATABASE}.late_corrections"
 
 # Quarantine sources.
 SOURCE_DLQ = "dlq"
@@ -33,6 +44,9 @@ _KAFKA_COLUMNS = [
     StructField("kafka_partition", IntegerType(), False),
     StructField("kafka_offset", LongType(), False),
     StructField("loaded_at", TimestampType(), False),
+    # The load run that published the row (in staging: that staged it);
+    # null in rows published before runs were numbered.
+    StructField("load_run", LongType(), True),
 ]
 
 RAW_SCHEMA = StructType(
@@ -84,3 +98,56 @@ TABLES: dict[str, tuple[StructType, tuple[str, ...]]] = {
     AGGREGATES: (AGGREGATES_SCHEMA, ("record_uuid",)),
     QUARANTINE: (QUARANTINE_SCHEMA, ("source", "event_key")),
 }
+
+
+def staged(table: str) -> str:
+    """The staging twin of a published table (``ads.x`` -> ``ads_staging.x``)."""
+    return f"{STAGING_DATABASE}.{table.split('.', 1)[1]}"
+
+
+# The loads' ledger: one row per step of a run (append-only).
+LOAD_RUNS_SCHEMA = StructType(
+    [
+        StructField("run_id", LongType(), False),
+        StructField("step", StringType(), False),  # staged | published | failed | repaired
+        StructField("kind", StringType(), False),  # load | repair
+        StructField("hour", TimestampType(), True),  # the hour the run was asked for
+        StructField("at", TimestampType(), False),
+        # JSON {region: {topic: {partition: [first, end)}}}: every offset loaded
+        # so far (on "staged" rows: after this run).
+        StructField("coverage", StringType(), True),
+        StructField("read", StringType(), True),  # JSON: the ranges this run read
+        StructField("rows", StringType(), True),  # JSON {table: rows} staged or published
+        StructField("hours", StringType(), True),  # JSON list of the hours published
+        StructField("corrections", StringType(), True),  # JSON {hour: rows} published after the hour's first
+        StructField("message", StringType(), True),  # failed expectations, retention gaps
+    ]
+)
+
+# An hour is final at the first run that published it (or the latest that
+# repaired it, which rewrote every row of it): rows published into it by a
+# later run are late corrections. Final runs come from the ledger, so a run
+# that crashed half-way through publishing never counts as final.
+LATE_CORRECTIONS_SQL = f"""
+CREATE OR REPLACE VIEW {LATE_CORRECTIONS} AS
+WITH steps AS (
+    SELECT to_timestamp(h, "yyyy-MM-dd'T'HH") AS event_hour, step, run_id
+    FROM {LOAD_RUNS} LATERAL VIEW explode(from_json(hours, 'array<string>')) x AS h
+    WHERE step IN ('published', 'repaired')
+),
+final AS (
+    SELECT event_hour,
+           coalesce(max(CASE WHEN step = 'repaired' THEN run_id END),
+                    min(CASE WHEN step = 'published' THEN run_id END)) AS final_run
+    FROM steps GROUP BY event_hour
+),
+published AS (
+    SELECT '{RAW}' AS table_name, event_hour, load_run FROM {RAW}
+    UNION ALL SELECT '{AGGREGATES}', event_hour, load_run FROM {AGGREGATES}
+    UNION ALL SELECT '{QUARANTINE}', event_hour, load_run FROM {QUARANTINE}
+)
+SELECT p.event_hour, p.table_name, p.load_run, f.final_run, count(*) AS rows
+FROM published p JOIN final f ON p.event_hour = f.event_hour
+WHERE p.load_run > f.final_run
+GROUP BY p.event_hour, p.table_name, p.load_run, f.final_run
+"""  # noqa: S608 - table names are this module's constants

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from adpipe.pg import connect
+from adpipe import pg
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -202,20 +202,9 @@ def status(settings: Settings) -> PostgresStatus:
 
 
 def ensure_databases(settings: Settings, names: tuple[str, ...] = DATABASES) -> list[str]:
-    """Create the databases that do not exist yet; return those created."""
-    conn = connect(settings, "postgres")
-    created = []
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT datname FROM pg_database")
-            existing = {row[0] for row in cur.fetchall()}
-            for name in names:
-                if name not in existing:
-                    cur.execute(f'CREATE DATABASE "{name}"')
-                    created.append(name)
-    finally:
-        conn.close()
-    return created
+    """Create the databases that do not exist yet (the project's, and the
+    configured metastore's); return those created."""
+    return pg.ensure_databases(settings, tuple(dict.fromkeys((*names, settings.metastore_database))))
 
 
 def is_local(settings: Settings) -> bool:

@@ -3,6 +3,7 @@
 * :mod:`adpipe.orchestration.alerts` - the one notifier of every DAG.
 * :mod:`adpipe.orchestration.stream_supervisor` - keeps the stream job alive.
 * :mod:`adpipe.orchestration.load_tasks` - bodies of the hourly load DAG.
+* :mod:`adpipe.orchestration.assets` - Airflow Assets of the published tables.
 * :mod:`adpipe.orchestration.maintenance_tasks` - the daily OPTIMIZE and VACUUM
   of the Delta tables.
 

@@ -1,29 +1,37 @@
 """Bodies of the ``ad_union_and_load`` DAG's tasks: one UTC hour each run,
-taken from the run's data interval (never from the clock), so a rerun, a
-catchup run or a backfill run of an hour does the same thing.
+taken from the run's data interval (never from the clock), or from the
+``hour`` param of a manual run, so a rerun, a catchup run or a backfill run
+of an hour does the same thing. Write-audit-publish, one step per task:
 
 1. ``wait_for_hour_closed`` - every region has closed the hour: its stream
    watermark (delay and allowed lateness included) is past the hour's end,
    or, for a quiet region, its stream has no lag and the clock is past the
-   hour's end plus the lateness (``adpipe.lakehouse.load.hour_closed``).
-2. ``load`` - Union & Load of the hour into the Delta tables (idempotent:
-   insert-only MERGE on each table's key).
-3. ``validate`` - the Great Expectations suites on the hour; a failed
-   expectation raises ``QualityError`` naming it, which fails the run and
-   fires the failure notifier.
-4. ``publish_data_docs`` - copies the hour's Data Docs site to a stable
-   place (``$ADPIPE_HOME/data_docs/<hour>``) and points ``latest`` at it."""
+   hour's end plus the lateness (``adpipe.lakehouse.ranges.hour_closed``).
+2. ``stage`` - what arrived since the last run, every region, into the
+   staging tables, each row in its own hour (``adpipe.lakehouse.load.stage``).
+3. ``validate`` - the Great Expectations gate on each hour the run would
+   publish (published plus staged rows, and what Kafka says of the hour);
+   a failed expectation raises ``QualityError`` naming it.
+4. ``verify`` - the independent check: ``adpipe verify --hour H
+   --candidate-of-run N --tables-only`` in a process of its own (the tools
+   sit above this package): the candidate against counts recomputed in
+   plain Python from the raw Kafka records.
+5. ``publish`` - the audited rows into the ``ads`` tables.
+6. ``publish_data_docs`` - whatever happened before it: a page linking to
+   the hour's Data Docs (``$ADPIPE_HOME/data_docs/<hour>.html``,
+   ``latest.html``), never a copy of the site."""
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
-from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from adpipe.settings import Settings
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from adpipe.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
 
@@ -47,76 +55,214 @@ def hour_of_interval(start: datetime | None, end: datetime | None) -> datetime:
     return start_utc
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-friendly copy for XCom."""
-    if is_dataclass(value) and not isinstance(value, type):
-        value = asdict(value)
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, Path | datetime):
-        return str(value)
-    return value
+def hour_of_run(params: dict[str, Any] | None, start: datetime | None, end: datetime | None) -> datetime:
+    """The hour a run covers: the ``hour`` param when a manual run names one
+    (``YYYY-MM-DDTHH``), else its data interval (:func:`hour_of_interval`)."""
+    named = (params or {}).get("hour")
+    if named:
+        from adpipe.lakehouse.ranges import parse_hour
+
+        return parse_hour(str(named))
+    return hour_of_interval(start, end)
 
 
 def hour_is_closed(settings: Settings, hour: datetime) -> bool:
-    from adpipe.lakehouse.load import hour_closed
+    from adpipe.lakehouse.ranges import hour_closed
 
     closed = hour_closed(settings, hour)
     log.info("hour %s closed: %s", hour.isoformat(), closed)
     return closed
 
 
-def load(settings: Settings, hour: datetime) -> dict[str, Any]:
-    from adpipe.lakehouse.load import load_hour
+def run_file(settings: Settings, airflow_run_id: str) -> Path:
+    """Where the steps of one DAG run hand its staged run over (the stage
+    step writes it; validate, verify and publish read it)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in airflow_run_id)
+    return settings.home / "load" / "airflow" / f"{safe}.json"
 
-    result = load_hour(settings, hour)
-    log.info("%s", result.describe())
-    return _plain(result)
 
-
-def validate(settings: Settings, hour: datetime) -> dict[str, Any]:
-    """Raises ``QualityError`` (naming every failed expectation) on failure."""
-    from adpipe.lakehouse.load import hour_label
+def _session(settings: Settings, step: str, hour: datetime) -> Any:
     from adpipe.lakehouse.metastore import metastore_session
-    from adpipe.lakehouse.quality import validate_hour
+    from adpipe.lakehouse.ranges import hour_label
 
     # The tables are found through the Hive metastore: in a task process of
     # its own (Airflow's executors) there is no session yet to reuse.
-    spark = metastore_session(settings, f"adpipe-validate-{hour_label(hour)}")
-    result = validate_hour(settings, hour, spark)
-    log.info("%s", result.describe())
-    summary = {
-        "hour": hour.isoformat(),
-        "success": result.success,
-        "failed": list(result.failed),
-        "data_docs": str(result.data_docs) if result.data_docs else None,
-    }
-    result.raise_for_failure()
-    return summary
+    return metastore_session(settings, f"adpipe-{step}-{hour_label(hour)}")
 
 
-def publish_data_docs(settings: Settings, hour: datetime, data_docs: str | None) -> str | None:
-    """Copy the Data Docs site the validation built to
-    ``$ADPIPE_HOME/data_docs/<hour>`` and point ``latest`` at it. Returns
-    the published index page (a file: URI), or None when there were none."""
-    if not data_docs:
-        log.warning("validation of %s built no Data Docs; nothing to publish", hour.isoformat())
+def _staged(path: Path) -> Any:
+    from adpipe.lakehouse import load
+
+    return load.StagedRun.from_dict(json.loads(path.read_text()))
+
+
+def stage(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
+    """In this process: stage the hour's load, hand the run over in ``path``."""
+    from adpipe.lakehouse import load
+
+    run = load.stage(settings, _session(settings, "stage", hour), hour)
+    load.write_json(path, run.to_dict())
+    log.info("run %d staged %s; hours to audit: %s", run.run_id, run.staged, ", ".join(run.hours))
+    return run.to_dict()
+
+
+def validate(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
+    """In this process: the gate on the run in ``path``. Raises
+    ``QualityError`` (naming every failed expectation of every hour) on
+    failure; nothing is then published."""
+    from adpipe.lakehouse import load
+    from adpipe.lakehouse.quality import QualityError
+
+    staged = _staged(path)
+    results = load.audit(settings, _session(settings, "validate", hour), staged)
+    failed = [r for r in results if not r.success]
+    text = "\n".join(r.describe() for r in (failed or results))
+    load.write_json(load.step_file(path, "audit"), {"success": not failed, "describe": text})
+    if failed:
+        raise QualityError(text, failed[0])
+    log.info("%s", text)
+    return {"run_id": staged.run_id, "hours": staged.hours, "success": True}
+
+
+class TablesDisagree(RuntimeError):
+    """``adpipe verify --hour`` found the candidate different from Kafka."""
+
+
+def verify(settings: Settings, hour: datetime, path: Path, env: dict[str, str] | None = None) -> dict:
+    """Run ``adpipe verify --hour --candidate-of-run --tables-only`` on the
+    run in ``path``; raise :class:`TablesDisagree` naming what differs."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from adpipe.lakehouse.ranges import hour_label
+
+    run_id = _staged(path).run_id
+    with tempfile.TemporaryDirectory(prefix="adpipe-verify-") as tmp:
+        report_path = Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "adpipe", "verify", "--hour", hour_label(hour), "--tables-only",
+                   "--candidate-of-run", str(run_id), "--report", str(report_path)]
+        log.info("running %s", " ".join(command))
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)  # noqa: S603
+        if not report_path.exists():
+            raise TablesDisagree(f"verify exited {done.returncode} without a report:\n{done.stderr[-3000:]}")
+        tables = json.loads(report_path.read_text())["tables"]
+    if done.returncode != 0 or not tables["ok"]:
+        parts = [
+            f"{name}: {section[key]} {key.removesuffix('_count')}"
+            for name, section in tables.items()
+            if isinstance(section, dict)
+            for key in ("missing_count", "unexpected_count", "duplicated_count", "wrong_count")
+            if section.get(key)
+        ]
+        if tables.get("past_retention_count"):
+            parts.append(f"{tables['past_retention_count']} partitions past Kafka retention")
+        counts = ("missing_count", "unexpected_count", "duplicated_count", "wrong_count")
+        details = {k: v for k, v in tables.items() if isinstance(v, dict) and any(v.get(c) for c in counts)}
+        raise TablesDisagree(
+            f"verify --hour {tables['hour']}: run {run_id}'s candidate disagrees with Kafka "
+            f"({'; '.join(parts) or 'see the report'}): {json.dumps(details, default=str)[:3000]}"
+        )
+    log.info("verify --hour %s: the candidate of run %s matches Kafka", tables["hour"], run_id)
+    return {k: tables[k] for k in ("hour", "ok", "problems", "regions")}
+
+
+def publish(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
+    """In this process: publish the audited run in ``path``."""
+    from adpipe.lakehouse import load
+
+    done = load.publish(settings, _session(settings, "publish", hour), _staged(path))
+    load.write_json(load.step_file(path, "publish"), done)
+    log.info("published %s; late corrections %s", done["inserted"], done["corrections"] or "none")
+    return done
+
+
+_IN_PROCESS = {"stage": stage, "validate": validate, "publish": publish}
+_CLI_STEP = {"stage": "stage", "validate": "audit", "publish": "publish"}
+
+
+class LoadStepOperator(SparkSubmitOperator):
+    """One Spark step of the load (``stage``, ``validate`` or ``publish``):
+    ``spark-submit jobs/union_and_load.py --step ...`` through the Spark
+    provider (connection ``adpipe_spark``), or in the task's own process
+    when ``ADPIPE_LOAD_SUBMIT=in-process``. The hour comes from the run's
+    ``hour`` param or data interval; the staged run passes from step to step
+    in :func:`run_file`. Returns the step's result (XCom)."""
+
+    def __init__(self, *, step: str, **kwargs: Any) -> None:
+        if step not in _IN_PROCESS:
+            raise ValueError(f"step {step!r}: expected one of {', '.join(_IN_PROCESS)}")
+        kwargs.setdefault("application", str(PROJECT_ROOT / "jobs" / "union_and_load.py"))
+        kwargs.setdefault("conn_id", "adpipe_spark")
+        super().__init__(**kwargs)
+        self.step = step
+
+    def execute(self, context: Any) -> Any:  # type: ignore[override]
+        from adpipe.lakehouse.ranges import hour_label
+        from adpipe.settings import load_settings
+
+        settings = load_settings()
+        hour = hour_of_run(context.get("params"), context.get("data_interval_start"), context.get("data_interval_end"))
+        path = run_file(settings, str(context["run_id"]))
+        if settings.load_submit == "in-process":
+            return _IN_PROCESS[self.step](settings, hour, path)
+        return self._submit(context, settings, hour_label(hour), path)
+
+    def _submit(self, context: Any, settings: Settings, hour: str, path: Path) -> Any:
+        from adpipe.lakehouse.load import step_file
+        from adpipe.lakehouse.metastore import metastore_conf
+        from adpipe.lakehouse.quality import QualityError
+        from adpipe.orchestration.stream_supervisor import spark_submit_binary, submit_conf
+
+        self.name = f"adpipe-load-{self.step}-{hour}"
+        self.conf, self.jars = submit_conf(settings, self.name, metastore_conf(settings))
+        self._spark_binary = self._spark_binary or spark_submit_binary()
+        self.application_args = ["--hour", hour, "--step", _CLI_STEP[self.step], "--run-file", str(path)]
+        self._hook = None  # built by execute from the arguments above
+        try:
+            super().execute(context)
+        except Exception:
+            audit = step_file(path, "audit")
+            if self.step == "validate" and audit.exists() and not json.loads(audit.read_text())["success"]:
+                raise QualityError(json.loads(audit.read_text())["describe"]) from None
+            raise
+        if self.step == "stage":
+            return json.loads(path.read_text())
+        return json.loads(step_file(path, _CLI_STEP[self.step]).read_text())
+
+
+def publish_data_docs(settings: Settings, hour: datetime) -> str | None:
+    """Write ``$ADPIPE_HOME/data_docs/<hour>.html``: links to the Data Docs
+    site and to the hour's validation pages in it (never a copy of the
+    site), and point ``latest.html`` at it. Runs after a failed gate too.
+    Returns the page's file: URI, or None when no Data Docs were built."""
+    from html import escape
+
+    from adpipe.lakehouse.quality import docs_site
+    from adpipe.lakehouse.ranges import hour_label
+
+    site = docs_site(settings)
+    if site is None:
+        log.warning("no Data Docs site under %s yet; nothing to link", settings.home)
         return None
-    source = Path(data_docs)
-    site = source if source.is_dir() else source.parent
-    target_root = settings.home / "data_docs"
-    target = target_root / hour.strftime("%Y-%m-%dT%H")
-    if target.resolve() != site.resolve():
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(site, target)
-    latest = target_root / "latest"
-    tmp = target_root / ".latest.tmp"
+    tag = hour_label(hour)
+    pages = sorted(site.glob(f"validations/**/adpipe-{tag}/**/*.html"))
+    root = settings.home / "data_docs"
+    root.mkdir(parents=True, exist_ok=True)
+    links = "\n".join(
+        f'<li><a href="{escape(p.resolve().as_uri())}">{escape(str(p.relative_to(site)))}</a></li>' for p in pages
+    )
+    index = (site / "index.html").resolve().as_uri()
+    body = (
+        f"<!doctype html><meta charset=utf-8><title>adpipe Data Docs {tag}</title>"
+        f"<h1>Great Expectations, hour {tag}</h1><p><a href=\"{escape(index)}\">Data Docs site</a></p>"
+        f"<ul>\n{links or '<li>no validation of this hour in the site</li>'}\n</ul>\n"
+    )
+    page = root / f"{tag}.html"
+    page.write_text(body)
+    tmp = root / ".latest.tmp"
     tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target.name)
-    tmp.replace(latest)
-    index = target / (source.name if source.is_file() else "index.html")
-    uri = index.resolve().as_uri()
-    log.info("Data Docs of %s published: %s", hour.isoformat(), uri)
-    return uri
+    tmp.symlink_to(page.name)
+    tmp.replace(root / "latest.html")
+    log.info("Data Docs of %s: %s (%d validation pages)", tag, page.resolve().as_uri(), len(pages))
+    return page.resolve().as_uri()

@@ -252,14 +252,17 @@ def stream_started(settings: Settings) -> bool:
     raise StreamStartError(f"stream {settings.job_id} is not running (log {log_path}):\n{tail}")
 
 
-def submit_conf(settings: Settings, app_name: str) -> tuple[dict[str, str], str]:
-    """spark-submit's --conf and --jars for the stream job, from the one
-    Spark configuration (adpipe.spark). The master comes from the Airflow
-    connection; the jars must be on the driver's classpath from the start,
-    so they go to --jars rather than being set by the job's session builder."""
+def submit_conf(
+    settings: Settings, app_name: str, extra_conf: dict[str, str] | None = None
+) -> tuple[dict[str, str], str]:
+    """spark-submit's --conf and --jars for a job, from the one Spark
+    configuration (adpipe.spark; ``extra_conf``: a part's own, e.g. the
+    load's Hive metastore). The master comes from the Airflow connection;
+    the jars must be on the driver's classpath from the start, so they go to
+    --jars rather than being set by the job's session builder."""
     from adpipe.spark import spark_conf
 
-    conf = spark_conf(settings, app_name)
+    conf = spark_conf(settings, app_name, extra_conf)
     conf.pop("spark.master", None)
     conf.pop("spark.app.name", None)
     jars = conf.pop("spark.jars")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 from adpipe.settings import Settings
+
+log = logging.getLogger("adpipe.tools")
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
@@ -50,17 +53,22 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import kafka_io
     from adpipe.tools import verify
 
-    report = verify.reconcile(settings, kafka_io.ledger_group(settings.job_id))
+    if (args.tables_only or args.candidate_of_run is not None) and not args.hour:
+        log.error("--tables-only and --candidate-of-run check the tables of one hour: give --hour")
+        return 2
+    report: dict = (
+        {"ok": True} if args.tables_only else verify.reconcile(settings, kafka_io.ledger_group(settings.job_id))
+    )
     if args.hour:
         from adpipe.lakehouse import load
         from adpipe.local import postgres
         from adpipe.tools import table_verify
 
         postgres.serve_metastore(settings)
-        tables = table_verify.check_hour(settings, load.parse_hour(args.hour))
+        tables = table_verify.check_hour(settings, load.parse_hour(args.hour), staged_through=args.candidate_of_run)
         report["tables"] = tables
         report["ok"] = report["ok"] and tables["ok"]
-    text = json.dumps(report, indent=2)
+    text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.report:
         Path(args.report).write_text(text + "\n")
@@ -127,6 +135,16 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         "--hour",
         help="also check the ads Delta tables for this UTC hour (YYYY-MM-DDTHH) against Kafka, for every "
         "region in ADPIPE_REGIONS",
+    )
+    p.add_argument(
+        "--tables-only", action="store_true", help="with --hour: only the tables of the hour against Kafka"
+    )
+    p.add_argument(
+        "--candidate-of-run",
+        type=int,
+        metavar="RUN",
+        help="with --hour: check what load run RUN would publish (published plus staged rows), not only the "
+        "published tables (the load DAG's verify task)",
     )
     p.add_argument("--report", help="also write the JSON report to this file")
     p.set_defaults(func=cmd_verify)

@@ -160,7 +160,11 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     if not load.hour_closed(demo_settings, the_hour):
         print(f"   hour {hour} is not closed: the stream's watermark has not passed its end")
         return 1
-    print("   " + load.load_hour(demo_settings, the_hour, spark).describe())
+    try:
+        print("   " + load.load_hour(demo_settings, the_hour, spark).describe())
+    except load.GateFailed as exc:
+        print("   the quality gate failed, nothing was published:\n   " + str(exc).replace("\n", "\n   "))
+        return 1
 
     print(f"8. Great Expectations: the exactly-once proof for hour {hour}")
     quality_result = quality.validate_hour(demo_settings, the_hour, spark)

@@ -5,7 +5,13 @@ Expected rows come from plain Kafka consumers and verify's own Python
 reading of the raw events (adpipe.tools.verify.classify); only the range of raw
 offsets is taken from the stream job's ledger (the loader lands exactly the
 raw records the stream has committed, so the raw table is compared with the
-same range). Actual rows come from the tables through Spark."""
+same range). Actual rows come from the tables through Spark: the published
+ones, or (``staged_through``) the candidate a load run is about to publish.
+
+Besides the rows by key, the minute counts are reconciled from the raw
+records themselves: per (region, ad, minute) the distinct valid events of
+each type minus those listed late must equal the aggregate's counts, so a
+stream that agreed only with itself would fail here."""
 
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import kafka_io
+from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
+from adpipe.lakehouse.ranges import retention_gaps
 from adpipe.settings import Settings
 from adpipe.tools.verify import LIST_LIMIT, classify, classify_record
 
@@ -27,19 +35,24 @@ def _hour_of_ms(ms: int) -> datetime:
 
 
 def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
-    """Per table, what it must hold for the hour, keyed by its unique key."""
+    """Per table, what it must hold for the hour, keyed by its unique key;
+    ``minutes``: per (region, ad_id, window_start), the counts the raw
+    records imply."""
     aggregates: dict[str, tuple] = {}
     raw: set[str] = set()
     late: set[str] = set()
+    minutes: dict[tuple, tuple[int, int]] = {}
     for region in settings.regions:
         rs = settings.for_region(region)
         committed = kafka_io.stream_commits(rs)
+        events: dict[str, object] = {}
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.events):
             if rec.offset >= committed.get(rec.partition, (0, ""))[0]:
                 continue  # not processed by the stream job yet: not loadable yet
             event = classify_record(rec.value, rec.timestamp_ms, rs.max_future_skew_ms)
             if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
                 raw.add(event.event_id)
+                events.setdefault(event.event_id, event)
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.aggregates):
             body = json.loads(rec.value)
             start = datetime.fromisoformat(body["window_start"].replace("Z", "+00:00"))
@@ -47,32 +60,48 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
                 aggregates.setdefault(
                     body["record_uuid"], (body["ad_id"], body["window_start"], body["impressions"], body["clicks"])
                 )
+        region_late: set[str] = set()
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.late):
             event = classify(rec.value)
             if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
-                late.add(event.event_id)
-    return {"aggregates": aggregates, "raw": {e: () for e in raw}, "late": {e: () for e in late}}
+                region_late.add(event.event_id)
+        late |= region_late
+        counts: dict[tuple, list[int]] = {}
+        for event_id, event in events.items():
+            if event_id in region_late:
+                continue
+            key = (region.job_id, event.ad_id, event.window_start)  # type: ignore[attr-defined]
+            counts.setdefault(key, [0, 0])[0 if event.event_type == "impression" else 1] += 1  # type: ignore[attr-defined]
+        minutes.update({key: (n[0], n[1]) for key, n in counts.items()})
+    return {
+        "aggregates": aggregates,
+        "raw": {e: () for e in raw},
+        "late": {e: () for e in late},
+        "minutes": minutes,
+    }
 
 
-def actual_rows(spark: SparkSession, hour: datetime, regions: list[str]) -> dict[str, list[tuple]]:
-    """(key, value) rows of the hour and regions from each table; duplicates kept."""
+def actual_rows(frames: quality.HourFrames, regions: list[str]) -> dict[str, list[tuple]]:
+    """(key, value) rows of the hour and regions from each table's frame;
+    duplicates kept."""
 
-    def of_hour(name: str):  # noqa: ANN202 - a DataFrame
-        return spark.table(name).where((F.col("event_hour") == F.lit(hour)) & F.col("region").isin(regions))
+    def of_regions(df):  # noqa: ANN001, ANN202 - DataFrames
+        return df.where(F.col("region").isin(regions))
 
     # Formatted by Spark in its session zone (UTC): a collected timestamp would
     # come back as a naive datetime in the host's zone.
     window_start = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start")
-    aggregates = [
-        (r.record_uuid, (r.ad_id, r.window_start, r.impressions, r.clicks))
-        for r in of_hour(T.AGGREGATES).select("record_uuid", "ad_id", window_start, "impressions", "clicks").collect()
-    ]
-    raw = [(r.event_id, ()) for r in of_hour(T.RAW).select("event_id").collect()]
+    agg_rows = of_regions(frames.aggregates_df).select(
+        "record_uuid", "region", "ad_id", window_start, "impressions", "clicks"
+    ).collect()
+    aggregates = [(r.record_uuid, (r.ad_id, r.window_start, r.impressions, r.clicks)) for r in agg_rows]
+    minutes = [((r.region, r.ad_id, r.window_start), (r.impressions, r.clicks)) for r in agg_rows]
+    raw = [(r.event_id, ()) for r in of_regions(frames.raw_df).select("event_id").collect()]
     late = [
         (r.event_key, ())
-        for r in of_hour(T.QUARANTINE).where(F.col("source") == T.SOURCE_LATE).select("event_key").collect()
+        for r in of_regions(frames.quarantine_df).where(F.col("source") == T.SOURCE_LATE).select("event_key").collect()
     ]
-    return {"aggregates": aggregates, "raw": raw, "late": late}
+    return {"aggregates": aggregates, "raw": raw, "late": late, "minutes": minutes}
 
 
 def compare(expected: dict[str, dict], actual: dict[str, list[tuple]]) -> dict:
@@ -105,36 +134,22 @@ def compare(expected: dict[str, dict], actual: dict[str, list[tuple]]) -> dict:
     return report
 
 
-def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
-    """The topics of each region that may no longer hold every record of the
-    hour: the broker deleted records of a partition (its first offset is
-    above 0) and the first record it still keeps is later than the earliest
-    a record of the hour can have been written (the hour's start less the
-    future skew an event may have over its record). Kafka cannot then prove
-    the hour, so the check fails rather than passing on what is left."""
-    earliest_ms = int(hour.timestamp() * 1000) - settings.max_future_skew_ms
-    gaps = []
-    for region in settings.regions:
-        rs = settings.for_region(region)
-        for topic in (rs.topics.events, rs.topics.aggregates, rs.topics.late, rs.topics.dlq):
-            for partition, (low, first_ms) in sorted(kafka_io.first_retained(rs.kafka_bootstrap, topic).items()):
-                if low > 0 and (first_ms is None or first_ms > earliest_ms):
-                    gaps.append(
-                        {"region": region.job_id, "topic": topic, "partition": partition, "first_offset": low,
-                         "first_timestamp_ms": first_ms}
-                    )
-    return gaps
-
-
-def check_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> dict:
+def check_hour(
+    settings: Settings, hour: datetime, spark: SparkSession | None = None, staged_through: int | None = None
+) -> dict:
+    """The hour's tables (or, with ``staged_through``, the candidate of that
+    load run) against Kafka; ``ok`` only when nothing differs and Kafka
+    still holds the whole hour."""
     if spark is None:
         from adpipe.lakehouse.metastore import metastore_session
 
         spark = metastore_session(settings, "adpipe-verify-tables")
     regions = [r.job_id for r in settings.regions]
-    report = compare(expected_rows(settings, hour), actual_rows(spark, hour, regions))
+    frames = quality.hour_frames(spark, hour, staged_through)
+    report = compare(expected_rows(settings, hour), actual_rows(frames, regions))
     report["hour"] = hour.strftime("%Y-%m-%dT%H")
     report["regions"] = regions
+    report["candidate_of_run"] = staged_through
     gaps = retention_gaps(settings, hour)
     report["past_retention"] = gaps[:LIST_LIMIT]
     report["past_retention_count"] = len(gaps)
@@ -142,3 +157,4 @@ def check_hour(settings: Settings, hour: datetime, spark: SparkSession | None = 
         report["problems"] += len(gaps)
         report["ok"] = False
     return report
+

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 from adpipe import schemas as S
-from adpipe.lakehouse import load
+from adpipe.lakehouse import load, ranges
 from adpipe.lakehouse import tables as T
 from adpipe.settings import SettingsError, load_settings
 from pyspark.sql import DataFrame, SparkSession
@@ -242,3 +242,48 @@ def test_every_delta_conflict_class_is_a_write_conflict_and_nothing_else_is() ->
     assert load.is_write_conflict(ProtocolChangedException("protocol changed"))
     assert load.is_write_conflict(RuntimeError("io.delta.exceptions.ConcurrentTransactionException: two writers"))
     assert not load.is_write_conflict(RuntimeError("[DELTA_MISSING_COLUMN] no such column"))
+
+
+# --- coverage and closed hours -------------------------------------------------------------
+
+
+def _ranges(region: str, topic: str, start: dict[int, int], end: dict[int, int]) -> ranges.RegionRanges:
+    empty = ranges.TopicRange("x", {}, {})
+    return ranges.RegionRanges(region, "k:1", None, ranges.TopicRange(topic, start, end), empty, empty, empty)
+
+
+def test_coverage_grows_contiguously_per_region_topic_and_partition() -> None:
+    first = ranges.advance({}, [_ranges("eu", "raw", {0: 5, 1: 0}, {0: 9, 1: 0})])
+    assert first["eu"]["raw"] == {"0": [5, 9], "1": [0, 0]}
+    # The next run continues where the coverage ends; another region is kept apart.
+    second = ranges.advance(
+        first, [_ranges("eu", "raw", {0: 9, 1: 0}, {0: 12, 1: 3}), _ranges("us", "raw", {0: 0}, {0: 2})]
+    )
+    assert second["eu"]["raw"] == {"0": [5, 12], "1": [0, 3]}
+    assert second["us"]["raw"] == {"0": [0, 2]}
+    # A backfill of an earlier hour reads from before the coverage: the span grows down.
+    third = ranges.advance(second, [_ranges("eu", "raw", {0: 1}, {0: 12})])
+    assert third["eu"]["raw"]["0"] == [1, 12]
+    assert first["eu"]["raw"] == {"0": [5, 9], "1": [0, 0]}, "advance must not change its input"
+
+
+def test_closed_hours_stop_asking_once_an_hour_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[datetime] = []
+    closed_up_to = HOUR + 2 * load.ONE_HOUR
+
+    def fake_closed(_settings: object, hour: datetime, _now: object = None) -> bool:
+        asked.append(hour)
+        return hour <= closed_up_to
+
+    monkeypatch.setattr(ranges, "hour_closed", fake_closed)
+    hours = [HOUR + i * load.ONE_HOUR for i in (4, 0, 2, 3, 1)]
+    assert ranges.closed_hours(load_settings({}), hours) == [HOUR + i * load.ONE_HOUR for i in (0, 1, 2)]
+    assert asked == [HOUR + i * load.ONE_HOUR for i in (4, 3, 2)]  # latest first; 2 closed closes 1 and 0
+    assert ranges.closed_hours(load_settings({}), []) == []
+
+
+def test_a_staged_run_survives_xcom() -> None:
+    run = load.StagedRun(7, "load", "2026-11-22T12", ["2026-11-22T11", "2026-11-22T12"], {T.RAW: 3}, [{"r": 1}], 2)
+    again = load.StagedRun.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert again == run
+    assert again.hour_list() == [HOUR - load.ONE_HOUR, HOUR]

@@ -28,7 +28,7 @@ def at(minute: int, second: int = 0) -> datetime:
 
 
 def kafka(offset: int, region: str = "region-local") -> tuple:
-    return (region, "t", 0, offset, LOADED)
+    return (region, "t", 0, offset, LOADED, None)
 
 
 def raw(
@@ -202,13 +202,15 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
     assert result.success, result.describe()
     assert result.failed == []
     assert result.hour == HOUR
-    # 4 raw + 18 aggregates + 4 reconciliation expectations.
-    assert result.evaluated == 27
+    # 7 raw + 18 aggregates + 4 reconciliation expectations.
+    assert result.evaluated == 29
     assert result.parameters == {
         "expected_windows": 2,
         "expected_impressions": 3,
         "expected_clicks": 1,
         "max_late_share": 0.25,
+        "min_raw_rows": 0,
+        "expected_regions": [],
     }
     assert result.data_docs is not None and result.data_docs.name == "index.html"
     assert result.data_docs.is_relative_to(settings.home)
@@ -380,10 +382,42 @@ def test_hour_of_only_late_events_still_checks_raw(spark: SparkSession, tmp_path
     result = Q.validate_frames(load_settings({"ADPIPE_HOME": str(tmp_path)}), HOUR, hour_frames)
     assert not result.success
     failed_with(result, Q.RAW_NAME, "column='is_late'", "observed 1")
-    assert result.evaluated == 5 and len(result.failed) == 1  # the raw suite only
+    assert result.evaluated == 7 and len(result.failed) == 1  # the raw suite only
     assert any("nothing to reconcile" in note for note in result.notes)
     lenient = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "1"})
     assert Q.validate_frames(lenient, HOUR, hour_frames).success
+
+
+# ---------------------------------------------------------------------------
+# What Kafka says of the hour: input, regions, retention
+
+
+def test_an_hour_with_input_in_kafka_and_no_rows_fails_it_is_never_empty(spark: SparkSession, settings) -> None:
+    facts = Q.KafkaFacts(regions_with_input=("region-local",))
+    result = Q.validate_frames(settings, HOUR, frames(spark, [], [], []), facts)
+    assert not result.success
+    failed_with(result, Q.RAW_NAME, "expect_table_row_count_to_be_between", "min_value=1", "observed 0")
+    failed_with(result, Q.RAW_NAME, "expect_column_distinct_values_to_contain_set", "column='region'")
+    assert not any("empty hour" in note for note in result.notes)
+
+
+def test_a_configured_region_with_input_but_no_rows_fails_naming_it(spark: SparkSession, settings) -> None:
+    facts = Q.KafkaFacts(regions_with_input=("region-local", "eu-west"))
+    result = Q.validate_frames(settings, HOUR, frames(spark), facts)
+    assert not result.success
+    (line,) = failed_with(result, "expect_column_distinct_values_to_contain_set", "column='region'")
+    assert "eu-west" in line
+    assert len(result.failed) == 1
+    assert Q.validate_frames(settings, HOUR, frames(spark), Q.KafkaFacts(("region-local",))).success
+
+
+def test_an_hour_kafka_no_longer_holds_fails_rather_than_passes(spark: SparkSession, settings) -> None:
+    gap = {"region": "region-local", "topic": "ad-events", "partition": 2, "first_offset": 900,
+           "first_timestamp_ms": 1_795_400_000_000}
+    result = Q.validate_frames(settings, HOUR, frames(spark, [], [], []), Q.KafkaFacts(retention_gaps=(gap,)))
+    assert not result.success
+    (line,) = failed_with(result, "kafka_retention", "ad-events[2]", "offset 900")
+    assert "can no longer prove" in line
 
 
 # ---------------------------------------------------------------------------
@@ -402,11 +436,13 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
         spark.createDataFrame(rows, schema).createOrReplaceTempView(view)
         monkeypatch.setattr(tables, name, view)
         views[name] = view
+    # What Kafka says of the hour is the facts tests' (below): here, nothing.
+    monkeypatch.setattr(Q, "kafka_facts", lambda _settings, _hour: Q.KafkaFacts())
     try:
         first = Q.validate_hour(settings, HOUR, spark)
         second = Q.validate_hour(settings, HOUR, spark)
         assert first.success and second.success, first.describe() + "\n" + second.describe()
-        assert first.evaluated == second.evaluated == 27
+        assert first.evaluated == second.evaluated == 29
         assert first.results_path != second.results_path
         assert first.results_path.exists() and second.results_path.exists()
         # Re-running updated the stored suites in place instead of adding copies.
@@ -421,6 +457,8 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
             "expected_impressions": 0,
             "expected_clicks": 1,
             "max_late_share": 0.25,
+            "min_raw_rows": 0,
+            "expected_regions": [],
         }
         failed_with(next_hour, "expect_column_sum_to_be_between", "column='clicks'", "observed 7")
     finally:

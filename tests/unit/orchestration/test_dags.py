@@ -19,16 +19,23 @@ from adpipe.settings import PROJECT_ROOT, Settings, load_settings
 
 from tests.conftest import TEST_HOME
 
-DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load"}
+DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load", "ad_table_maintenance"}
 EDGES = {
+    "ad_table_maintenance": set(),  # one task
     "ad_aggregation_stream": {
         ("start_stream_if_down", "wait_for_stream"),
         ("wait_for_stream", "check_stream"),
     },
     "ad_union_and_load": {
-        ("wait_for_hour_closed", "load"),
-        ("load", "validate"),
+        ("wait_for_hour_closed", "stage"),
+        ("stage", "validate"),
+        ("stage", "verify"),
+        ("stage", "publish"),
+        ("validate", "publish"),
+        ("verify", "publish"),
         ("validate", "publish_data_docs"),
+        ("verify", "publish_data_docs"),
+        ("publish", "publish_data_docs"),
     },
 }
 
@@ -62,13 +69,14 @@ def test_dagbag_imports_with_zero_errors(dagbag) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
-def test_dag_docs_tags_and_failure_notifier(dagbag, dag_id: str) -> None:  # noqa: ANN001
+def test_dag_docs_tags_and_one_failure_notifier_per_task(dagbag, dag_id: str) -> None:  # noqa: ANN001
     from adpipe.orchestration.alerts import AdpipeNotifier, notify_failure
 
     dag = dagbag.dags[dag_id]
     assert dag.doc_md and len(dag.doc_md) > 200
     assert "adpipe" in dag.tags
-    assert dag.on_failure_callback is notify_failure
+    # One level only: a DAG-level callback would send a second alert for the same failure.
+    assert not dag.on_failure_callback
     assert isinstance(notify_failure, AdpipeNotifier)
     for task in dag.tasks:
         callbacks = task.on_failure_callback
@@ -113,6 +121,26 @@ def test_load_dag_hourly_data_interval_catchup_and_doc(dagbag) -> None:  # noqa:
     # A manual run (dag.test) covers the whole hour ending at its logical date.
     manual = timetable.infer_manual_data_interval(run_after=pendulum.datetime(2026, 11, 22, 13, 20))
     assert (manual.start, manual.end) == (pendulum.datetime(2026, 11, 22, 12), pendulum.datetime(2026, 11, 22, 13))
+
+
+def test_load_dag_publishes_the_table_assets_names_its_hour_and_always_links_data_docs(dagbag) -> None:  # noqa: ANN001
+    dag = dagbag.dags["ad_union_and_load"]
+    outlets = {getattr(o, "name", None) for o in dag.get_task("publish").outlets}
+    assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine"}
+    assert dag.get_task("publish_data_docs").trigger_rule == "all_done"
+    assert dag.get_task("validate").retries == 0 and dag.get_task("verify").retries == 0
+    assert "hour" in dag.params and dag.params["hour"] is None
+
+
+def test_a_manual_run_names_its_hour_else_the_interval_decides() -> None:
+    from adpipe.orchestration.load_tasks import hour_of_run
+
+    interval = (datetime(2026, 11, 22, 5, tzinfo=UTC), datetime(2026, 11, 22, 6, tzinfo=UTC))
+    assert hour_of_run({"hour": "2026-11-21T23"}, *interval) == datetime(2026, 11, 21, 23, tzinfo=UTC)
+    assert hour_of_run({"hour": None}, *interval) == interval[0]
+    assert hour_of_run(None, *interval) == interval[0]
+    with pytest.raises(ValueError, match="not the start of an hour"):
+        hour_of_run({"hour": "2026-11-21T23:30"}, *interval)
 
 
 def test_load_start_is_configurable(dagbag) -> None:  # noqa: ANN001

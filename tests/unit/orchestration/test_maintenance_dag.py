@@ -1,5 +1,5 @@
 """The daily table-maintenance DAG: it loads, runs once a day at 03:30 UTC
-without catchup, alerts once per failed run (DAG-level callback only), and
+without catchup, retries its task once, and
 its task body hands the lakehouse's summaries to XCom as plain dicts."""
 
 from __future__ import annotations
@@ -65,16 +65,9 @@ def test_daily_at_0330_utc_without_catchup(dag) -> None:  # noqa: ANN001
     assert following.run_after == pendulum.datetime(2026, 11, 24, 3, 30)
 
 
-def test_failure_alerts_once_per_run_from_the_dag_level_only(dag) -> None:  # noqa: ANN001
-    from adpipe.orchestration.alerts import notify_failure
-
-    assert dag.on_failure_callback is notify_failure
-    for task in dag.tasks:
-        callbacks = task.on_failure_callback
-        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        assert notify_failure not in callbacks, f"{task.task_id}: a task callback would alert a second time"
-        assert callbacks in ([], [None]), task.task_id
-        assert task.retries == 1
+def test_the_task_retries_once(dag) -> None:  # noqa: ANN001
+    # (One alert per failure, from the task level: tests/unit/orchestration/test_dags.py, for every DAG.)
+    assert [task.retries for task in dag.tasks] == [1]
 
 
 def test_the_task_body_returns_one_plain_summary_per_table(monkeypatch: pytest.MonkeyPatch) -> None:

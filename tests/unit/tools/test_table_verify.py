@@ -17,3 +17,20 @@ def test_table_compare_names_missing_unexpected_duplicated_and_wrong_rows() -> N
     assert raw["duplicated"] == ["e1"] and raw["missing_count"] == 0
     assert report["problems"] == 4 and not report["ok"]
     assert table_verify.compare({"raw": {"e1": ()}}, {"raw": [("e1", ())]})["ok"]
+
+
+def test_minute_counts_from_raw_kafka_records_catch_an_aggregate_that_agrees_only_with_itself() -> None:
+    # The aggregate row matches its own Kafka record (same uuid and counts),
+    # but the raw records of that minute say 3 impressions, not 2.
+    record = ("ad-1", "2026-11-22T12:00:00Z", 2, 1)
+    expected = {"aggregates": {"u1": record}, "minutes": {("eu", "ad-1", "2026-11-22T12:00:00Z"): (3, 1)}}
+    actual = {
+        "aggregates": [("u1", record)],
+        "minutes": [(("eu", "ad-1", "2026-11-22T12:00:00Z"), (2, 1))],
+    }
+    report = table_verify.compare(expected, actual)
+    assert report["aggregates"]["wrong_count"] == 0
+    assert report["minutes"]["wrong"] == [
+        {"key": ("eu", "ad-1", "2026-11-22T12:00:00Z"), "expected": (3, 1), "table": (2, 1)}
+    ]
+    assert not report["ok"]

@@ -1,0 +1,302 @@
+"""Which Kafka offsets a load reads, and when an hour is closed.
+
+Load by arrival, file by event time
+-----------------------------------
+Event time and Kafka position are unrelated (late events arrive hours or
+days after their minute), so a load does not look for "the records of an
+hour". Each run reads what arrived since the offsets the previous runs
+loaded (the *coverage*, per region, topic and partition, kept in the
+``ads.load_runs`` ledger) and files every row in the partition of its own
+``event_hour``: a record that arrives two days late lands in its hour with
+the next run.
+
+- End of the raw topic: the offsets the region's stream job has committed
+  in its ledger group (see the stream sink). Exactly the raw records whose
+  outcome (an aggregate, a late listing or a DLQ entry) is committed, so the
+  raw table never holds an event whose late/DLQ fate is still unknown.
+- End of the aggregates, late and DLQ topics: their last stable offsets,
+  read *after* the ledger, so every output of those batches is included.
+- Start: where the coverage ends. The first run of a partition, or a run for
+  an hour before the coverage (a first backfill), starts at the first record
+  written at or after the hour's start less the larger of the future skew
+  and the lateness (``offsets_for_times``): nothing of the hour is older (a
+  valid event's ``event_time`` is at most the skew after its record's
+  timestamp, else it is malformed; copies and aggregates are written after
+  their raw record). Nothing re-reads the whole of what Kafka keeps.
+- A partition whose coverage ends below the first offset the broker still
+  keeps lost records to retention before any load read them: the run reads
+  from the first kept offset and reports how many were lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from adpipe import kafka_io
+from adpipe.settings import Region, Settings
+
+log = logging.getLogger(__name__)
+
+ONE_HOUR = timedelta(hours=1)
+
+# region -> topic -> partition (as a string, JSON's keys) -> [first, end)
+Coverage = dict[str, dict[str, dict[str, list[int]]]]
+
+
+# --- hours -----------------------------------------------------------------------------------
+
+
+def parse_hour(text: str) -> datetime:
+    """``YYYY-MM-DDTHH`` (also with ``:MM[:SS]`` and a zone) -> the UTC hour."""
+    raw = text.strip()
+    try:
+        if len(raw) < 13:  # a bare date would silently mean its midnight
+            raise ValueError(raw)
+        if len(raw) == 13:
+            ts = datetime.strptime(raw, "%Y-%m-%dT%H").replace(tzinfo=UTC)
+        else:
+            ts = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            if ts.tzinfo is None:
+                ts = ts.replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise ValueError(f"--hour {text!r}: expected YYYY-MM-DDTHH (UTC), e.g. 2026-11-22T12") from exc
+    ts = ts.astimezone(UTC)
+    if (ts.minute, ts.second, ts.microsecond) != (0, 0, 0):
+        raise ValueError(f"--hour {text!r} is not the start of an hour")
+    return ts
+
+
+def hours_between(first: datetime, last: datetime | None = None) -> list[datetime]:
+    """Every hour from ``first`` to ``last`` inclusive (just ``first`` without ``last``)."""
+    last = last or first
+    if last < first:
+        raise ValueError(f"--to-hour {hour_label(last)} is before --hour {hour_label(first)}")
+    return [first + i * ONE_HOUR for i in range(int((last - first) / ONE_HOUR) + 1)]
+
+
+def hour_label(hour: datetime) -> str:
+    return hour.astimezone(UTC).strftime("%Y-%m-%dT%H")
+
+
+def iso_ms(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def hour_ms(hour: datetime) -> int:
+    return int(hour.timestamp() * 1000)
+
+
+# --- offsets -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicRange:
+    topic: str
+    start: dict[int, int]
+    end: dict[int, int]
+    lost: dict[int, int] = field(default_factory=dict)  # records deleted by retention before any load read them
+
+    def partitions(self) -> list[int]:
+        return sorted(p for p in self.end if self.end[p] > self.start.get(p, 0))
+
+    def records(self) -> int:
+        return sum(self.end[p] - self.start[p] for p in self.partitions())
+
+    def options(self) -> dict[str, str]:
+        """Spark Kafka source options reading exactly this range."""
+        parts = self.partitions()
+        return {
+            "assign": json.dumps({self.topic: parts}),
+            "startingOffsets": json.dumps({self.topic: {str(p): self.start[p] for p in parts}}),
+            "endingOffsets": json.dumps({self.topic: {str(p): self.end[p] for p in parts}}),
+        }
+
+
+@dataclass(frozen=True)
+class RegionRanges:
+    region: str
+    bootstrap: str
+    watermark_ms: int | None
+    raw: TopicRange
+    aggregates: TopicRange
+    late: TopicRange
+    dlq: TopicRange
+
+    def topics(self) -> tuple[TopicRange, ...]:
+        return (self.raw, self.aggregates, self.late, self.dlq)
+
+
+def read_since_ms(settings: Settings, hour: datetime) -> int:
+    """The earliest record timestamp a record of ``hour`` can have (module doc)."""
+    return hour_ms(hour) - max(settings.max_future_skew_ms, settings.lateness_ms)
+
+
+def _plan_topic(
+    bootstrap: str, topic: str, end: dict[int, int], low: dict[int, int], since_ms: int, covered: dict[str, list[int]]
+) -> TopicRange:
+    """From the coverage's end (or the hour's first record) to ``end``."""
+    firsts = kafka_io.offsets_for_times(bootstrap, topic, since_ms)
+    start: dict[int, int] = {}
+    lost: dict[int, int] = {}
+    for p, stop in end.items():
+        first = firsts.get(p)
+        by_time = max(low[p], stop if first is None else min(first, stop))  # None: nothing that recent
+        cov = covered.get(str(p))
+        if cov is None:
+            # A partition added after the coverage began holds only newer records: all of it.
+            begin = low[p] if covered else by_time
+        elif by_time < cov[0]:
+            begin = by_time  # an hour before the coverage: read it (what is covered again is harmless)
+        else:
+            begin = cov[1]
+        if begin < low[p]:
+            lost[p] = low[p] - begin
+            log.error(
+                "%s[%d]: records %d..%d were deleted by retention before a load read them (%d lost)",
+                topic, p, begin, low[p] - 1, low[p] - begin,
+            )
+            begin = low[p]
+        start[p] = min(begin, stop)
+    return TopicRange(topic, start, dict(end), lost)
+
+
+def region_ranges(
+    settings: Settings, region: Region, hour: datetime, coverage: dict[str, dict[str, list[int]]] | None = None
+) -> RegionRanges:
+    """The offsets one run reads from one region (see the module docstring);
+    ``coverage``: the region's, per topic, from the loads' ledger."""
+    rs = settings.for_region(region)
+    since_ms = read_since_ms(settings, hour)
+    coverage = coverage or {}
+    commits = kafka_io.stream_commits(rs)
+    marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
+
+    def plan(topic: str, end_of: dict[int, tuple[int, int]], raw: bool = False) -> TopicRange:
+        low = {p: lo for p, (lo, _hi) in end_of.items()}
+        if raw:
+            end = {p: max(lo, commits[p][0]) if p in commits else lo for p, (lo, _hi) in end_of.items()}
+        else:
+            end = {p: hi for p, (_lo, hi) in end_of.items()}
+        return _plan_topic(rs.kafka_bootstrap, topic, end, low, since_ms, coverage.get(topic, {}))
+
+    raw = plan(rs.topics.events, kafka_io.offset_bounds(rs.kafka_bootstrap, rs.topics.events), raw=True)
+    # Read after the ledger: every output of the committed batches is below these.
+    outputs = [
+        plan(topic, kafka_io.offset_bounds(rs.kafka_bootstrap, topic))
+        for topic in (rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
+    ]
+    return RegionRanges(region.job_id, rs.kafka_bootstrap, max(marks) if marks else None, raw, *outputs)
+
+
+def advance(coverage: Coverage, ranges: list[RegionRanges]) -> Coverage:
+    """The coverage once ``ranges`` are loaded: each partition's span grows
+    to include what was read (reads start where the coverage ends, or before
+    it, so the span stays contiguous)."""
+    out: Coverage = json.loads(json.dumps(coverage))
+    for region in ranges:
+        for rng in region.topics():
+            spans = out.setdefault(region.region, {}).setdefault(rng.topic, {})
+            for p, stop in rng.end.items():
+                begin = rng.start.get(p, stop)
+                old = spans.get(str(p))
+                spans[str(p)] = [begin, stop] if old is None else [min(old[0], begin), max(old[1], stop)]
+    return out
+
+
+# --- hours closed ------------------------------------------------------------------------------
+
+
+def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None) -> bool:
+    """True when every region has closed the hour: its stream job committed a
+    batch whose watermark (delay and allowed lateness included) is past the
+    hour's end, so all of the hour's windows are emitted and committed; or
+    the region is quiet: nothing reached its raw topic since the hour ended
+    (no record timestamp at or after the end), its stream has committed every
+    record (no lag), and the wall clock (``now``) is past the hour's end plus
+    the lateness. A quiet region's watermark stands still, so without this
+    rule it would hold every hour open. Windows it has not emitted yet (its
+    watermark short of their end) come with its next events, and a later
+    load picks them up."""
+    end = hour + ONE_HOUR
+    end_ms = hour_ms(end)
+    now = now or datetime.now(UTC)
+    for region in settings.regions:
+        rs = settings.for_region(region)
+        commits = kafka_io.stream_commits(rs)
+        marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
+        if marks and max(marks) >= end_ms:
+            continue
+        lag = sum(kafka_io.stream_lag(rs, commits).values())
+        arrived_since = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
+        quiet = lag == 0 and all(offset is None for offset in arrived_since.values())
+        if quiet and now >= end + timedelta(milliseconds=settings.lateness_ms):
+            log.info(
+                "hour %s closed in quiet region %s: nothing arrived since its end, no lag, the clock past its end "
+                "plus lateness",
+                hour_label(hour),
+                region.job_id,
+            )
+            continue
+        log.info(
+            "hour %s not closed in region %s (watermark %s, lag %d records, %s)",
+            hour_label(hour),
+            region.job_id,
+            iso_ms(max(marks)) if marks else "none",
+            lag,
+            "quiet" if quiet else "records arrived since the hour's end",
+        )
+        return False
+    return True
+
+
+def closed_hours(settings: Settings, hours: list[datetime], now: datetime | None = None) -> list[datetime]:
+    """The closed ones of ``hours``. Closing is monotonic in time (a region
+    that closed an hour has closed every earlier one), so the hours are
+    checked from the latest down and the first closed one closes the rest."""
+    ordered = sorted(set(hours), reverse=True)
+    for i, hour in enumerate(ordered):
+        if hour_closed(settings, hour, now):
+            return sorted(ordered[i:])
+    return []
+
+
+# --- what Kafka can prove ----------------------------------------------------------------------
+
+
+def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
+    """The topics of each region that may no longer hold every record of the
+    hour: the broker deleted records of a partition (its first offset is
+    above 0) and the first record it still keeps is later than the earliest
+    a record of the hour can have been written (the hour's start less the
+    future skew an event may have over its record). Kafka cannot then prove
+    the hour, so a check fails rather than passing on what is left."""
+    earliest_ms = hour_ms(hour) - settings.max_future_skew_ms
+    gaps = []
+    for region in settings.regions:
+        rs = settings.for_region(region)
+        for topic in (rs.topics.events, rs.topics.aggregates, rs.topics.late, rs.topics.dlq):
+            for partition, (low, first_ms) in sorted(kafka_io.first_retained(rs.kafka_bootstrap, topic).items()):
+                if low > 0 and (first_ms is None or first_ms > earliest_ms):
+                    gaps.append(
+                        {"region": region.job_id, "topic": topic, "partition": partition, "first_offset": low,
+                         "first_timestamp_ms": first_ms}
+                    )
+    return gaps
+
+
+def regions_with_input(settings: Settings, hour: datetime) -> list[str]:
+    """The regions whose raw topic received records during the hour (record
+    timestamps in it): each must have rows of the hour, and an hour with
+    such input is never "empty"."""
+    start_ms, end_ms = hour_ms(hour), hour_ms(hour + ONE_HOUR)
+    out = []
+    for region in settings.regions:
+        rs = settings.for_region(region)
+        at_start = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, start_ms)
+        at_end = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
+        if any(first is not None and (at_end.get(p) is None or first < at_end[p]) for p, first in at_start.items()):
+            out.append(region.job_id)
+    return out
