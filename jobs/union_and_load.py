@@ -1,9 +1,13 @@
 """spark-submit entry point of the hourly Union & Load job.
 
     spark-submit jobs/union_and_load.py --hour 2026-11-22T12
+    spark-submit jobs/union_and_load.py --hour 2026-11-22T12 --step stage --run-file run.json
+
+(the second form is how the ``ad_union_and_load`` DAG submits each Spark
+step: stage, audit, publish).
 
 Thin by design: parse arguments, read settings, hand over to
-``adpipe.lakehouse.load.load_hour`` (through ``adpipe load``)."""
+``adpipe.lakehouse.load`` (through ``adpipe load``)."""
 
 from __future__ import annotations
 

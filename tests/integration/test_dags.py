@@ -264,7 +264,14 @@ class Flow:
         shares them, which Derby would not allow); Airflow's home and
         database stay shared."""
         database = f"adpipe_ms_{self.env['ADPIPE_JOB_ID']}_{name}".lower().replace("-", "_")
-        return {**self.env, "ADPIPE_HOME": str(self.workdir / name), "ADPIPE_METASTORE_DATABASE": database, **extra}
+        return {
+            **self.env,
+            "ADPIPE_HOME": str(self.workdir / name),
+            "ADPIPE_METASTORE_DATABASE": database,
+            # One Spark session for every step of a run (the spark-submit path: the duplicate test).
+            "ADPIPE_LOAD_SUBMIT": "in-process",
+            **extra,
+        }
 
     def stop_stream(self) -> None:
         pid = read_state(self.settings).get("pid")
@@ -414,9 +421,10 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     )
     producer.flush(30)
 
-    # The backfill's tables (hours 0..2 loaded): the rerun of hour 1 adds
-    # the duplicate, whose record_uuid is new.
-    env = flow.load_env("backfill")
+    # The backfill's tables (hours 0..2 loaded): the rerun of hour 1 stages
+    # the duplicate, whose record_uuid is new. The Spark steps are submitted
+    # with SparkSubmitOperator this time, as by default.
+    env = flow.load_env("backfill", ADPIPE_LOAD_SUBMIT="spark-submit")
     _Capture.received.clear()
     results, out = _run(
         DAG_TEST,

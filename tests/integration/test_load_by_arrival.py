@@ -36,6 +36,12 @@ from tests.integration.conftest import Pipeline, make_pipeline
 
 H09, H10, H11 = "2026-11-21T09", "2026-11-21T10", "2026-11-21T11"
 DUMP = Path(__file__).with_name("tables_dump.py")
+# A script prefix: a Spark session on this home's metastore, as ``s``.
+_SPARK_SQL = (
+    "from adpipe.lakehouse.metastore import metastore_session\n"
+    "from adpipe.settings import load_settings\n"
+    "s = metastore_session(load_settings(), 'test-sql')\n"
+)
 # About eight minutes of Spark processes on two cores: make test-slow.
 pytestmark = pytest.mark.slow
 
@@ -155,6 +161,8 @@ def test_3_a_load_killed_between_two_published_tables_is_finished_by_the_next(
     late_ids = {e["event_id"] for e in third["late_events"]}
     assert len(late_ids) == 3 and all(e["window_start"].startswith(H10) for e in third["late_events"])
     _stream(p)
+    # An operator adds a column to a published table: loads go on, leaving it null.
+    _ok(_run(p.env, "-c", _SPARK_SQL + "s.sql('ALTER TABLE ads.ad_events_raw ADD COLUMNS (operator_note STRING)')\n"))
     killed = _load({**p.env, "ADPIPE_FAULT": "load_after_publish"}, "--hour", H10)
     assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
     half = _dump(p.env, H10)
@@ -169,6 +177,8 @@ def test_3_a_load_killed_between_two_published_tables_is_finished_by_the_next(
         assert len(rows) == len(set(rows)), f"{table}: a key twice"
         assert not data["staged"][table], f"{table}: rows left in staging"
     assert late_ids <= {r["event_key"] for r in data["rows"][T.QUARANTINE]}
+    new_raw = [r for r in data["rows"][T.RAW] if r["event_id"] in late_ids]
+    assert len(new_raw) == 3 and all("operator_note" in r and r["operator_note"] is None for r in new_raw)
     # The killed run never committed its publication: the one that did is final for nothing new.
     assert [r["step"] for r in data["load_runs"] if r["run_id"] == 4] == ["staged", "published"]
     tables = _verify_hour(p.env, H10, tmp_path)
@@ -202,10 +212,7 @@ def test_5_repair_rebuilds_a_damaged_hour_from_kafka_and_a_second_repair_changes
     scene, tmp_path: Path  # noqa: ANN001
 ) -> None:
     p, sent = scene
-    damage = (
-        "from adpipe.lakehouse.metastore import metastore_session\n"
-        "from adpipe.settings import load_settings\n"
-        "s = metastore_session(load_settings(), 'damage')\n"
+    damage = _SPARK_SQL + (
         "s.sql(\"DELETE FROM ads.ad_events_raw WHERE event_hour = TIMESTAMP'2026-11-21 09:00:00' AND "
         "event_type = 'click'\")\n"
         "s.sql(\"UPDATE ads.ad_minute_aggregates SET impressions = impressions + 1 WHERE "

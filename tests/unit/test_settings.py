@@ -136,3 +136,15 @@ def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> No
     command = kafka_broker._java(settings, "Main")
     assert command[command.index("-XX:TieredStopAtLevel=1") + 1] == "-Dx=a b"
     assert load_settings({"ADPIPE_HOME": str(tmp_path)}).jvm_options == ()
+
+
+def test_load_submit_and_metastore_database_are_checked() -> None:
+    assert load_settings({}).load_submit == "spark-submit"
+    assert load_settings({"ADPIPE_LOAD_SUBMIT": "in-process"}).load_submit == "in-process"
+    with pytest.raises(SettingsError, match="ADPIPE_LOAD_SUBMIT='yarn' must be one of spark-submit, in-process"):
+        load_settings({"ADPIPE_LOAD_SUBMIT": "yarn"})
+    assert load_settings({}).metastore_database == "adpipe_metastore"
+    assert load_settings({"ADPIPE_METASTORE_DATABASE": "ms_eu_1"}).metastore_database == "ms_eu_1"
+    for bad in ("Metastore", "ms-eu", "1ms", "ms; drop"):
+        with pytest.raises(SettingsError, match="ADPIPE_METASTORE_DATABASE"):
+            load_settings({"ADPIPE_METASTORE_DATABASE": bad})

@@ -1,7 +1,10 @@
 """The lakehouse: the hourly Union & Load into Delta tables registered in
 the Hive metastore, and the Great Expectations gate on them.
 
-* :mod:`~adpipe.lakehouse.load` - Union & Load of one hour, every region.
+* :mod:`~adpipe.lakehouse.load` - Union & Load, every region: stage, audit,
+  publish; repair.
+* :mod:`~adpipe.lakehouse.ranges` - which Kafka offsets a load reads, when an
+  hour is closed, what Kafka can still prove of an hour.
 * :mod:`~adpipe.lakehouse.tables` - the ``ads`` tables' names, schemas, keys.
 * :mod:`~adpipe.lakehouse.metastore` - the Hive metastore and the Spark
   session on it.

@@ -15,9 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from adpipe.settings import PROJECT_ROOT, Settings, load_settings
-
-from tests.conftest import TEST_HOME
+from adpipe.settings import Settings, load_settings
 
 DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load", "ad_table_maintenance"}
 EDGES = {
@@ -30,7 +28,6 @@ EDGES = {
         ("wait_for_hour_closed", "stage"),
         ("stage", "validate"),
         ("stage", "verify"),
-        ("stage", "publish"),
         ("validate", "publish"),
         ("verify", "publish"),
         ("validate", "publish_data_docs"),
@@ -38,29 +35,6 @@ EDGES = {
         ("publish", "publish_data_docs"),
     },
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def airflow_home() -> Iterator[None]:
-    """Airflow reads AIRFLOW_HOME when first imported: give it a scratch one."""
-    home = TEST_HOME / "unit-airflow"
-    home.mkdir(parents=True, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in ("AIRFLOW_HOME", "AIRFLOW__CORE__LOAD_EXAMPLES")}
-    os.environ["AIRFLOW_HOME"] = str(home)
-    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-@pytest.fixture(scope="module")
-def dagbag():  # noqa: ANN201 - airflow's DagBag, imported late on purpose
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
 
 
 def test_dagbag_imports_with_zero_errors(dagbag) -> None:  # noqa: ANN001
@@ -319,3 +293,15 @@ def test_notifier_survives_a_dead_webhook(tmp_path: Path, dagbag) -> None:  # no
     AdpipeNotifier(settings)(_failure_context(dagbag))  # must not raise
     assert time.monotonic() - started < 5
     assert len(alerts_file(settings).read_text().splitlines()) == 1
+
+
+def test_load_steps_hand_the_run_over_in_one_file_per_dag_run(tmp_path: Path) -> None:
+    from adpipe.orchestration.load_tasks import LoadStepOperator, run_file
+
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    path = run_file(settings, "scheduled__2026-11-22T12:00:00+00:00")
+    assert path.parent == tmp_path / "load" / "airflow"
+    assert path.name == "scheduled__2026-11-22T12_00_00_00_00.json"
+    assert run_file(settings, "manual__a/../b").parent == path.parent
+    with pytest.raises(ValueError, match="step 'load'"):
+        LoadStepOperator(task_id="x", step="load")

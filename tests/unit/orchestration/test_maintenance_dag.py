@@ -5,40 +5,17 @@ its task body hands the lakehouse's summaries to XCom as plain dicts."""
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 
 import pytest
-from adpipe.settings import PROJECT_ROOT, load_settings
-
-from tests.conftest import TEST_HOME
+from adpipe.settings import load_settings
 
 DAG_ID = "ad_table_maintenance"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def airflow_home() -> Iterator[None]:
-    """Airflow reads AIRFLOW_HOME when first imported: give it a scratch one."""
-    home = TEST_HOME / "unit-airflow"
-    home.mkdir(parents=True, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in ("AIRFLOW_HOME", "AIRFLOW__CORE__LOAD_EXAMPLES")}
-    os.environ["AIRFLOW_HOME"] = str(home)
-    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 @pytest.fixture(scope="module")
-def dag():  # noqa: ANN201 - airflow's DAG, imported late on purpose
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
-    assert bag.import_errors == {}
-    return bag.dags[DAG_ID]
+def dag(dagbag):  # noqa: ANN001, ANN201 - airflow's DAG
+    assert dagbag.import_errors == {}
+    return dagbag.dags[DAG_ID]
 
 
 def test_the_dag_loads_with_its_doc_tags_and_one_task(dag) -> None:  # noqa: ANN001
