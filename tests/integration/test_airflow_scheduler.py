@@ -1,0 +1,199 @@
+"""Airflow the way the scheduler runs it: ``airflow standalone`` (scheduler,
+dag-processor, api-server, triggerer; LocalExecutor; metadata in a
+PostgreSQL database), as ``make airflow`` starts it, drives
+``ad_union_and_load`` on its own: the DAG is unpaused through the REST API,
+the scheduler runs the closed hours since ``ADPIPE_LOAD_START`` (the Spark
+steps through SparkSubmitOperator), then a backfill created through the REST
+API runs them again and changes no table. The tables are checked against
+the producer's own summary and ``verify --hour``.
+
+A long scenario (about a quarter of an hour on two cores): make test-slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from adpipe import pg as pg_client
+from adpipe.local.airflow import admin_password, airflow_env, migrate, ui_answers
+from adpipe.settings import Settings, load_settings
+
+from tests.conftest import PORT_BASE
+from tests.integration.conftest import Pipeline, make_pipeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
+DAG = "ad_union_and_load"
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+DUMP = Path(__file__).with_name("tables_dump.py")
+
+
+@dataclass
+class Scene:
+    pipeline: Pipeline
+    env: dict[str, str]
+    settings: Settings
+    hours: list[datetime]  # the two closed hours since ADPIPE_LOAD_START
+    sent: dict
+    log_path: Path
+
+
+class Api:
+    """Airflow's REST API as the UI uses it: a token from the simple auth
+    manager's login, then JSON calls."""
+
+    def __init__(self, port: int, password: str) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        body = self._request("POST", "/auth/token", {"username": "admin", "password": password}, token=None)
+        self.token = body["access_token"]
+
+    def _request(self, method: str, path: str, body: dict | None, token: str | None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback only
+            return json.loads(response.read() or b"{}")
+
+    def __call__(self, method: str, path: str, body: dict | None = None) -> dict:
+        return self._request(method, path, body, self.token)
+
+
+def _until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            got = probe()
+        except (urllib.error.URLError, OSError, KeyError):
+            got = None
+        if got:
+            return got
+        time.sleep(5)
+    tail = log_path.read_text()[-6000:] if log_path.exists() else ""
+    pytest.fail(f"{what}: not within {timeout_s:.0f}s\n--- airflow standalone ---\n{tail}")
+
+
+@pytest.fixture(scope="module")
+def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+    workdir = tmp_path_factory.mktemp("scheduler")
+    now = datetime.now(UTC)
+    current = now.replace(minute=0, second=0, microsecond=0)
+    if now < current + timedelta(minutes=3):  # events run to 2 minutes past the hour: none in the future
+        time.sleep((current + timedelta(minutes=3) - now).total_seconds())
+    start = current - timedelta(hours=2)
+    name = uuid.uuid4().hex[:8]
+    p = make_pipeline(
+        workdir,
+        {
+            "ADPIPE_HOME": str(workdir / "home"),
+            "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
+            "ADPIPE_LOAD_START": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 30),
+        },
+    )
+    sent = p.produce(events=300, seed=7301, ads=4, ad_offset=900, minutes=122, start=start, duplicate_rate=0.05,
+                     malformed_rate=0.02)
+    run = p.stream(max_offsets=400)
+    assert run.returncode == 0, run.log[-3000:]
+
+    settings = load_settings(p.env)
+    database = f"airflow_{name}"
+    pg_client.ensure_databases(settings, (database,))
+    env = airflow_env(settings, settings.pg_url(database), base=p.env)
+    (workdir / "home" / "airflow").mkdir(parents=True, exist_ok=True)
+    migrate(env)
+    log_path = workdir / "standalone.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(  # noqa: S603
+            [AIRFLOW, "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _until("the Airflow UI", lambda: ui_answers(settings.airflow_port), 300, log_path)
+        yield Scene(p, env, settings, [start, start + timedelta(hours=1)], sent, log_path)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _runs(api: Api) -> list[dict]:
+    return api("GET", f"/api/v2/dags/{DAG}/dagRuns?order_by=logical_date&limit=100")["dag_runs"]
+
+
+def _finished(runs: list[dict], run_type: str, labels: list[str]) -> list[dict] | None:
+    """The runs of ``run_type`` for the hours ``labels``, once all have ended
+    (a run of a later hour, still waiting for it to close, is not one)."""
+    mine = [r for r in runs if r["run_type"] == run_type and r["data_interval_start"][:13] in labels]
+    done = [r for r in mine if r["state"] in ("success", "failed")]
+    return done if len(done) == len(labels) else None
+
+
+def _task_states(api: Api, run: dict) -> dict[str, str]:
+    path = f"/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}/taskInstances"
+    return {t["task_id"]: t["state"] for t in api("GET", path)["task_instances"]}
+
+
+def _dump(env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, str(DUMP)], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_nothing(scene: Scene) -> None:
+    password = _until("the admin password", lambda: admin_password(scene.settings), 120, scene.log_path)
+    api = Api(scene.settings.airflow_port, str(password))
+    _until("the DAG parsed", lambda: api("GET", f"/api/v2/dags/{DAG}")["dag_id"], 300, scene.log_path)
+    assert api("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})["is_paused"] is False
+
+    labels = [h.strftime("%Y-%m-%dT%H") for h in scene.hours]
+    scheduled = _until("two scheduled runs", lambda: _finished(_runs(api), "scheduled", labels), 1500, scene.log_path)
+    assert [r["data_interval_start"][:13] for r in scheduled] == labels
+    for run in scheduled:
+        states = _task_states(api, run)
+        assert run["state"] == "success" and set(states.values()) == {"success"}, (run, states)
+        assert set(states) == {"wait_for_hour_closed", "stage", "validate", "verify", "publish", "publish_data_docs"}
+
+    tables = _dump(scene.env)
+    published_hours = {r["event_hour"][:13] for r in tables["rows"]["ads.ad_minute_aggregates"]}
+    assert published_hours == set(labels)
+    on_time = {label: 0 for label in labels}
+    for count in scene.sent["counts"]:
+        if count["window_start"][:13] in on_time:
+            on_time[count["window_start"][:13]] += count["events"]
+    raw_by_hour = {label: 0 for label in labels}
+    for row in tables["rows"]["ads.ad_events_raw"]:
+        raw_by_hour[row["event_hour"][:13]] += 1
+    assert raw_by_hour == on_time  # the producer's own count of distinct on-time events, per hour
+    for label in labels:
+        report = Path(scene.env["ADPIPE_HOME"]) / f"verify-{label}.json"
+        subprocess.run([sys.executable, "-m", "adpipe", "verify", "--hour", label, "--tables-only", "--report",
+                        str(report)], env=scene.env, capture_output=True, check=False)
+        assert json.loads(report.read_text())["tables"]["ok"], report.read_text()[:3000]
+
+    backfill = api("POST", "/api/v2/backfills", {
+        "dag_id": DAG, "from_date": scene.hours[0].isoformat(), "to_date": scene.hours[1].isoformat(),
+        "reprocess_behavior": "completed", "max_active_runs": 1,
+    })
+    assert backfill["dag_id"] == DAG
+    backfilled = _until("two backfill runs", lambda: _finished(_runs(api), "backfill", labels), 1500, scene.log_path)
+    assert [r["data_interval_start"][:13] for r in backfilled] == labels
+    assert all(r["state"] == "success" for r in backfilled), backfilled
+    again = _dump(scene.env)
+    assert again["versions"] == tables["versions"], "a backfill of loaded hours must write no table version"
+    assert again["rows"] == tables["rows"]
