@@ -11,7 +11,8 @@ One scenario, in order (each step builds on the last):
 3. A load SIGKILLed after publishing one table of three: the next run ends
    the job; every row once.
 4. A duplicate aggregate injected into Kafka fails the gate: the alert names
-   the expectation, the published tables are unchanged, the row stays staged.
+   the expectation, the published tables are unchanged, the row stays staged
+   until an operator discards it.
 5. ``--repair`` rebuilds an hour whose published rows were damaged, and a
    second repair changes nothing.
 
@@ -206,6 +207,13 @@ def test_4_a_failed_gate_publishes_nothing_keeps_the_rows_staged_and_names_the_e
     assert [r["record_uuid"] for r in after["staged"][T.AGGREGATES]] == [duplicate["record_uuid"]]
     failed = [r for r in after["load_runs"] if r["step"] == "failed"]
     assert failed and "expect_compound_columns_to_be_unique" in failed[-1]["message"]
+
+    # Inspected and judged unpublishable: discarded, and the next load passes.
+    assert "ads.ad_minute_aggregates': 1" in _ok(_load(p.env, "--hour", H10, "--discard-staged"))
+    _ok(_load(p.env, "--hour", H10))
+    cleared = _dump(p.env, H10)
+    assert cleared["staged"][T.AGGREGATES] == [] and cleared["rows"] == before["rows"]
+    assert [r["step"] for r in cleared["load_runs"]][-3:] == ["discarded", "staged", "published"]
 
 
 def test_5_repair_rebuilds_a_damaged_hour_from_kafka_and_a_second_repair_changes_nothing(

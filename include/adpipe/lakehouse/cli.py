@@ -23,9 +23,13 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
 
     hour = load.parse_hour(args.hour)
     last = load.parse_hour(args.to_hour) if args.to_hour else None
-    if args.repair and last is not None:
-        log.error("--repair rebuilds one hour: give --hour without --to-hour")
+    if (args.repair or args.discard_staged) and last is not None:
+        log.error("--repair and --discard-staged act on one hour: give --hour without --to-hour")
         return 2
+    if args.discard_staged:
+        counts = load.discard_staged(settings, hour, metastore_session(settings, "adpipe-load"))
+        print(f"discarded the staged rows of {load.hour_label(hour)}: {counts}")
+        return 0
     if not args.allow_open and not all(load.hour_closed(settings, h) for h in load.hours_between(hour, last)):
         # Refused before a Spark session is started for it.
         log.error(
@@ -122,6 +126,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="rebuild the hour's published partitions from Kafka (read from the hour's start, audited, written over "
         "the hour in one commit per table); idempotent. For an hour published wrongly before the gate existed.",
+    )
+    p.add_argument(
+        "--discard-staged",
+        action="store_true",
+        help="delete the hour's staged rows (after a failed gate, once inspected and judged unpublishable); "
+        "the ledger records it. The Kafka records stay loaded: --repair rebuilds the hour from Kafka",
     )
     p.add_argument(
         "--step",

@@ -85,6 +85,7 @@ __all__ = [
     "StagedRun",
     "TopicRange",
     "audit",
+    "discard_staged",
     "hour_closed",
     "hour_label",
     "hours_between",
@@ -803,6 +804,28 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
     return LoadResult(hour=hour_label(hour), run_id=run_id, hours=[hour_label(hour)], staged=written,
                       inserted=written, gate=[result.describe().splitlines()[0]],
                       seconds=time.monotonic() - started)
+
+
+def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> dict[str, int]:
+    """Delete the staged rows of ``hour`` (after a failed gate, once an
+    operator has inspected them and decided they must not be published); a
+    ``discarded`` ledger row records how many per table. The Kafka records
+    stay loaded (the coverage does not go back): ``--repair`` rebuilds the
+    hour from Kafka if it should be published after all."""
+    from delta.tables import DeltaTable
+
+    spark = spark or metastore_session(settings, f"adpipe-discard-{hour_label(hour)}")
+    with load_lock(settings):
+        run_id = ledger_state(spark).next_run
+        counts = {}
+        for table in T.TABLES:
+            staged = spark.table(T.staged(table)).where(_in_hours([hour]))
+            counts[table] = staged.count()
+            if counts[table]:
+                DeltaTable.forName(spark, T.staged(table)).delete(_in_hours([hour]))
+        _append_ledger(spark, run_id, "discarded", "discard", hour, rows=counts, hours=[hour_label(hour)])
+    log.warning("run %d: discarded the staged rows of %s: %s", run_id, hour_label(hour), counts)
+    return counts
 
 
 def _write_manifest(settings: Settings, run_id: int, step: str, body: dict) -> Path:

@@ -109,8 +109,8 @@ def staged(table: str) -> str:
 LOAD_RUNS_SCHEMA = StructType(
     [
         StructField("run_id", LongType(), False),
-        StructField("step", StringType(), False),  # staged | published | failed | repaired
-        StructField("kind", StringType(), False),  # load | repair
+        StructField("step", StringType(), False),  # staged | published | failed | repaired | discarded
+        StructField("kind", StringType(), False),  # load | repair | discard
         StructField("hour", TimestampType(), True),  # the hour the run was asked for
         StructField("at", TimestampType(), False),
         # JSON {region: {topic: {partition: [first, end)}}}: every offset loaded
