@@ -33,11 +33,13 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
    input). **A failed expectation fails the run, and nothing is published.**
 4. `verify` — the independent check: the candidate against counts
    recomputed in plain Python from the raw Kafka records.
-5. `publish` — the audited rows into `ads.ad_events_raw`,
-   `ads.ad_minute_aggregates`, `ads.ad_events_quarantine` (Airflow Assets, so
-   downstream DAGs can be scheduled on them).
-6. `publish_data_docs` — always, even after a failure: a page linking to
-   the hour's Data Docs (`$ADPIPE_HOME/data_docs/<hour>.html`, `latest.html`).
+5. `publish_data_docs` — always, even after a failed audit: a page linking
+   to the hour's Data Docs (`$ADPIPE_HOME/data_docs/<hour>.html`,
+   `latest.html`).
+6. `publish` — only when both checks passed: the audited rows into
+   `ads.ad_events_raw`, `ads.ad_minute_aggregates`, `ads.ad_events_quarantine`
+   (Airflow Assets, so downstream DAGs can be scheduled on them). The run's
+   one leaf: a failed check leaves it `upstream_failed` and fails the run.
 
 Every task alerts once on failure through the one notifier (task level
 only). Logic: `adpipe.orchestration.load_tasks`, `adpipe.lakehouse.load`.
@@ -117,6 +119,10 @@ with DAG(
         return load_tasks.publish_data_docs(load_settings(), _hour(context))
 
     checked = [validate, verify()]
+    docs = publish_data_docs()
     wait_for_hour_closed() >> staged >> checked
+    # The audit's Data Docs are linked whatever it found (all_done), before
+    # the data is published; publish is the one leaf, so a failed audit
+    # fails the run (an all_done leaf would make it succeed).
+    checked >> docs >> published
     checked >> published
-    [*checked, published] >> publish_data_docs()

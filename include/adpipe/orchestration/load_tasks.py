@@ -16,10 +16,11 @@ of an hour does the same thing. Write-audit-publish, one step per task:
    --candidate-of-run N --tables-only`` in a process of its own (the tools
    sit above this package): the candidate against counts recomputed in
    plain Python from the raw Kafka records.
-5. ``publish`` - the audited rows into the ``ads`` tables.
-6. ``publish_data_docs`` - whatever happened before it: a page linking to
+5. ``publish_data_docs`` - whatever the checks found: a page linking to
    the hour's Data Docs (``$ADPIPE_HOME/data_docs/<hour>.html``,
-   ``latest.html``), never a copy of the site."""
+   ``latest.html``), never a copy of the site.
+6. ``publish`` - the audited rows into the ``ads`` tables, only when both
+   checks passed (the run's one leaf: a failed check fails the run)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ EDGES = {
         ("verify", "publish"),
         ("validate", "publish_data_docs"),
         ("verify", "publish_data_docs"),
-        ("publish", "publish_data_docs"),
+        ("publish_data_docs", "publish"),
     },
 }
 
@@ -102,6 +102,7 @@ def test_load_dag_publishes_the_table_assets_names_its_hour_and_always_links_dat
     outlets = {getattr(o, "name", None) for o in dag.get_task("publish").outlets}
     assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine"}
     assert dag.get_task("publish_data_docs").trigger_rule == "all_done"
+    assert [t.task_id for t in dag.tasks if not t.downstream_task_ids] == ["publish"]  # the one leaf decides
     assert dag.get_task("validate").retries == 0 and dag.get_task("verify").retries == 0
     assert "hour" in dag.params and dag.params["hour"] is None
 
