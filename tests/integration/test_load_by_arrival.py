@@ -8,7 +8,8 @@ One scenario, in order (each step builds on the last):
 2. Late events produced after hour 09 was published reach its partitions
    with the next run, are counted as late corrections, and ``verify --hour``
    (plain Python on the raw Kafka records) agrees.
-3. A load SIGKILLed after publishing one table of three: the next run ends
+3. A load SIGKILLed after staging (before the ledger moves the offsets),
+   then one SIGKILLed after publishing one table of three: the next run ends
    the job; every row once.
 4. A duplicate aggregate injected into Kafka fails the gate: the alert names
    the expectation, the published tables are unchanged, the row stays staged
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,9 +50,16 @@ pytestmark = pytest.mark.slow
 
 
 def _run(env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(  # noqa: S603
+    done = subprocess.run(  # noqa: S603
         [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
     )
+    # The whole output, kept for a post-mortem (an assertion shows its end only).
+    logs = Path(env["ADPIPE_HOME"]) / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log").write_text(
+        " ".join(args) + "\n" + done.stdout + done.stderr
+    )
+    return done
 
 
 def _load(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -59,7 +68,8 @@ def _load(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 def _ok(proc: subprocess.CompletedProcess) -> str:
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-5000:]}"
+    ours = [line for line in out.splitlines() if " adpipe" in line or "Error" in line or "Exception" in line]
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n" + "\n".join(ours[-40:]) + f"\n--- tail ---\n{out[-3000:]}"
     return out
 
 
@@ -152,7 +162,7 @@ def test_2_late_events_after_the_hour_was_published_land_in_it_with_the_next_run
     assert tables["minutes"]["rows"] == tables["aggregates"]["rows"] > 0
 
 
-def test_3_a_load_killed_between_two_published_tables_is_finished_by_the_next(
+def test_3_loads_killed_after_staging_and_between_two_published_tables_lose_and_double_nothing(
     scene, tmp_path: Path  # noqa: ANN001
 ) -> None:
     p, sent = scene
@@ -164,6 +174,14 @@ def test_3_a_load_killed_between_two_published_tables_is_finished_by_the_next(
     _stream(p)
     # An operator adds a column to a published table: loads go on, leaving it null.
     _ok(_run(p.env, "-c", _SPARK_SQL + "s.sql('ALTER TABLE ads.ad_events_raw ADD COLUMNS (operator_note STRING)')\n"))
+    # Killed once the rows are staged, before the ledger row that advances
+    # the offsets: the next run reads the same records again.
+    killed = _load({**p.env, "ADPIPE_FAULT": "load_after_stage"}, "--hour", H10)
+    assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
+    staged_only = _dump(p.env, H10)
+    assert late_ids <= set(_ids(staged_only["staged"][T.RAW])) and not late_ids & set(_ids(staged_only["rows"][T.RAW]))
+    assert not [r for r in staged_only["load_runs"] if r["run_id"] == 3]
+    # Then killed after publishing the first of the three tables.
     killed = _load({**p.env, "ADPIPE_FAULT": "load_after_publish"}, "--hour", H10)
     assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
     half = _dump(p.env, H10)

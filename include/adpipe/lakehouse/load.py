@@ -779,7 +779,11 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
         run_id = ledger_state(spark).next_run
         loaded_at = datetime.now(UTC).replace(microsecond=0)
         ranges = [region_ranges(settings, r, hour, None) for r in settings.regions]
-        rows = {t: df.cache() for t, df in table_rows(spark, settings, ranges, loaded_at, run_id, hour).items()}
+        # Materialized, lineage cut: the checks and the write below then read
+        # shallow plans instead of re-planning four Kafka reads, joins and a
+        # window for every expectation.
+        rebuilt = table_rows(spark, settings, ranges, loaded_at, run_id, hour)
+        rows = {table: df.localCheckpoint() for table, df in rebuilt.items()}
         frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
                                     aggregates_df=rows[T.AGGREGATES])
         result = quality.validate_frames(settings, hour, frames, quality.kafka_facts(settings, hour))
@@ -796,7 +800,6 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
             df.select(*columns).write.format("delta").mode("overwrite").option(
                 "replaceWhere", _hours_condition("event_hour", [hour])
             ).saveAsTable(table)
-            df.unpersist()
         _clear_staged(spark, [hour], run_id)
         _append_ledger(spark, run_id, "repaired", "repair", hour, read=[asdict(r) for r in ranges], rows=written,
                        hours=[hour_label(hour)])
