@@ -15,7 +15,10 @@ TEST_HOME = Path(os.environ.get("ADPIPE_TEST_HOME") or PROJECT_ROOT / ".adpipe-t
 PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092"))
 # The tests' JVMs (Spark drivers, the broker) are short-lived on few cores:
 # C1 only spends about a third less CPU per stream run (adpipe.settings).
-JVM_OPTIONS = os.environ.get("ADPIPE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
+# C1's code cache is smaller, and a driver that runs many Great Expectations
+# checks filled it ("Out of space in CodeCache for adapters"): 256 MB, as
+# the JVM reserves by default with both compilers.
+JVM_OPTIONS = os.environ.get("ADPIPE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks
