@@ -43,6 +43,11 @@ class MetastoreError(RuntimeError):
 
 
 def _pyspark_jars() -> Path:
+    """Spark's jars: under spark-submit pyspark is imported from a zip, but
+    SPARK_HOME is set; otherwise they ship inside the pyspark package."""
+    home = os.environ.get("SPARK_HOME")
+    if home and (Path(home) / "jars").is_dir():
+        return Path(home) / "jars"
     import pyspark
 
     return Path(pyspark.__file__).parent / "jars"
@@ -97,7 +102,9 @@ def _postgres_jar(settings: Settings) -> Path:
 
 def _create_schema(settings: Settings) -> None:
     jars = _pyspark_jars()
-    metastore_jar = next(jars.glob("hive-metastore-*.jar"))
+    metastore_jar = next(jars.glob("hive-metastore-*.jar"), None)
+    if metastore_jar is None:
+        raise MetastoreError(f"no hive-metastore jar in {jars}: is this pyspark's own Spark?")
     postgres_jar = _postgres_jar(settings)
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(metastore_jar) as jar:
