@@ -70,3 +70,51 @@ def test_records_deleted_before_any_load_read_them_are_counted_as_lost(pipeline:
     dlq = region_ranges(settings, region, HOUR, coverage).dlq
     assert (dlq.start[0], dlq.end[0]) == (4, 6)
     assert dlq.lost == {0: 2}
+
+
+PROBE = r"""
+import json, sys
+from datetime import datetime
+from adpipe.lakehouse.load import regions_with_events
+from adpipe.settings import load_settings
+from adpipe.spark import build_spark
+settings = load_settings()
+spark = build_spark(settings, "regions-probe")
+print(json.dumps([regions_with_events(settings, spark, datetime.fromisoformat(h)) for h in sys.argv[1:]]))
+"""
+
+
+def test_a_region_has_input_for_an_hour_only_with_a_valid_event_of_it_written_then(pipeline: Pipeline) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from confluent_kafka import Consumer
+
+    settings = pipeline.settings
+    topic = settings.topics.events
+
+    def event(event_id: str, at: datetime) -> bytes:
+        return json.dumps({"event_id": event_id, "ad_id": "ad-1", "event_type": "click",
+                           "event_time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
+
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True})
+    # Written during HOUR: an event of HOUR, a replayed event of three days before, a malformed record.
+    written_ms = int((HOUR + timedelta(minutes=8)).timestamp() * 1000)
+    for value in (event("e1", HOUR + timedelta(minutes=7)), event("e2", OLD), b"{oops"):
+        producer.produce(topic, value, b"ad-1", partition=0, timestamp=written_ms)
+    # Written during the next hour: only a replay of HOUR - 1 h.
+    producer.produce(topic, event("e3", HOUR - timedelta(minutes=30)), b"ad-1", partition=0,
+                     timestamp=int((HOUR + timedelta(minutes=70)).timestamp() * 1000))
+    assert producer.flush(30) == 0
+    # The region's stream has committed all four records.
+    group = kafka_io.ledger_group(settings.job_id)
+    ledger = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": group})
+    ledger.commit(offsets=[TopicPartition(topic, 0, 4, '{"watermark_ms": 0}')], asynchronous=False)
+    ledger.close()
+
+    hours = [HOUR, HOUR + timedelta(hours=1), HOUR - timedelta(hours=1)]
+    done = subprocess.run([sys.executable, "-c", PROBE, *(h.isoformat() for h in hours)], env=pipeline.env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[settings.job_id], [], []]

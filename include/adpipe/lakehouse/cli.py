@@ -83,8 +83,11 @@ def _one_step(step: str, settings: Settings, spark: object, hour: object, run_fi
 
 def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.lakehouse import load, quality
+    from adpipe.lakehouse.metastore import metastore_session
 
-    result = quality.validate_hour(settings, load.parse_hour(args.hour))
+    hour = load.parse_hour(args.hour)
+    spark = metastore_session(settings, "adpipe-validate")
+    result = quality.validate_hour(settings, hour, spark, load.kafka_facts(settings, spark, hour))
     print(result.describe())
     return 0 if result.success else 1
 

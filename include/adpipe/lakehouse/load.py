@@ -56,7 +56,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from adpipe import faults, raw_events
+from adpipe import faults, kafka_io, raw_events
 from adpipe import schemas as S
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
@@ -75,6 +75,8 @@ from adpipe.lakehouse.ranges import (
     parse_hour,
     read_since_ms,
     region_ranges,
+    retention_gaps,
+    stream_watermarks,
 )
 from adpipe.settings import Settings
 
@@ -90,6 +92,7 @@ __all__ = [
     "hour_label",
     "hours_between",
     "iso_ms",
+    "kafka_facts",
     "load_hour",
     "parse_hour",
     "publish",
@@ -491,6 +494,47 @@ def _in_hours(hours: list[datetime]) -> Column:
     return F.expr(_hours_condition("event_hour", hours)) if hours else F.lit(False)
 
 
+# --- what Kafka says of an hour ------------------------------------------------------------
+
+
+def regions_with_events(settings: Settings, spark: SparkSession, hour: datetime) -> list[str]:
+    """The regions whose raw topic holds a valid event of ``hour`` among the
+    records written during it and committed by its stream: read by record
+    time, not through the loads' coverage, so an hour a load lost is seen.
+    (Records written in the hour may all be of other hours, replays or late
+    ones: only a valid event of the hour itself counts.)"""
+    start_ms, end_ms = int(hour.timestamp() * 1000), int((hour + ONE_HOUR).timestamp() * 1000)
+    loaded_at = datetime.now(UTC)
+    out = []
+    for region in settings.regions:
+        rs = settings.for_region(region)
+        topic = rs.topics.events
+        committed = kafka_io.stream_commits(rs)
+        firsts = kafka_io.offsets_for_times(rs.kafka_bootstrap, topic, start_ms)
+        afters = kafka_io.offsets_for_times(rs.kafka_bootstrap, topic, end_ms)
+        start, end = {}, {}
+        for p, first in firsts.items():
+            if first is None:
+                continue
+            stop = afters.get(p) if afters.get(p) is not None else committed.get(p, (first, ""))[0]
+            start[p], end[p] = first, min(stop, committed.get(p, (first, ""))[0])
+        df = _read(spark, rs.kafka_bootstrap, TopicRange(topic, start, end))
+        if df is not None and not raw_table_rows(
+            df, region.job_id, hour, loaded_at, settings.max_future_skew_ms
+        ).isEmpty():
+            out.append(region.job_id)
+    return out
+
+
+def kafka_facts(settings: Settings, spark: SparkSession, hour: datetime) -> quality.KafkaFacts:
+    """What Kafka says of ``hour`` for the gate (:class:`~adpipe.lakehouse.quality.KafkaFacts`)."""
+    return quality.KafkaFacts(
+        tuple(regions_with_events(settings, spark, hour)),
+        tuple(retention_gaps(settings, hour)),
+        stream_watermarks(settings),
+    )
+
+
 # --- the ledger ---------------------------------------------------------------------------------
 
 
@@ -667,7 +711,7 @@ def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quali
     results = []
     for hour in run.hour_list():
         frames = quality.hour_frames(spark, hour, staged_through=run.run_id)
-        results.append(quality.validate_frames(settings, hour, frames, quality.kafka_facts(settings, hour)))
+        results.append(quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour)))
     failed = [f"{hour_label(r.hour)} {line}" for r in results if not r.success for line in r.failed]
     if failed:
         _append_ledger(spark, run.run_id, "failed", run.kind, parse_hour(run.hour), hours=run.hours,
@@ -786,7 +830,7 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
         rows = {table: df.localCheckpoint() for table, df in rebuilt.items()}
         frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
                                     aggregates_df=rows[T.AGGREGATES])
-        result = quality.validate_frames(settings, hour, frames, quality.kafka_facts(settings, hour))
+        result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
         if not result.success:
             _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
                            message="\n".join(result.failed))

@@ -194,6 +194,22 @@ def expected_minute_counts(raw_df: DataFrame, quarantine_df: DataFrame) -> DataF
     )
 
 
+def emitted_only(raw_df: DataFrame, watermarks: dict[str, int] | None) -> DataFrame:
+    """The raw events whose minute window the region's stream has closed
+    (window end at or before its committed watermark, epoch ms): only those
+    can have an aggregate yet. A quiet region closes an hour by the clock
+    while its last windows are still open in its stream (they are emitted
+    with its next events, and loaded then as corrections). None: all."""
+    if watermarks is None:
+        return raw_df
+    if not watermarks:
+        return raw_df.where(F.lit(False))
+    pairs = [item for region, mark in sorted(watermarks.items()) for item in (F.lit(region), F.lit(mark))]
+    mark = F.create_map(*pairs)[F.col("region")]
+    window_end_ms = F.unix_millis(F.date_trunc("minute", F.col("event_time"))) + F.lit(60_000)
+    return raw_df.where(F.coalesce(window_end_ms <= mark, F.lit(False)))
+
+
 def reconciliation_frame(raw_df: DataFrame, quarantine_df: DataFrame, aggregates_df: DataFrame) -> DataFrame:
     """Per (``region``, ``ad_id``, ``window_start``): expected counts (from
     raw) next to the aggregates' counts, full outer join, so a missing aggregate has null
@@ -554,12 +570,17 @@ def _expected_parameters(recon_df: DataFrame) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class KafkaFacts:
-    """What Kafka says about an hour, independently of the tables: the
-    regions whose raw topic received records in it, and the topics that no
-    longer hold all of its records (deleted by retention)."""
+    """What Kafka says about an hour, independently of the tables
+    (:func:`adpipe.lakehouse.load.kafka_facts`): the regions whose raw topic
+    holds a valid event of the hour, the topics that no longer hold all of
+    its records (deleted by retention), and each stream's watermark."""
 
     regions_with_input: tuple[str, ...] = ()
     retention_gaps: tuple[dict, ...] = ()
+    # Per region, its stream's committed watermark (epoch ms; a region that
+    # never committed is absent): windows past it have no aggregate yet.
+    # None: reconcile every raw event.
+    watermarks: dict[str, int] | None = None
 
     def failures(self) -> list[str]:
         return [
@@ -567,14 +588,6 @@ class KafkaFacts:
             f"{g['first_offset']} only, written after the hour began: Kafka can no longer prove this hour"
             for g in self.retention_gaps
         ]
-
-
-def kafka_facts(settings: Settings, hour: datetime) -> KafkaFacts:
-    from adpipe.lakehouse import ranges
-
-    return KafkaFacts(
-        tuple(ranges.regions_with_input(settings, hour)), tuple(ranges.retention_gaps(settings, hour))
-    )
 
 
 def validate_frames(
@@ -597,7 +610,9 @@ def validate_frames(
     tag = _hour_tag(hour)
     raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df)
     aggregates_df = with_window_checks(frames.aggregates_df)
-    recon_df = reconciliation_frame(frames.raw_df, frames.quarantine_df, frames.aggregates_df)
+    recon_df = reconciliation_frame(
+        emitted_only(frames.raw_df, facts.watermarks), frames.quarantine_df, frames.aggregates_df
+    )
 
     # The numbers GE compares the aggregates with, computed in Spark from raw.
     stats = _expected_parameters(recon_df)
@@ -691,9 +706,11 @@ def validate_frames(
     return quality
 
 
-def validate_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> QualityResult:
-    """Read the hour from the published tables and validate it, with what
-    Kafka says of the hour (see :func:`validate_frames`).
+def validate_hour(
+    settings: Settings, hour: datetime, spark: SparkSession | None = None, facts: KafkaFacts | None = None
+) -> QualityResult:
+    """Read the hour from the published tables and validate it, with
+    ``facts``: what Kafka says of the hour (see :func:`validate_frames`).
 
     Without ``spark``, builds the session on the metastore (where the tables
     are) and stops it afterwards when this call started it."""
@@ -705,7 +722,7 @@ def validate_hour(settings: Settings, hour: datetime, spark: SparkSession | None
         owned = SparkSession.getActiveSession() is None
         spark = metastore_session(settings, "adpipe-quality")
     try:
-        return validate_frames(settings, hour, hour_frames(spark, hour), kafka_facts(settings, hour))
+        return validate_frames(settings, hour, hour_frames(spark, hour), facts)
     finally:
         if owned:
             spark.stop()
@@ -718,7 +735,6 @@ __all__ = [
     "QualityResult",
     "expected_minute_counts",
     "hour_frames",
-    "kafka_facts",
     "normalize_hour",
     "reconciliation_frame",
     "validate_frames",

@@ -287,16 +287,13 @@ def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
     return gaps
 
 
-def regions_with_input(settings: Settings, hour: datetime) -> list[str]:
-    """The regions whose raw topic received records during the hour (record
-    timestamps in it): each must have rows of the hour, and an hour with
-    such input is never "empty"."""
-    start_ms, end_ms = hour_ms(hour), hour_ms(hour + ONE_HOUR)
-    out = []
+def stream_watermarks(settings: Settings) -> dict[str, int]:
+    """Per region, the watermark (epoch ms) of the last batch its stream job
+    committed; a region whose stream never committed is absent."""
+    out = {}
     for region in settings.regions:
-        rs = settings.for_region(region)
-        at_start = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, start_ms)
-        at_end = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
-        if any(first is not None and (at_end.get(p) is None or first < at_end[p]) for p, first in at_start.items()):
-            out.append(region.job_id)
+        commits = kafka_io.stream_commits(settings.for_region(region))
+        marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
+        if marks:
+            out[region.job_id] = max(marks)
     return out

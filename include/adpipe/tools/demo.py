@@ -167,7 +167,8 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
         return 1
 
     print(f"8. Great Expectations: the exactly-once proof for hour {hour}")
-    quality_result = quality.validate_hour(demo_settings, the_hour, spark)
+    facts = load.kafka_facts(demo_settings, spark, the_hour)
+    quality_result = quality.validate_hour(demo_settings, the_hour, spark, facts)
     print("   " + quality_result.describe().replace("\n", "\n   "))
 
     print("9. verify (independent reconciliation of raw events, aggregates, late and DLQ topics, and the tables)")

@@ -45,6 +45,8 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
     for region in settings.regions:
         rs = settings.for_region(region)
         committed = kafka_io.stream_commits(rs)
+        marks = [json.loads(meta).get("watermark_ms", 0) for _offset, meta in committed.values() if meta]
+        watermark = max(marks) if marks else None
         events: dict[str, object] = {}
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.events):
             if rec.offset >= committed.get(rec.partition, (0, ""))[0]:
@@ -68,8 +70,9 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
         late |= region_late
         counts: dict[tuple, list[int]] = {}
         for event_id, event in events.items():
-            if event_id in region_late:
-                continue
+            window_end_ms = (event.event_ms // 60_000 + 1) * 60_000  # type: ignore[attr-defined]
+            if event_id in region_late or watermark is None or window_end_ms > watermark:
+                continue  # late, or its window not closed by the stream yet (no aggregate to expect)
             key = (region.job_id, event.ad_id, event.window_start)  # type: ignore[attr-defined]
             counts.setdefault(key, [0, 0])[0 if event.event_type == "impression" else 1] += 1  # type: ignore[attr-defined]
         minutes.update({key: (n[0], n[1]) for key, n in counts.items()})

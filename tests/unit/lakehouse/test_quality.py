@@ -411,6 +411,24 @@ def test_a_configured_region_with_input_but_no_rows_fails_naming_it(spark: Spark
     assert Q.validate_frames(settings, HOUR, frames(spark), Q.KafkaFacts(("region-local",))).success
 
 
+def test_windows_the_stream_has_not_closed_expect_no_aggregate_yet(spark: SparkSession, settings) -> None:
+    # A quiet region's hour is closed by the clock while its stream's
+    # watermark is still at 12:02:30: the 12:02 window (e5..e7) is not
+    # emitted yet, so it has no aggregate and must not be expected.
+    open_window = [raw(f"e{i}", "ad-3", "impression", at(2, 10 + i)) for i in (6, 7)]
+    mark = int(at(2, 30).timestamp() * 1000)
+    kept = Q.emitted_only(frames(spark, [*RAW_ROWS, *open_window]).raw_df, {"region-local": mark})
+    assert sorted(r.event_id for r in kept.collect()) == ["e1", "e2", "e3", "e4"]  # 12:00 and 12:01 only
+    assert Q.emitted_only(frames(spark).raw_df, {}).count() == 0  # a stream that never committed
+    facts = Q.KafkaFacts(watermarks={"region-local": mark})
+    result = Q.validate_frames(settings, HOUR, frames(spark, [*RAW_ROWS, *open_window]), facts)
+    assert result.success, result.describe()
+    assert result.parameters["expected_windows"] == 2
+    # Without the watermark the same rows fail: the 12:02 window has no aggregate.
+    unfiltered = Q.validate_frames(settings, HOUR, frames(spark, [*RAW_ROWS, *open_window]))
+    failed_with(unfiltered, Q.RECONCILIATION_NAME, "column='actual_impressions'")
+
+
 def test_an_hour_kafka_no_longer_holds_fails_rather_than_passes(spark: SparkSession, settings) -> None:
     gap = {"region": "region-local", "topic": "ad-events", "partition": 2, "first_offset": 900,
            "first_timestamp_ms": 1_795_400_000_000}
@@ -436,8 +454,6 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
         spark.createDataFrame(rows, schema).createOrReplaceTempView(view)
         monkeypatch.setattr(tables, name, view)
         views[name] = view
-    # What Kafka says of the hour is the facts tests' (below): here, nothing.
-    monkeypatch.setattr(Q, "kafka_facts", lambda _settings, _hour: Q.KafkaFacts())
     try:
         first = Q.validate_hour(settings, HOUR, spark)
         second = Q.validate_hour(settings, HOUR, spark)
