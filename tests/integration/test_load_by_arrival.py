@@ -253,7 +253,9 @@ def test_5_repair_rebuilds_a_damaged_hour_from_kafka_and_a_second_repair_changes
     tables = _verify_hour(p.env, H09, tmp_path)
     assert tables["ok"], json.dumps(tables)[:3000]
     assert set(sent["late_09"]) <= set(_ids(repaired["rows"][T.RAW]))
-    assert repaired["late_corrections"] == []  # the repair is the hour's final run now
+    # The repair is the hour's final run now: test 2's corrections to it are gone (hour 10 keeps test 3's).
+    assert [r for r in repaired["late_corrections"] if r["event_hour"].startswith(H09)] == []
+    assert {r["event_hour"][:13] for r in repaired["late_corrections"]} == {H10}
 
     _ok(_load(p.env, "--hour", H09, "--repair"))
     again = _dump(p.env, H09)
