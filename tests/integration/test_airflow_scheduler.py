@@ -171,14 +171,16 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
 
     tables = _dump(scene.env)
     published_hours = {r["event_hour"][:13] for r in tables["rows"]["ads.ad_minute_aggregates"]}
-    assert published_hours == set(labels)
+    # (A test that runs past the next hour's end sees that hour's own run too.)
+    assert set(labels) <= published_hours and not {h for h in published_hours if h < labels[0]}
     on_time = {label: 0 for label in labels}
     for count in scene.sent["counts"]:
         if count["window_start"][:13] in on_time:
             on_time[count["window_start"][:13]] += count["events"]
     raw_by_hour = {label: 0 for label in labels}
     for row in tables["rows"]["ads.ad_events_raw"]:
-        raw_by_hour[row["event_hour"][:13]] += 1
+        if row["event_hour"][:13] in raw_by_hour:
+            raw_by_hour[row["event_hour"][:13]] += 1
     assert raw_by_hour == on_time  # the producer's own count of distinct on-time events, per hour
     for label in labels:
         report = Path(scene.env["ADPIPE_HOME"]) / f"verify-{label}.json"
@@ -195,5 +197,10 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
     assert [r["data_interval_start"][:13] for r in backfilled] == labels
     assert all(r["state"] == "success" for r in backfilled), backfilled
     again = _dump(scene.env)
-    assert again["versions"] == tables["versions"], "a backfill of loaded hours must write no table version"
-    assert again["rows"] == tables["rows"]
+
+    def of_labels(dump: dict) -> dict:
+        return {t: [r for r in rows if r["event_hour"][:13] in labels] for t, rows in dump["rows"].items()}
+
+    assert of_labels(again) == of_labels(tables)
+    if all(r["data_interval_start"][:13] in labels for r in _runs(api)):  # no later hour's run published meanwhile
+        assert again["versions"] == tables["versions"], "a backfill of loaded hours must write no table version"
