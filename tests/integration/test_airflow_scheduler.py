@@ -12,8 +12,6 @@ A long scenario (about a quarter of an hour on two cores): make test-slow."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from adpipe import pg as pg_client
-from adpipe.local.airflow import admin_password, airflow_env, migrate, ui_answers
+from adpipe.local.airflow import admin_password, airflow_env, migrate, stop_standalone, ui_answers
 from adpipe.settings import Settings, load_settings
 
 from tests.conftest import PORT_BASE
@@ -123,13 +121,7 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
         _until("the Airflow UI", lambda: ui_answers(settings.airflow_port), 300, log_path)
         yield Scene(p, env, settings, [start, start + timedelta(hours=1)], sent, log_path)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_standalone(proc)
 
 
 def _runs(api: Api) -> list[dict]:

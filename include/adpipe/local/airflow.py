@@ -196,15 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if proc.poll() is None:
-            # Its own process group: the scheduler, api-server, dag-processor
-            # and triggerer each stop cleanly on SIGTERM.
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_standalone(proc)
+
+
+def stop_standalone(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Stop ``airflow standalone`` started in a process group of its own:
+    the scheduler, api-server, dag-processor and triggerer each stop cleanly
+    on SIGTERM; what is left after ``timeout_s`` is killed."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 if __name__ == "__main__":
