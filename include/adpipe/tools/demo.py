@@ -115,8 +115,12 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     if _stream(env, work / "stream-2.log", max_offsets) != 0:
         return 1
 
+    # Late events timed 12:00..12:03 (2 to 5 minutes before this batch's
+    # start), windows already closed: late, and in the demo's own hour (an
+    # hour of nothing but late events would fail the late-share gate).
     spec2 = produce.ProduceSpec(
-        events=max(1, events // 3), seed=seed + 1, minutes=3, start=spec.start + timedelta(minutes=5), late_rate=0.03
+        events=max(1, events // 3), seed=seed + 1, minutes=3, start=spec.start + timedelta(minutes=5), late_rate=0.03,
+        late_by_minutes=3,
     )
     plan2 = produce.plan(spec2)
     produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan2)
