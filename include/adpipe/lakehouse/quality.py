@@ -300,12 +300,12 @@ def _raw_expectations() -> list[Any]:
         ),
         gxe.ExpectTableRowCountToBeBetween(
             min_value={"$PARAMETER": P_MIN_RAW_ROWS},
-            notes="an hour whose raw topics received records in Kafka is never empty",
+            notes="an hour with a valid event in Kafka (written during it) is never empty",
         ),
         gxe.ExpectColumnDistinctValuesToContainSet(
             column="region",
             value_set={"$PARAMETER": P_EXPECTED_REGIONS},
-            notes="every configured region whose raw topic received records in the hour has rows of it",
+            notes="every configured region with a valid event of the hour in Kafka has rows of it",
         ),
     ]
 
