@@ -4,6 +4,7 @@ job's committed input offsets are (its ledger group)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -206,6 +207,14 @@ def ledger_group(job_id: str) -> str:
     offsets to, inside the batch's output transaction: its readers take the
     raw records below these offsets as final (counted, late or in the DLQ)."""
     return f"adpipe-agg-{job_id}"
+
+
+def committed_watermark(commits: dict[int, tuple[int, str]]) -> int | None:
+    """The watermark (epoch ms) of the last batch in a stream job's ledger
+    commits (:func:`stream_commits`; each carries its batch's metadata), or
+    None when it has committed nothing."""
+    marks = [json.loads(meta).get("watermark_ms", 0) for _offset, meta in commits.values() if meta]
+    return max(marks) if marks else None
 
 
 def stream_commits(region: Settings | Region) -> dict[int, tuple[int, str]]:

@@ -70,6 +70,7 @@ from adpipe.lakehouse.ranges import (
     closed_hours,
     hour_closed,
     hour_label,
+    hour_ms,
     hours_between,
     iso_ms,
     parse_hour,
@@ -503,7 +504,7 @@ def regions_with_events(settings: Settings, spark: SparkSession, hour: datetime)
     time, not through the loads' coverage, so an hour a load lost is seen.
     (Records written in the hour may all be of other hours, replays or late
     ones: only a valid event of the hour itself counts.)"""
-    start_ms, end_ms = int(hour.timestamp() * 1000), int((hour + ONE_HOUR).timestamp() * 1000)
+    start_ms, end_ms = hour_ms(hour), hour_ms(hour + ONE_HOUR)
     loaded_at = datetime.now(UTC)
     out = []
     for region in settings.regions:

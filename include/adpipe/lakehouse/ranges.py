@@ -172,7 +172,6 @@ def region_ranges(
     since_ms = read_since_ms(settings, hour)
     coverage = coverage or {}
     commits = kafka_io.stream_commits(rs)
-    marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
 
     def plan(topic: str, end_of: dict[int, tuple[int, int]], raw: bool = False) -> TopicRange:
         low = {p: lo for p, (lo, _hi) in end_of.items()}
@@ -188,7 +187,7 @@ def region_ranges(
         plan(topic, kafka_io.offset_bounds(rs.kafka_bootstrap, topic))
         for topic in (rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
     ]
-    return RegionRanges(region.job_id, rs.kafka_bootstrap, max(marks) if marks else None, raw, *outputs)
+    return RegionRanges(region.job_id, rs.kafka_bootstrap, kafka_io.committed_watermark(commits), raw, *outputs)
 
 
 def advance(coverage: Coverage, ranges: list[RegionRanges]) -> Coverage:
@@ -226,8 +225,8 @@ def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None)
     for region in settings.regions:
         rs = settings.for_region(region)
         commits = kafka_io.stream_commits(rs)
-        marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
-        if marks and max(marks) >= end_ms:
+        watermark = kafka_io.committed_watermark(commits)
+        if watermark is not None and watermark >= end_ms:
             continue
         lag = sum(kafka_io.stream_lag(rs, commits).values())
         arrived_since = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
@@ -244,7 +243,7 @@ def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None)
             "hour %s not closed in region %s (watermark %s, lag %d records, %s)",
             hour_label(hour),
             region.job_id,
-            iso_ms(max(marks)) if marks else "none",
+            iso_ms(watermark) if watermark is not None else "none",
             lag,
             "quiet" if quiet else "records arrived since the hour's end",
         )
@@ -290,10 +289,6 @@ def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
 def stream_watermarks(settings: Settings) -> dict[str, int]:
     """Per region, the watermark (epoch ms) of the last batch its stream job
     committed; a region whose stream never committed is absent."""
-    out = {}
-    for region in settings.regions:
-        commits = kafka_io.stream_commits(settings.for_region(region))
-        marks = [json.loads(meta).get("watermark_ms", 0) for _o, meta in commits.values() if meta]
-        if marks:
-            out[region.job_id] = max(marks)
-    return out
+    marks = {r.job_id: kafka_io.committed_watermark(kafka_io.stream_commits(settings.for_region(r)))
+             for r in settings.regions}
+    return {region: mark for region, mark in marks.items() if mark is not None}

@@ -45,8 +45,7 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
     for region in settings.regions:
         rs = settings.for_region(region)
         committed = kafka_io.stream_commits(rs)
-        marks = [json.loads(meta).get("watermark_ms", 0) for _offset, meta in committed.values() if meta]
-        watermark = max(marks) if marks else None
+        watermark = kafka_io.committed_watermark(committed)
         events: dict[str, object] = {}
         for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.events):
             if rec.offset >= committed.get(rec.partition, (0, ""))[0]:

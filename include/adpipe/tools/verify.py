@@ -110,9 +110,7 @@ def _late_copy(rec: kafka_io.Record, valid: dict[str, RawEvent]) -> RawEvent | s
 
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
-    commits = kafka_io.group_commits(settings.kafka_bootstrap, group, settings.topics.events)
-    marks = [json.loads(meta).get("watermark_ms", 0) for _offset, meta in commits.values() if meta]
-    return max(marks) if marks else None
+    return kafka_io.committed_watermark(kafka_io.group_commits(settings.kafka_bootstrap, group, settings.topics.events))
 
 
 def _limited(items: list) -> list:
