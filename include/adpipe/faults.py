@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ DURING_COMMIT = "during_commit"  # (c) EndTxn in flight
 AFTER_COMMIT = "after_commit"  # (b) Kafka committed, Spark's checkpoint not
 # The budget service (adpipe.budget.service); "batch" is the number of the
 # service's batch in this process (1, 2, ...), "records" the aggregates in it.
+BUDGET_BEFORE_DB_TRANSACTION = "budget_before_db_transaction"  # a batch read, its transaction not begun
 BUDGET_BEFORE_DB_COMMIT = "budget_before_db_commit"  # ledger, spend, offsets written, not committed
 BUDGET_AFTER_DB_COMMIT = "budget_after_db_commit"  # database committed, Kafka offsets not
 BUDGET_AFTER_EVENTS_COMMIT = "budget_after_events_commit"  # budget events in Kafka, outbox not marked sent
@@ -36,12 +37,24 @@ POINTS = (
     AFTER_PRODUCE,
     DURING_COMMIT,
     AFTER_COMMIT,
+    BUDGET_BEFORE_DB_TRANSACTION,
     BUDGET_BEFORE_DB_COMMIT,
     BUDGET_AFTER_DB_COMMIT,
     BUDGET_AFTER_EVENTS_COMMIT,
     LOAD_AFTER_STAGE,
     LOAD_AFTER_PUBLISH,
 )
+
+
+def freeze_now(point: str) -> None:
+    """SIGSTOP this process alone (a zombie in the making: a test resumes it
+    with SIGCONT long after its group session expired)."""
+    log.warning("fault injection: SIGSTOP at %s", point)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    log.warning("fault injection: resumed (SIGCONT) at %s", point)
 
 
 def kill_now(point: str) -> None:
@@ -60,6 +73,8 @@ class FaultPlan:
     from_batch: int = 1
     delay_ms: int = 0
     on_any_record: bool = False
+    freeze: bool = False  # ADPIPE_FAULT_SIGNAL=STOP: SIGSTOP instead of SIGKILL
+    fired: list[str] = field(default_factory=list, compare=False)  # a resumed process carries on
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> FaultPlan | None:
@@ -72,11 +87,15 @@ class FaultPlan:
         on = env.get("ADPIPE_FAULT_ON", "aggregates")
         if on not in ("aggregates", "records"):
             raise ValueError(f"ADPIPE_FAULT_ON={on!r}: expected aggregates or records")
+        kind = env.get("ADPIPE_FAULT_SIGNAL", "KILL").upper()
+        if kind not in ("KILL", "STOP"):
+            raise ValueError(f"ADPIPE_FAULT_SIGNAL={kind!r}: expected KILL or STOP")
         return cls(
             point,
             int(env.get("ADPIPE_FAULT_BATCH", "1")),
             int(env.get("ADPIPE_FAULT_DELAY_MS", "0")),
             on == "records",
+            kind == "STOP",
         )
 
     def armed(self, point: str, batch_id: int, aggregates: int, records: int = 0) -> bool:
@@ -86,7 +105,12 @@ class FaultPlan:
 
     def hit(self, point: str, batch_id: int, aggregates: int, records: int = 0) -> None:
         if self.armed(point, batch_id, aggregates, records):
-            kill_now(point)
+            if self.freeze:
+                if point not in self.fired:
+                    self.fired.append(point)
+                    freeze_now(point)
+            else:
+                kill_now(point)
 
     def run_and_kill(self, action: Callable[[], None]) -> None:
         """Start ``action`` (the commit) and SIGKILL while it is in flight."""

@@ -172,6 +172,11 @@ def first_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[
     return first
 
 
+def start_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The log start offset of each partition (what retention has not deleted)."""
+    return {p: low for p, (low, _high) in offset_bounds(bootstrap, topic).items()}
+
+
 def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
     """The offset after the last readable record of each partition."""
     return {p: high for p, (_low, high) in offset_bounds(bootstrap, topic, isolation).items()}
@@ -194,9 +199,7 @@ def group_commits(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int
             raise KafkaException(md.topics[topic].error)
         parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
         return {
-            tp.partition: (tp.offset, tp.metadata or "")
-            for tp in committed_offsets(consumer, parts)
-            if tp.offset >= 0
+            tp.partition: (tp.offset, tp.metadata or "") for tp in committed_offsets(consumer, parts) if tp.offset >= 0
         }
     finally:
         consumer.close()

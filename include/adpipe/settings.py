@@ -196,6 +196,17 @@ class Settings:
     budget_default_cpc_micros: int = 500_000
     budget_default_budget_micros: int | None = 100_000_000
     budget_session_timeout_ms: int = 10_000
+    # Database faults (adpipe.budget.service): how long a database outage is
+    # waited out (consumption paused) before the service gives up; the
+    # connect and statement timeouts of every budget database call.
+    budget_db_outage_s: int = 600
+    budget_db_connect_timeout_s: int = 10
+    budget_db_statement_timeout_ms: int = 30_000
+    # How often the publisher thread publishes the outbox and settles pauses
+    # against changed budgets; `budget prune` keeps ledger rows this many
+    # hours beyond the aggregates topic's retention.
+    budget_publish_interval_s: float = 5.0
+    budget_ledger_margin_h: int = 168
     # "postgres": a Hive metastore in PostgreSQL that several Spark
     # applications share; "derby": Spark's embedded one, one JVM at a time.
     metastore: str = "postgres"
@@ -313,9 +324,7 @@ def _regions(raw: str, bootstrap: str, topics: Topics) -> tuple[Region, ...]:
         unknown = set(item) - known
         if unknown:
             raise SettingsError(f"ADPIPE_REGIONS: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        region_topics = replace(
-            topics, **{k: item[k] for k in ("events", "aggregates", "dlq", "late") if k in item}
-        )
+        region_topics = replace(topics, **{k: item[k] for k in ("events", "aggregates", "dlq", "late") if k in item})
         regions.append(Region(str(item["job_id"]), item.get("kafka_bootstrap", bootstrap), region_topics))
     if len({r.job_id for r in regions}) != len(regions):
         raise SettingsError("ADPIPE_REGIONS: job_id values must be distinct")
@@ -375,6 +384,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_default_cpc_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPC", "0.50"),
         budget_default_budget_micros=_budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
         budget_session_timeout_ms=_int(env, "ADPIPE_BUDGET_SESSION_TIMEOUT_MS", 10_000, 6000),
+        budget_db_outage_s=_int(env, "ADPIPE_BUDGET_DB_OUTAGE_S", 600, 0),
+        budget_db_connect_timeout_s=_int(env, "ADPIPE_BUDGET_DB_CONNECT_TIMEOUT_S", 10, 1),
+        budget_db_statement_timeout_ms=_int(env, "ADPIPE_BUDGET_DB_STATEMENT_TIMEOUT_MS", 30_000, 100),
+        budget_publish_interval_s=_int(env, "ADPIPE_BUDGET_PUBLISH_INTERVAL_MS", 5000, 100) / 1000,
+        budget_ledger_margin_h=_int(env, "ADPIPE_BUDGET_LEDGER_MARGIN_H", 168, 0),
         metastore=metastore,
         metastore_database=metastore_database,
         extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics),

@@ -250,7 +250,8 @@ class BudgetEnv:
         return (
             self.spend(),
             self.query("SELECT count(*), sum(spend_micros) FROM budget_ledger"),
-            sorted(self.query("SELECT ad_id, period, event_id, sent_at IS NOT NULL FROM budget_pauses")),
+            sorted(self.query("SELECT ad_id, period, event_id, sent_at IS NOT NULL FROM budget_events")),
+            sorted(self.query("SELECT ad_id, period, state, generation FROM budget_status")),
             self.budget_events(),
         )
 
@@ -269,8 +270,8 @@ class BudgetEnv:
         assert per_ad_actual == per_ad_expected
         pauses = expected_pauses(expected)
         assert pauses and len(pauses) < len(expected), "the prices should pause some ads, not all"
-        assert set(self.query("SELECT ad_id, period FROM budget_pauses")) == pauses
-        assert self.query("SELECT count(*) FROM budget_pauses WHERE sent_at IS NULL") == [(0,)]
+        assert set(self.query("SELECT ad_id, period FROM budget_status WHERE state = 'paused'")) == pauses
+        assert self.query("SELECT count(*) FROM budget_events WHERE sent_at IS NULL") == [(0,)]
         assert self.budget_events() == Counter(dict.fromkeys(pauses, 1))
         report = budget_verify.check(self.settings)
         assert report["ok"] and report["status"] == "ok", report
@@ -362,7 +363,7 @@ def test_sigkill_before_database_commit_and_after_budget_events_commit(
     run = budget.once(_fault("budget_after_events_commit", 1))
     assert run.returncode == -signal.SIGKILL, run.log[-3000:]
     published = budget.budget_events()
-    unsent = set(budget.query("SELECT ad_id, period FROM budget_pauses WHERE sent_at IS NULL"))
+    unsent = set(budget.query("SELECT ad_id, period FROM budget_events WHERE sent_at IS NULL"))
     # The killed round's events are committed in Kafka while the outbox still calls them unsent.
     assert unsent and unsent <= set(published), (published, unsent)
     # The restart finds the round in the Kafka ledger: marks it sent, publishes the rest once.

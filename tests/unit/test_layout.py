@@ -18,6 +18,7 @@ PACKAGE_DIR = PROJECT_ROOT / "include" / "adpipe"
 # The pieces of the contract every part may use.
 SHARED = {
     "adpipe",
+    "adpipe.alerting",
     "adpipe.faults",
     "adpipe.jars",
     "adpipe.kafka_io",

@@ -9,23 +9,34 @@ transaction; nothing is committed here.
           (another instance applied it meanwhile: a rebalance this instance
           has not seen yet, or it is a zombie) is dropped from the batch and
           re-sought after the transaction: nothing is applied twice, nothing
-          is skipped.
-  Step 2. Parse; an aggregate that is not valid JSON of the contract goes to
-          ``budget_quarantine`` with the reason (and its offset is consumed).
+          is skipped. (Also the ``pricing_settled`` row FOR SHARE: see
+          :mod:`adpipe.budget.status`.)
+  Step 2. Parse and validate with the one parser (``money.parse_aggregate``):
+          an aggregate that is not one of the contract, or holds what the
+          database cannot (a field longer than its column, a count beyond
+          BIGINT, NUL, an unpaired surrogate), goes to ``budget_quarantine``
+          as ``malformed`` with the reason, and its offset is consumed. So do
+          records the caller names as ``rejected`` (the database refused them
+          alone: see the service's batch splitting).
   Step 3. Insert the ledger rows, insert-only by ``record_uuid``
           (``ON CONFLICT DO NOTHING RETURNING``): a record_uuid seen before, in
-          this batch or any earlier one, is a no-op. The charge of each new
-          row is priced now (money.spend_micros) and stored with it.
+          this batch or any earlier one, with the same counts is a duplicate
+          and a no-op; with other counts it is quarantined as a ``conflict``
+          (the first copy stays charged). The charge of each new row is
+          priced now and stored with it.
   Step 4. Add the new rows' charges to ``budget_spend`` per (ad, period).
-  Step 5. For each (ad, period) whose new spend reached its budget, insert a
-          ``budget_pauses`` row (primary key (ad_id, period): once).
-  Step 6. Write the partitions' next offsets to ``budget_offsets``.
+  Step 5. Pause each (ad, period) whose new spend reached its budget
+          (``status.settle_charged``: a status transition and its outbox row).
+  Step 6. Write the partitions' next offsets to ``budget_offsets`` as a
+          compare-and-set: an UPDATE of the value Step 1 saw, or for a
+          partition with no row yet an insert that must not meet one. If
+          another instance created the row meanwhile, :class:`StaleOffsets`
+          aborts the whole transaction.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,19 +45,23 @@ import sqlalchemy as sa
 from confluent_kafka import Message
 from sqlalchemy.engine import Connection
 
-from adpipe.budget import db
-from adpipe.budget.money import Aggregate, BadAggregate, Price, parse_aggregate, period_of, spend_micros
+from adpipe.budget import db, status
+from adpipe.budget.money import Aggregate, BadAggregate, Price, charge_micros, parse_aggregate, period_of
 from adpipe.settings import Settings
 
 # Named after the part: operators grep "adpipe.budget: batch N".
 log = logging.getLogger("adpipe.budget")
 
-EVENT_NAMESPACE = uuid.UUID("4d1f5b8e-5a39-4d0b-9a52-2f0c7f3b9e10")
+MessageKey = tuple[int, int]  # (partition, offset)
 
 
-def event_id(ad_id: str, period: str) -> str:
-    """The budget event's id: the same for the same (ad, period), always."""
-    return str(uuid.uuid5(EVENT_NAMESPACE, f"{ad_id}|{period}"))
+class StaleOffsets(RuntimeError):
+    """Step 6: another instance wrote a partition's first offsets row while
+    this batch ran; the transaction must roll back."""
+
+    def __init__(self, partitions: list[int]) -> None:
+        super().__init__(f"partitions {partitions}: another instance applied them first")
+        self.partitions = partitions
 
 
 @dataclass
@@ -55,14 +70,35 @@ class BatchResult:
     applied: int = 0
     duplicates: int = 0
     already_applied: int = 0
-    quarantined: int = 0
+    malformed: int = 0
+    rejected: int = 0
+    conflicts: int = 0
     stale_partitions: dict[int, int | None] = field(default_factory=dict)
     spend_added_micros: int = 0
-    paused: list[tuple[str, str]] = field(default_factory=list)
+    transitions: list[status.Transition] = field(default_factory=list)
     next_offsets: dict[int, int] = field(default_factory=dict)
 
+    @property
+    def quarantined(self) -> int:
+        return self.malformed + self.rejected + self.conflicts
 
-SpendKey = tuple[str, str]  # (ad_id, period)
+    @property
+    def paused(self) -> list[tuple[str, str]]:
+        return [(t.ad_id, t.period) for t in self.transitions if t.state == status.PAUSED]
+
+    def merge(self, other: BatchResult) -> BatchResult:
+        """This batch's result followed by ``other``'s (a split batch)."""
+        merged = BatchResult()
+        for name in ("records", "applied", "duplicates", "already_applied", "malformed", "rejected", "conflicts"):
+            setattr(merged, name, getattr(self, name) + getattr(other, name))
+        merged.spend_added_micros = self.spend_added_micros + other.spend_added_micros
+        merged.transitions = self.transitions + other.transitions
+        merged.stale_partitions = {**self.stale_partitions, **other.stale_partitions}
+        merged.next_offsets = {**self.next_offsets, **other.next_offsets}
+        return merged
+
+
+SpendKey = status.SpendKey
 
 
 def apply_batch(
@@ -71,12 +107,14 @@ def apply_batch(
     topic: str,
     messages: Sequence[Message],
     started_from: dict[int, int | None],
+    rejected: dict[MessageKey, str] | None = None,
 ) -> BatchResult:
     """Steps 1-6 of the module doc, inside the caller's transaction.
 
     ``started_from``: per partition, the offset this instance's consumption
     started from (the database's value when it was assigned or last applied;
-    None: no row, read from the beginning)."""
+    None: no row, read from the beginning). ``rejected``: records to
+    quarantine with the database's reason instead of charging them."""
     group = settings.budget_group
     result = BatchResult(records=len(messages))
     by_partition: dict[int, list[Message]] = defaultdict(list)
@@ -84,17 +122,20 @@ def apply_batch(
         by_partition[msg.partition()].append(msg)
 
     # Step 1
+    status.lock_pricing_shared(conn)
     usable = _claim_partitions(conn, group, topic, by_partition, started_from, result)
     # Step 2
-    parsed = _parse_or_quarantine(conn, group, topic, usable, result)
+    parsed = _parse_or_quarantine(conn, group, topic, usable, rejected or {}, result)
     # Step 3
-    rows, inserted, prices = _insert_ledger(conn, settings, topic, parsed, result)
+    rows, inserted, prices = _insert_ledger(conn, settings, group, topic, parsed, result)
     # Step 4
     new_spend, crossing_record = _add_spend(conn, rows, inserted, result)
     # Step 5
-    _pause_reached(conn, new_spend, crossing_record, prices, result)
+    result.transitions = status.settle_charged(
+        conn, new_spend, {ad: price.budget_micros for ad, price in prices.items()}, crossing_record
+    )
     # Step 6
-    _store_next_offsets(conn, group, topic, result.next_offsets)
+    _store_next_offsets(conn, group, topic, result.next_offsets, started_from)
     return result
 
 
@@ -135,43 +176,86 @@ def _claim_partitions(
     return usable
 
 
+def quarantine_row(
+    group: str, topic: str, msg: Message, kind: str, reason: str, record_uuid: str | None = None
+) -> dict:
+    """A ``budget_quarantine`` row; its text is made storable whatever the
+    record holds (the record itself stays in Kafka at its offset)."""
+    raw = msg.value()
+    return {
+        "kafka_topic": topic,
+        "kafka_partition": msg.partition(),
+        "kafka_offset": msg.offset(),
+        "group_id": group,
+        "kind": kind,
+        "reason": db.storable(reason, 500),
+        "record_uuid": db.storable(record_uuid, 64),
+        "value": None if raw is None else db.storable(raw[:4000].decode("utf-8", "backslashreplace")),
+    }
+
+
+_RESULT_FIELD = {"malformed": "malformed", "rejected": "rejected", "conflict": "conflicts"}
+
+
+def _quarantine(conn: Connection, topic: str, rows: list[dict], result: BatchResult) -> None:
+    if not rows:
+        return
+    conn.execute(
+        db.insert(conn, db.quarantine).on_conflict_do_nothing(
+            index_elements=["kafka_topic", "kafka_partition", "kafka_offset"]
+        ),
+        rows,
+    )
+    for row in rows:
+        counter = _RESULT_FIELD[row["kind"]]
+        setattr(result, counter, getattr(result, counter) + 1)
+        log.warning(
+            "quarantined %s/%d/%d (%s): %s",
+            topic,
+            row["kafka_partition"],
+            row["kafka_offset"],
+            row["kind"],
+            row["reason"],
+        )
+
+
 def _parse_or_quarantine(
-    conn: Connection, group: str, topic: str, usable: list[Message], result: BatchResult
+    conn: Connection,
+    group: str,
+    topic: str,
+    usable: list[Message],
+    rejected: dict[MessageKey, str],
+    result: BatchResult,
 ) -> list[tuple[Aggregate, Message]]:
     """Step 2: the parsed aggregates; the others go to the quarantine table."""
     parsed = []
     bad = []
     for msg in usable:
+        why = rejected.get((msg.partition(), msg.offset()))
+        if why is not None:
+            bad.append(quarantine_row(group, topic, msg, "rejected", why))
+            continue
         try:
             parsed.append((parse_aggregate(msg.value()), msg))
         except BadAggregate as exc:
-            raw = msg.value()
-            bad.append(
-                {
-                    "kafka_topic": topic,
-                    "kafka_partition": msg.partition(),
-                    "kafka_offset": msg.offset(),
-                    "group_id": group,
-                    "reason": str(exc)[:500],
-                    "value": None if raw is None else raw[:4000].decode("utf-8", "replace"),
-                }
-            )
-    if bad:
-        conn.execute(
-            db.insert(conn, db.quarantine).on_conflict_do_nothing(
-                index_elements=["kafka_topic", "kafka_partition", "kafka_offset"]
-            ),
-            bad,
-        )
-        result.quarantined = len(bad)
-        for row in bad:
-            log.warning("quarantined %s/%d/%d: %s", topic, row["kafka_partition"], row["kafka_offset"], row["reason"])
+            bad.append(quarantine_row(group, topic, msg, "malformed", str(exc)))
+    _quarantine(conn, topic, bad, result)
     return parsed
+
+
+def _conflict_reason(agg: Aggregate, first: tuple, where: str) -> str:
+    ad_id, window_start, impressions, clicks = first
+    return (
+        f"record_uuid {agg.record_uuid} seen again with other counts: this copy ad_id={agg.ad_id} "
+        f"window_start={agg.window_start} impressions={agg.impressions} clicks={agg.clicks}; "
+        f"earlier copy ({where}) ad_id={ad_id} window_start={window_start} impressions={impressions} clicks={clicks}"
+    )
 
 
 def _insert_ledger(
     conn: Connection,
     settings: Settings,
+    group: str,
     topic: str,
     parsed: list[tuple[Aggregate, Message]],
     result: BatchResult,
@@ -179,17 +263,31 @@ def _insert_ledger(
     """Step 3: dedupe in the batch first, then insert-only on the key.
     Returns the priced ledger rows, the record_uuids actually inserted and
     the prices (Step 5 needs the budgets)."""
-    firsts: dict[str, tuple] = {}
+    firsts: dict[str, tuple[Aggregate, Message]] = {}
+    bad: list[dict] = []
     for agg, msg in parsed:
-        if agg.record_uuid in firsts:
+        first = firsts.get(agg.record_uuid)
+        if first is None:
+            firsts[agg.record_uuid] = (agg, msg)
+        elif first[0].counts() == agg.counts():
             result.duplicates += 1
         else:
-            firsts[agg.record_uuid] = (agg, msg)
+            where = f"{topic}/{first[1].partition()}/{first[1].offset()}"
+            bad.append(
+                quarantine_row(
+                    group, topic, msg, "conflict", _conflict_reason(agg, first[0].counts(), where), agg.record_uuid
+                )
+            )
     prices = db.resolve_prices(conn, (agg.ad_id for agg, _ in firsts.values())) if firsts else {}
     rows = []
     for record_uuid in sorted(firsts):
         agg, msg = firsts[record_uuid]
         price = prices[agg.ad_id]
+        try:
+            charge = charge_micros(agg, price)
+        except BadAggregate as exc:
+            bad.append(quarantine_row(group, topic, msg, "malformed", str(exc), record_uuid))
+            continue
         rows.append(
             {
                 "record_uuid": record_uuid,
@@ -200,7 +298,7 @@ def _insert_ledger(
                 "clicks": agg.clicks,
                 "cpm_micros": price.cpm_micros,
                 "cpc_micros": price.cpc_micros,
-                "spend_micros": spend_micros(agg.impressions, agg.clicks, price),
+                "spend_micros": charge,
                 "kafka_topic": topic,
                 "kafka_partition": msg.partition(),
                 "kafka_offset": msg.offset(),
@@ -215,7 +313,33 @@ def _insert_ledger(
         )
         inserted = {r[0] for r in conn.execute(stmt, rows)}
     result.applied = len(inserted)
-    result.duplicates += len(rows) - len(inserted)
+    seen_before = [row["record_uuid"] for row in rows if row["record_uuid"] not in inserted]
+    if seen_before:
+        charged = {
+            r.record_uuid: r
+            for r in conn.execute(
+                sa.select(
+                    db.ledger.c.record_uuid,
+                    db.ledger.c.ad_id,
+                    db.ledger.c.window_start,
+                    db.ledger.c.impressions,
+                    db.ledger.c.clicks,
+                    db.ledger.c.kafka_topic,
+                    db.ledger.c.kafka_partition,
+                    db.ledger.c.kafka_offset,
+                ).where(db.ledger.c.record_uuid.in_(seen_before))
+            )
+        }
+        for record_uuid in seen_before:
+            agg, msg = firsts[record_uuid]
+            old = charged[record_uuid]
+            if (old.ad_id, old.window_start, old.impressions, old.clicks) == agg.counts():
+                result.duplicates += 1
+            else:
+                where = f"{old.kafka_topic}/{old.kafka_partition}/{old.kafka_offset}"
+                reason = _conflict_reason(agg, (old.ad_id, old.window_start, old.impressions, old.clicks), where)
+                bad.append(quarantine_row(group, topic, msg, "conflict", reason, record_uuid))
+    _quarantine(conn, topic, bad, result)
     return rows, inserted, prices
 
 
@@ -251,56 +375,40 @@ def _add_spend(
     return new_spend, crossing_record
 
 
-def _pause_reached(
-    conn: Connection,
-    new_spend: dict[SpendKey, int],
-    crossing_record: dict[SpendKey, dict],
-    prices: dict[str, Price],
-    result: BatchResult,
+def _store_next_offsets(
+    conn: Connection, group: str, topic: str, next_offsets: dict[int, int], started_from: dict[int, int | None]
 ) -> None:
-    """Step 5: a pause row (the outbox) per (ad, period) whose spend reached
-    its budget; ``result.paused`` gets the rows new in this batch."""
-    reached = []
-    for key in sorted(new_spend):
-        budget = prices[key[0]].budget_micros
-        if budget is not None and new_spend[key] >= budget:
-            row = crossing_record[key]
-            reached.append(
-                {
-                    "ad_id": key[0],
-                    "period": key[1],
-                    "event_id": event_id(*key),
-                    "spend_micros": new_spend[key],
-                    "budget_micros": budget,
-                    "record_uuid": row["record_uuid"],
-                    "window_start": row["window_start"],
-                }
-            )
-    if reached:
-        stmt = (
-            db.insert(conn, db.pauses)
-            .on_conflict_do_nothing(index_elements=["ad_id", "period"])
-            .returning(db.pauses.c.ad_id, db.pauses.c.period)
-        )
-        result.paused = sorted((a, p) for a, p in conn.execute(stmt, reached))
-
-
-def _store_next_offsets(conn: Connection, group: str, topic: str, next_offsets: dict[int, int]) -> None:
     """Step 6: the partitions' next offsets, in the same transaction as the
-    ledger rows they cover."""
-    if next_offsets:
-        up = db.insert(conn, db.offsets)
-        up = up.on_conflict_do_update(
-            index_elements=["group_id", "topic", "kafka_partition"],
-            set_={"next_offset": up.excluded.next_offset, "updated_at": sa.func.now()},
-        )
-        conn.execute(
-            up,
+    ledger rows they cover, as a compare-and-set on what Step 1 saw."""
+    first_rows = [p for p in sorted(next_offsets) if started_from.get(p) is None]
+    for p in sorted(next_offsets):
+        if p in first_rows:
+            continue
+        updated = conn.execute(
+            sa.update(db.offsets)
+            .where(
+                db.offsets.c.group_id == group,
+                db.offsets.c.topic == topic,
+                db.offsets.c.kafka_partition == p,
+                db.offsets.c.next_offset == started_from[p],
+            )
+            .values(next_offset=next_offsets[p], updated_at=sa.func.now())
+        ).rowcount
+        if updated != 1:  # cannot happen under Step 1's lock; refuse rather than guess
+            raise StaleOffsets([p])
+    if first_rows:
+        created = conn.execute(
+            db.insert(conn, db.offsets)
+            .on_conflict_do_nothing(index_elements=["group_id", "topic", "kafka_partition"])
+            .returning(db.offsets.c.kafka_partition),
             [
-                {"group_id": group, "topic": topic, "kafka_partition": p, "next_offset": o}
-                for p, o in sorted(next_offsets.items())
+                {"group_id": group, "topic": topic, "kafka_partition": p, "next_offset": next_offsets[p]}
+                for p in first_rows
             ],
         )
+        missing = sorted(set(first_rows) - {r[0] for r in created})
+        if missing:
+            raise StaleOffsets(missing)
 
 
 def stored_offsets(conn: Connection, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int]:
@@ -313,3 +421,34 @@ def stored_offsets(conn: Connection, group: str, topic: str, partitions: Sequenc
         )
     ).all()
     return {p: o for p, o in rows}
+
+
+def record_gap(conn: Connection, group: str, topic: str, partition: int, expected: int | None, log_start: int) -> int:
+    """Retention deleted ``partition``'s offsets from ``expected`` (None: no
+    row, so 0) up to ``log_start`` before they were charged: record the gap
+    and move the offset to ``log_start``, by compare-and-set, in the
+    caller's transaction. Returns the number of offsets lost."""
+    current = conn.execute(
+        sa.select(db.offsets.c.next_offset)
+        .where(db.offsets.c.group_id == group, db.offsets.c.topic == topic, db.offsets.c.kafka_partition == partition)
+        .with_for_update()
+    ).scalar_one_or_none()
+    if current != expected:
+        raise StaleOffsets([partition])
+    from_offset = expected or 0
+    lost = log_start - from_offset
+    conn.execute(
+        db.insert(conn, db.gaps).on_conflict_do_nothing(
+            index_elements=["group_id", "topic", "kafka_partition", "from_offset"]
+        ),
+        {
+            "group_id": group,
+            "topic": topic,
+            "kafka_partition": partition,
+            "from_offset": from_offset,
+            "to_offset": log_start,
+            "lost_offsets": lost,
+        },
+    )
+    _store_next_offsets(conn, group, topic, {partition: log_start}, {partition: expected})
+    return lost

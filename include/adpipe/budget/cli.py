@@ -27,6 +27,8 @@ def cmd_budget(args: argparse.Namespace, settings: Settings) -> int:
         return _report(args, settings)
     if action == "prices":
         return _prices(args, settings)
+    if action == "prune":
+        return _prune(args, settings)
     from adpipe.budget.service import BudgetService
     from adpipe.faults import FaultPlan
 
@@ -34,7 +36,7 @@ def cmd_budget(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe.budget.report import format_report, report
+    from adpipe.budget.report import findings, format_findings, format_report, report
 
     rows = report(settings)
     if rows is None:
@@ -42,25 +44,51 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
         return 3
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
-    else:
-        print(format_report(rows))
+        return 0
+    print(format_report(rows))
+    found = findings(settings)
+    if found is not None and (text := format_findings(found)):
+        print(text)
+    return 0
+
+
+def _prune(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.budget.retention import prune
+    from adpipe.money import format_micros
+
+    result = prune(settings, dry_run=args.dry_run)
+    if result.cutoff is None:
+        print(f"{settings.topics.aggregates} keeps its records forever (retention.ms -1): the ledger is kept too")
+        return 0
+    verb = "would prune" if args.dry_run else "pruned"
+    print(
+        f"{verb} {result.rows} ledger rows applied before {result.cutoff.isoformat()} "
+        f"(spend {format_micros(result.spend_micros)} kept in budget_ledger_pruned)"
+    )
     return 0
 
 
 def _prices(args: argparse.Namespace, settings: Settings) -> int:
     import sqlalchemy as sa
 
-    from adpipe.budget import db
+    from adpipe.budget import db, status
     from adpipe.money import format_micros
 
-    engine = db.make_engine(settings.budget_db)
+    engine = db.make_engine(settings)
     try:
         db.ensure_schema(engine, settings)
         if args.file:
             rows = db.read_price_file(Path(args.file))
             with engine.begin() as conn:
                 n = db.upsert_prices(conn, rows)
+                # Pauses follow the new budgets in the same transaction.
+                transitions = status.settle_pricing(conn, force=True) or []
             print(f"loaded {n} pricing rows from {args.file}")
+            for t in transitions:
+                print(
+                    f"{t.event_type} {t.ad_id} {t.period}: spend {format_micros(t.spend_micros)}, "
+                    f"budget {format_micros(t.budget_micros)}"
+                )
         with engine.connect() as conn:
             for r in conn.execute(sa.select(db.pricing).order_by(db.pricing.c.scope, db.pricing.c.key)).mappings():
                 print(
@@ -81,7 +109,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "applies spend = impressions x CPM / 1000 + clicks x CPC per ad into ADPIPE_BUDGET_DB, one database "
         "transaction per batch holding the ledger (keyed by record_uuid), the spend and the consumer's offsets. "
         "An ad whose spend reaches its budget is paused and one event goes to the budget-events topic. "
-        "Stops cleanly on SIGTERM. Sub-commands: report, prices.",
+        "Stops cleanly on SIGTERM. Sub-commands: report, prices, prune.",
     )
     p.add_argument("--once", action="store_true", help="drain what is in the topic now, then stop")
     p.add_argument(
@@ -102,3 +130,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Without --file: list the pricing table. " + PRICE_FILE_HELP,
     )
     q.add_argument("--file", help="CSV to load (insert or replace by scope and key)")
+    pr = actions.add_parser(
+        "prune",
+        help="delete ledger rows older than the aggregates topic's retention plus a margin",
+        description="A ledger row only guards against a repeat of its record_uuid, which can only come from the "
+        "aggregates topic: rows applied more than the topic's retention.ms plus ADPIPE_BUDGET_LEDGER_MARGIN_H "
+        "(168) hours ago are deleted, their sums kept per ad and period in budget_ledger_pruned (spend is "
+        "unchanged). A topic kept forever keeps its ledger.",
+    )
+    pr.add_argument("--dry-run", action="store_true", help="count what would go, change nothing")

@@ -13,15 +13,27 @@ embedded fallback for one instance. Every table is prefixed ``budget_``:
 ``budget_spend``       spend per (ad_id, budget period): the sum of the ledger's charges
 ``budget_offsets``     next offset per (consumer group, topic, partition): the consumer's position,
                        committed with the ledger rows it covers
-``budget_pauses``      the outbox of budget events: one row per (ad_id, period) whose spend reached its
-                       budget (the primary key makes the event once); ``round``/``sent_at`` record its
-                       publication (see adpipe.budget.events)
-``budget_quarantine``  aggregates that could not be parsed, with the reason (the service goes on)
+``budget_status``      paused or active per (ad_id, period), and how many transitions it has had
+                       (``generation``): spend reaching the budget pauses, a budget raised above the
+                       spend resumes (adpipe.budget.status)
+``budget_events``      the outbox of budget events: one row per transition, keyed by an event id derived
+                       from (ad, period, generation), so each is once; ``round``/``sent_at`` record its
+                       publication (adpipe.budget.events)
+``budget_quarantine``  aggregates not charged, with the kind and the reason (the service goes on):
+                       ``malformed`` (not an aggregate of the contract, or beyond what the columns hold),
+                       ``rejected`` (the database refused it), ``conflict`` (a record_uuid seen again
+                       with other counts)
+``budget_gaps``        offsets of the aggregates topic that retention deleted before they were charged
+``budget_ledger_pruned`` per (ad_id, period), the sums of ledger rows removed by ``budget prune``
+
+Older databases are brought up to date by ``ensure_schema`` (missing columns
+added; the outbox of the first version, ``budget_pauses``, copied over).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,7 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from adpipe.budget.money import Price
+from adpipe.budget.money import MAX_AD_ID, MAX_RECORD_UUID, MAX_WINDOW_START, Price
 from adpipe.money import parse_micros
 from adpipe.settings import Settings
 
@@ -50,8 +62,8 @@ pricing = sa.Table(
     "budget_pricing",
     metadata,
     sa.Column("scope", sa.String(16), primary_key=True),
-    sa.Column("key", sa.String(200), primary_key=True),
-    sa.Column("campaign_id", sa.String(200)),
+    sa.Column("key", sa.String(MAX_AD_ID), primary_key=True),
+    sa.Column("campaign_id", sa.String(MAX_AD_ID)),
     sa.Column("cpm_micros", sa.BigInteger),
     sa.Column("cpc_micros", sa.BigInteger),
     sa.Column("budget_micros", sa.BigInteger),
@@ -64,9 +76,9 @@ pricing = sa.Table(
 ledger = sa.Table(
     "budget_ledger",
     metadata,
-    sa.Column("record_uuid", sa.String(64), primary_key=True),
-    sa.Column("ad_id", sa.String(200), nullable=False),
-    sa.Column("window_start", sa.String(40), nullable=False),
+    sa.Column("record_uuid", sa.String(MAX_RECORD_UUID), primary_key=True),
+    sa.Column("ad_id", sa.String(MAX_AD_ID), nullable=False),
+    sa.Column("window_start", sa.String(MAX_WINDOW_START), nullable=False),
     sa.Column("period", sa.String(20), nullable=False),
     sa.Column("impressions", sa.BigInteger, nullable=False),
     sa.Column("clicks", sa.BigInteger, nullable=False),
@@ -77,12 +89,15 @@ ledger = sa.Table(
     sa.Column("kafka_partition", sa.Integer, nullable=False),
     sa.Column("kafka_offset", sa.BigInteger, nullable=False),
     sa.Column("applied_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    # budget prune deletes by age; verify and the report read per ad.
+    sa.Index("budget_ledger_applied_at", "applied_at"),
+    sa.Index("budget_ledger_ad_period", "ad_id", "period"),
 )
 
 spend = sa.Table(
     "budget_spend",
     metadata,
-    sa.Column("ad_id", sa.String(200), primary_key=True),
+    sa.Column("ad_id", sa.String(MAX_AD_ID), primary_key=True),
     sa.Column("period", sa.String(20), primary_key=True),
     sa.Column("spend_micros", sa.BigInteger, nullable=False),
     sa.Column("records", sa.BigInteger, nullable=False),
@@ -99,21 +114,46 @@ offsets = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
 )
 
-pauses = sa.Table(
-    "budget_pauses",
+status = sa.Table(
+    "budget_status",
     metadata,
-    sa.Column("ad_id", sa.String(200), primary_key=True),
+    sa.Column("ad_id", sa.String(MAX_AD_ID), primary_key=True),
     sa.Column("period", sa.String(20), primary_key=True),
-    sa.Column("event_id", sa.String(36), nullable=False, unique=True),
+    sa.Column("state", sa.String(8), nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False),
     sa.Column("spend_micros", sa.BigInteger, nullable=False),
-    sa.Column("budget_micros", sa.BigInteger, nullable=False),
-    sa.Column("record_uuid", sa.String(64), nullable=False),
-    sa.Column("window_start", sa.String(40), nullable=False),
-    sa.Column("paused_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
-    sa.Column("round", sa.BigInteger),
-    sa.Column("sent_at", sa.DateTime(timezone=True)),
+    sa.Column("budget_micros", sa.BigInteger),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    sa.CheckConstraint("state IN ('paused', 'active')", name="budget_status_state"),
 )
 
+events = sa.Table(
+    "budget_events",
+    metadata,
+    sa.Column("event_id", sa.String(36), primary_key=True),
+    sa.Column("ad_id", sa.String(MAX_AD_ID), nullable=False),
+    sa.Column("period", sa.String(20), nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False),
+    sa.Column("event_type", sa.String(16), nullable=False),
+    sa.Column("cause", sa.String(16), nullable=False),
+    sa.Column("spend_micros", sa.BigInteger, nullable=False),
+    sa.Column("budget_micros", sa.BigInteger),
+    sa.Column("record_uuid", sa.String(MAX_RECORD_UUID)),
+    sa.Column("window_start", sa.String(MAX_WINDOW_START)),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    sa.Column("round", sa.BigInteger),
+    sa.Column("sent_at", sa.DateTime(timezone=True)),
+    sa.UniqueConstraint("ad_id", "period", "generation", name="budget_events_transition"),
+    # The publisher's claim reads the unsent rows only.
+    sa.Index(
+        "budget_events_unsent",
+        "round",
+        postgresql_where=sa.text("sent_at IS NULL"),
+        sqlite_where=sa.text("sent_at IS NULL"),
+    ),
+)
+
+QUARANTINE_KINDS = ("malformed", "rejected", "conflict")
 quarantine = sa.Table(
     "budget_quarantine",
     metadata,
@@ -124,6 +164,32 @@ quarantine = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("value", sa.Text),
     sa.Column("quarantined_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    # Added in the second version (NULL in older rows: malformed).
+    sa.Column("kind", sa.String(16)),
+    sa.Column("record_uuid", sa.String(MAX_RECORD_UUID)),
+    sa.Index("budget_quarantine_group", "group_id", "kafka_topic"),
+)
+
+gaps = sa.Table(
+    "budget_gaps",
+    metadata,
+    sa.Column("group_id", sa.String(255), primary_key=True),
+    sa.Column("topic", sa.String(255), primary_key=True),
+    sa.Column("kafka_partition", sa.Integer, primary_key=True),
+    sa.Column("from_offset", sa.BigInteger, primary_key=True),
+    sa.Column("to_offset", sa.BigInteger, nullable=False),
+    sa.Column("lost_offsets", sa.BigInteger, nullable=False),
+    sa.Column("detected_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+)
+
+ledger_pruned = sa.Table(
+    "budget_ledger_pruned",
+    metadata,
+    sa.Column("ad_id", sa.String(MAX_AD_ID), primary_key=True),
+    sa.Column("period", sa.String(20), primary_key=True),
+    sa.Column("spend_micros", sa.BigInteger, nullable=False),
+    sa.Column("records", sa.BigInteger, nullable=False),
+    sa.Column("last_pruned_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
 )
 
 # A constant key for PostgreSQL advisory locks taken by the budget service.
@@ -131,15 +197,20 @@ LOCK_SCHEMA = 7_311_001
 LOCK_PUBLISHER = 7_311_002
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for the budget database. SQLite runs every transaction as
-    ``BEGIN IMMEDIATE`` (one writer at a time, no lock upgrades); its file's
-    directory is created."""
+def make_engine(settings: Settings) -> Engine:
+    """An engine for the budget database (``settings.budget_db``).
+
+    PostgreSQL: a connect timeout, a statement timeout, an idle-in-transaction
+    timeout (a frozen process's locks are released by the server) and TCP
+    keep-alives (a dead server is noticed), so no call waits without end.
+    SQLite runs every transaction as ``BEGIN IMMEDIATE`` (one writer at a
+    time, no lock upgrades); its file's directory is created."""
+    url = settings.budget_db
     if url.startswith("sqlite"):
         path = sa.engine.make_url(url).database
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        engine = sa.create_engine(url, connect_args={"timeout": settings.budget_db_statement_timeout_ms / 1000})
 
         @sa.event.listens_for(engine, "connect")
         def _no_implicit_transactions(dbapi_conn, _record) -> None:  # noqa: ANN001
@@ -150,7 +221,63 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=3, max_overflow=2)
+    timeout_ms = settings.budget_db_statement_timeout_ms
+    connect_args = {}
+    if sa.engine.make_url(url).get_backend_name() == "postgresql":
+        connect_args = {
+            "connect_timeout": settings.budget_db_connect_timeout_s,
+            "options": f"-c statement_timeout={timeout_ms} -c idle_in_transaction_session_timeout={2 * timeout_ms}",
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+        }
+    return sa.create_engine(
+        url, pool_pre_ping=True, pool_size=3, max_overflow=2, pool_timeout=30, connect_args=connect_args
+    )
+
+
+# What a database error means for the batch that met it (fault_kind):
+TRANSIENT = "transient"  # the server or the connection: retry the same batch, with backoff
+DATA = "data"  # this batch's data: find the record the database refuses, quarantine it
+FATAL = "fatal"  # schema, permissions, a bug: retrying or quarantining cannot help
+# SQLSTATE classes and codes (PostgreSQL appendix A).
+_TRANSIENT_CLASSES = ("08", "40", "53", "57", "58")  # connection, rollback, resources, operator, system
+_TRANSIENT_CODES = ("55P03", "55006")  # lock_not_available, object_in_use
+_DATA_CLASSES = ("21", "22", "23", "54")  # cardinality, data exception, integrity, program limit
+
+
+def fault_kind(exc: BaseException) -> str:
+    """Classify an error raised by a database call."""
+    if isinstance(exc, sa.exc.TimeoutError):  # the pool had no connection to give
+        return TRANSIENT
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return TRANSIENT
+        code = getattr(exc.orig, "pgcode", None)
+        if code:
+            if code[:2] in _TRANSIENT_CLASSES or code in _TRANSIENT_CODES:
+                return TRANSIENT
+            return DATA if code[:2] in _DATA_CLASSES else FATAL
+        if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):  # no code: connection refused or lost
+            return TRANSIENT
+        if isinstance(exc, sa.exc.DataError | sa.exc.IntegrityError):
+            return DATA
+        return FATAL
+    # The driver refuses text before it reaches the server: NUL, unpaired surrogates.
+    if isinstance(exc, ValueError):
+        return DATA
+    return FATAL
+
+
+def storable(value: str | None, limit: int | None = None) -> str | None:
+    """``value`` made safe for a text column: NUL and unpaired surrogates
+    escaped, cut to ``limit`` characters (quarantine rows must never be
+    refused themselves)."""
+    if value is None:
+        return None
+    safe = value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe[:limit] if limit else safe
 
 
 def insert(conn: Connection, table: sa.Table):  # noqa: ANN201 - dialect-specific Insert
@@ -162,17 +289,22 @@ def insert(conn: Connection, table: sa.Table):  # noqa: ANN201 - dialect-specifi
     raise RuntimeError(f"the budget database must be PostgreSQL or SQLite, not {conn.dialect.name}")
 
 
+PRICING_SETTLED = "pricing_settled"  # budget_meta: the pricing the pause states were last settled against
+
+
 def ensure_schema(engine: Engine, settings: Settings) -> str:
     """Create the tables, the publisher id and the default price row if
-    missing (idempotent, safe with several instances starting at once).
-    Returns the database's publisher id."""
+    missing, and bring an older database up to date (idempotent, safe with
+    several instances starting at once). Returns the publisher id."""
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_SCHEMA})
         metadata.create_all(conn, checkfirst=True)
+        _add_missing_columns(conn)
+        _copy_first_version_outbox(conn)
         conn.execute(
             insert(conn, meta).on_conflict_do_nothing(index_elements=["key"]),
-            {"key": "publisher_id", "value": uuid.uuid4().hex[:16]},
+            [{"key": "publisher_id", "value": uuid.uuid4().hex[:16]}, {"key": PRICING_SETTLED, "value": ""}],
         )
         conn.execute(
             insert(conn, pricing).on_conflict_do_nothing(index_elements=["scope", "key"]),
@@ -186,6 +318,53 @@ def ensure_schema(engine: Engine, settings: Settings) -> str:
             },
         )
         return conn.execute(sa.select(meta.c.value).where(meta.c.key == "publisher_id")).scalar_one()
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Columns a later version added (all nullable) to tables created before."""
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in have:
+                kind = column.type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+
+
+def _copy_first_version_outbox(conn: Connection) -> None:
+    """The first version kept pauses and their outbox in ``budget_pauses``
+    (one pause per ad and period); copy them over once, publication state
+    included, so nothing is published twice or lost."""
+    if not sa.inspect(conn).has_table("budget_pauses"):
+        return
+    if conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one():
+        return
+    rows = (
+        conn.execute(
+            sa.text(
+                "SELECT ad_id, period, event_id, spend_micros, budget_micros, record_uuid, window_start, round, "
+                "sent_at FROM budget_pauses"
+            )
+        )
+        .mappings()
+        .all()
+    )
+    for r in rows:
+        conn.execute(
+            insert(conn, status).on_conflict_do_nothing(index_elements=["ad_id", "period"]),
+            {
+                "ad_id": r["ad_id"],
+                "period": r["period"],
+                "state": "paused",
+                "generation": 1,
+                "spend_micros": r["spend_micros"],
+                "budget_micros": r["budget_micros"],
+            },
+        )
+        conn.execute(
+            insert(conn, events).on_conflict_do_nothing(index_elements=["event_id"]),
+            {**dict(r), "generation": 1, "event_type": "ad_paused", "cause": "spend"},
+        )
 
 
 def has_schema(engine: Engine) -> bool:
@@ -265,34 +444,66 @@ def upsert_prices(conn: Connection, rows: Iterable[PriceRow]) -> int:
     return len(values)
 
 
-def resolve_prices(conn: Connection, ad_ids: Iterable[str]) -> dict[str, Price]:
-    """The price of each ad: each field from the ad's row, else its
-    campaign's row, else the default row."""
-    ads = sorted(set(ad_ids))
-    ad_rows = {}
-    if ads:
-        for r in conn.execute(sa.select(pricing).where(pricing.c.scope == "ad", pricing.c.key.in_(ads))).mappings():
-            ad_rows[r["key"]] = r
-    campaigns = sorted({r["campaign_id"] for r in ad_rows.values() if r["campaign_id"]})
-    campaign_rows = {}
-    if campaigns:
-        for r in conn.execute(
-            sa.select(pricing).where(pricing.c.scope == "campaign", pricing.c.key.in_(campaigns))
-        ).mappings():
-            campaign_rows[r["key"]] = r
-    default = conn.execute(sa.select(pricing).where(pricing.c.scope == "default")).mappings().first()
-    if default is None or default["cpm_micros"] is None or default["cpc_micros"] is None:
-        raise PricingError("the pricing table has no complete default row (scope 'default', cpm and cpc)")
-    result = {}
-    for ad in ads:
-        chain = [ad_rows.get(ad)]
-        if chain[0] is not None and chain[0]["campaign_id"]:
-            chain.append(campaign_rows.get(chain[0]["campaign_id"]))
-        chain.append(default)
+@dataclass(frozen=True)
+class PriceBook:
+    """Pricing rows as read in one transaction; ``price`` resolves an ad:
+    each of cpm, cpc and budget from the ad's row, else its campaign's row,
+    else the default row."""
+
+    ads: dict[str, dict]
+    campaigns: dict[str, dict]
+    default: dict
+
+    def price(self, ad_id: str) -> Price:
+        own = self.ads.get(ad_id)
+        chain = [own, self.campaigns.get(own["campaign_id"]) if own and own["campaign_id"] else None, self.default]
         rows = [r for r in chain if r is not None]
 
-        def first(col: str, rows: list = rows) -> int | None:
+        def first(col: str) -> int | None:
             return next((r[col] for r in rows if r[col] is not None), None)
 
-        result[ad] = Price(first("cpm_micros"), first("cpc_micros"), first("budget_micros"))  # type: ignore[arg-type]
-    return result
+        return Price(first("cpm_micros"), first("cpc_micros"), first("budget_micros"))  # type: ignore[arg-type]
+
+    def fingerprint(self) -> str:
+        """Changes whenever any row does (pauses are settled against it)."""
+        rows = sorted(
+            (scope, key, tuple(sorted(r.items())))
+            for scope, table in (("ad", self.ads), ("campaign", self.campaigns), ("default", {"*": self.default}))
+            for key, r in table.items()
+        )
+        return hashlib.sha256(repr(rows).encode()).hexdigest()[:32]
+
+
+def load_price_book(conn: Connection, ad_ids: Iterable[str] | None = None) -> PriceBook:
+    """The rows pricing ``ad_ids`` (None: the whole table)."""
+    query = sa.select(pricing)
+    if ad_ids is not None:
+        ads = sorted(set(ad_ids))
+        ad_rows = [
+            dict(r) for r in conn.execute(query.where(pricing.c.scope == "ad", pricing.c.key.in_(ads))).mappings()
+        ]
+        campaigns = sorted({r["campaign_id"] for r in ad_rows if r["campaign_id"]})
+        other = conn.execute(
+            query.where(
+                sa.or_(
+                    pricing.c.scope == "default", sa.and_(pricing.c.scope == "campaign", pricing.c.key.in_(campaigns))
+                )
+            )
+        ).mappings()
+        rows = ad_rows + [dict(r) for r in other]
+    else:
+        rows = [dict(r) for r in conn.execute(query).mappings()]
+    by_scope: dict[str, dict[str, dict]] = {scope: {} for scope in SCOPES}
+    for r in rows:
+        by_scope[r["scope"]][r["key"]] = r
+    default = by_scope["default"].get("*")
+    if default is None or default["cpm_micros"] is None or default["cpc_micros"] is None:
+        raise PricingError("the pricing table has no complete default row (scope 'default', cpm and cpc)")
+    return PriceBook(by_scope["ad"], by_scope["campaign"], default)
+
+
+def resolve_prices(conn: Connection, ad_ids: Iterable[str]) -> dict[str, Price]:
+    """The price of each ad (see :class:`PriceBook`)."""
+    ads = sorted(set(ad_ids))
+    book = load_price_book(conn, ads)
+    return {ad: book.price(ad) for ad in ads}

@@ -1,20 +1,30 @@
-"""Budget events: the outbox (``budget_pauses``, filled by Step 5 of
-:mod:`adpipe.budget.batch`) published to the budget-events topic; Step 9 of
+"""Budget events: the outbox (``budget_events``, filled by
+:mod:`adpipe.budget.status`) published to the budget-events topic; Step 9 of
 the service's protocol (:mod:`adpipe.budget.service`).
 
-Budget events (``EventPublisher.publish_pending``) use a transactional
-producer whose ``transactional.id`` is stable per database, so that "once"
-holds for read_committed readers of ``ad-budget-events``. A publish round:
+The publisher runs on its own thread, never the consuming one: a slow or
+stuck publication cannot hold up consumption (and so cannot push the
+instance past ``max.poll.interval.ms``). Each round (every
+``ADPIPE_BUDGET_PUBLISH_INTERVAL_MS``, and at once after a batch made a
+transition) first settles pause states against changed pricing
+(``status.settle_pricing``), then publishes.
 
-  Step 1. Take the publisher lock (a PostgreSQL advisory lock; SQLite runs
-          one instance): one round at a time, across instances.
-  Step 2. A fresh producer's ``init_transactions``: fences every earlier
-          publisher and completes or aborts its open transaction.
+Budget events use a transactional producer whose ``transactional.id`` is
+stable per database, so that "once" holds for read_committed readers of
+``ad-budget-events``. A publish round:
+
+  Step 1. Try the publisher lock (``pg_try_advisory_lock``; SQLite runs one
+          instance): when another instance holds it, skip this round.
+  Step 2. Unless this instance published the last round (``last_publisher``
+          in ``budget_meta``) with the producer it still has, a fresh
+          producer's ``init_transactions``: it fences every earlier
+          publisher and completes or aborts its open transaction. Otherwise
+          the long-lived producer goes on (no other publisher since).
   Step 3. Read the publish ledger: the last committed round R, kept as the
           committed offset of a ledger group in Kafka.
   Step 4. One database transaction: rows claimed by round R and not marked
           sent were published (R committed): mark them sent. Claim every
-          other unsent row for round R+1. Commit.
+          other unsent row for round R+1; ``last_publisher`` = this instance.
   Step 5. One Kafka transaction: the events of round R+1 plus the ledger
           offset R+1 (``send_offsets_to_transaction``). Commit.
   Step 6. Mark round R+1 sent in the database; release the lock.
@@ -23,12 +33,16 @@ A death before Step 5's commit leaves round R+1 unpublished (aborted by the
 next Step 2) and its rows unsent: the next round claims and publishes them.
 A death after it (``budget_after_events_commit``) leaves the ledger at R+1:
 the next round's Step 4 marks the rows sent without publishing them again.
+A Kafka error drops the producer (the next round starts with Step 2's
+fence); a database error skips the round. Neither stops the service.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import uuid
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -37,7 +51,7 @@ from sqlalchemy.engine import Engine, RowMapping
 from sqlalchemy.exc import DBAPIError
 
 from adpipe import kafka_io
-from adpipe.budget import db
+from adpipe.budget import db, status
 from adpipe.faults import BUDGET_AFTER_EVENTS_COMMIT, FaultPlan
 from adpipe.money import format_micros
 from adpipe.settings import Settings
@@ -46,8 +60,11 @@ from adpipe.settings import Settings
 log = logging.getLogger("adpipe.budget")
 
 
+LAST_PUBLISHER = "last_publisher"  # budget_meta: the instance that claimed the last round
+
+
 class EventPublisher:
-    """Publishes the outbox (``budget_pauses``) to the budget-events topic;
+    """Publishes the outbox (``budget_events``) to the budget-events topic;
     the protocol is in the module doc."""
 
     def __init__(self, settings: Settings, engine: Engine, publisher_id: str, fault: FaultPlan | None = None) -> None:
@@ -56,75 +73,145 @@ class EventPublisher:
         self.topic = settings.topics.budget_events
         self.transactional_id = f"adpipe-budget-events-{publisher_id}"
         self.ledger_group = f"adpipe-budget-events-{publisher_id}"
+        self.instance = uuid.uuid4().hex
         self.fault = fault
         self.rounds = 0
+        self.producer: Producer | None = None
+        self.ledger_consumer: Consumer | None = None
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ the thread
+
+    def start(self, stop: threading.Event) -> None:
+        """Publish on a thread of its own until ``stop`` is set; one last
+        round then."""
+        self.thread = threading.Thread(target=self._loop, args=(stop,), name="budget-events", daemon=True)
+        self.thread.start()
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.wake.wait(self.settings.budget_publish_interval_s)
+            self.wake.clear()
+            self.round_safely()
+        self.round_safely()
+        self.close()
+
+    def join(self, timeout: float = 90.0) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("the budget-events publisher did not finish within %.0f s", timeout)
+
+    def round_safely(self) -> int:
+        """Settle against changed pricing, then publish; any error is logged
+        and the round retried later (the rows wait in the outbox)."""
+        try:
+            self.settle_pricing()
+            return self.publish_pending()
+        except KafkaException as exc:
+            log.error("publishing budget events failed (they stay in the outbox and are retried): %s", exc)
+            self._drop_clients()
+        except DBAPIError as exc:
+            log.warning(
+                "budget events: database unavailable (%s); retrying in %.0f s",
+                str(exc).splitlines()[0],
+                self.settings.budget_publish_interval_s,
+            )
+        except Exception:  # noqa: BLE001 - the thread must outlive any one round
+            log.exception("budget events: round failed; retrying")
+            self._drop_clients()
+        return 0
+
+    def settle_pricing(self) -> int:
+        """Pause and resume per the current pricing when it changed since the
+        last settlement (checked without locks first: the common case)."""
+        with self.engine.connect() as conn:
+            settled = conn.execute(sa.select(db.meta.c.value).where(db.meta.c.key == db.PRICING_SETTLED)).scalar()
+            if settled == db.load_price_book(conn).fingerprint():
+                return 0
+        with self.engine.begin() as conn:
+            transitions = status.settle_pricing(conn) or []
+        if transitions:
+            log.info(
+                "pricing changed: %d pause states changed: %s",
+                len(transitions),
+                ", ".join(f"{t.ad_id}@{t.period} {t.state}" for t in transitions[:20]),
+            )
+        return len(transitions)
+
+    # ------------------------------------------------------------ one round
 
     def pending(self) -> int:
         with self.engine.connect() as conn:
             return conn.execute(
-                sa.select(sa.func.count()).select_from(db.pauses).where(db.pauses.c.sent_at.is_(None))
+                sa.select(sa.func.count()).select_from(db.events).where(db.events.c.sent_at.is_(None))
             ).scalar_one()
 
     def publish_pending(self) -> int:
-        """One publish round if anything is unsent; returns events published."""
+        """One publish round if anything is unsent and no other instance is
+        publishing; returns events published."""
         if self.pending() == 0:
             return 0
-        lock_conn = self.engine.connect()
-        try:
-            if lock_conn.dialect.name == "postgresql":  # Step 1
-                lock_conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": db.LOCK_PUBLISHER})
+        with self.engine.connect() as lock_conn:
+            postgres = lock_conn.dialect.name == "postgresql"
+            if postgres:  # Step 1
+                got = lock_conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": db.LOCK_PUBLISHER}).scalar()
                 lock_conn.commit()
-            return self._round()
-        finally:
-            if lock_conn.dialect.name == "postgresql":
-                try:
-                    lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": db.LOCK_PUBLISHER})
-                    lock_conn.commit()
-                except DBAPIError as exc:  # the session ends anyway, and with it the lock
-                    log.debug("advisory unlock: %s", exc)
-            lock_conn.close()
+                if not got:
+                    log.debug("budget events: another instance is publishing; skipping this round")
+                    return 0
+            try:
+                return self._round()
+            finally:
+                if postgres:
+                    try:
+                        lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": db.LOCK_PUBLISHER})
+                        lock_conn.commit()
+                    except DBAPIError as exc:  # the session ends anyway, and with it the lock
+                        log.debug("advisory unlock: %s", exc)
 
     def _round(self) -> int:
         """Steps 2-6 of one publish round (the caller holds Step 1's lock)."""
-        producer, ledger_consumer = self._clients()
+        with self.engine.connect() as conn:
+            last = conn.execute(sa.select(db.meta.c.value).where(db.meta.c.key == LAST_PUBLISHER)).scalar()
+        if self.producer is None or last != self.instance:  # Step 2
+            self._drop_clients()
+            self._open_clients()
+        assert self.producer is not None and self.ledger_consumer is not None
+        producer, ledger_consumer = self.producer, self.ledger_consumer
+        ledger_tp = TopicPartition(self.topic, 0)
+        (committed,) = kafka_io.committed_offsets(ledger_consumer, [ledger_tp])  # Step 3
+        last_round = max(committed.offset, 0)
+        next_round = last_round + 1
+        confirmed, rows = self._claim(last_round, next_round)  # Step 4
+        if confirmed:
+            log.info("round %d of budget events was published before a crash: %d marked sent", last_round, confirmed)
+        if not rows:
+            return 0
         try:
-            producer.init_transactions(60)  # Step 2
-            ledger_tp = TopicPartition(self.topic, 0)
-            (committed,) = kafka_io.committed_offsets(ledger_consumer, [ledger_tp])  # Step 3
-            last_round = max(committed.offset, 0)
-            next_round = last_round + 1
-            confirmed, rows = self._claim(last_round, next_round)  # Step 4
-            if confirmed:
-                log.info(
-                    "round %d of budget events was published before a crash: %d marked sent", last_round, confirmed
-                )
-            if not rows:
-                return 0
             self._publish(producer, ledger_consumer, rows, next_round)  # Step 5
-            self.rounds += 1
-            if self.fault:
-                self.fault.hit(BUDGET_AFTER_EVENTS_COMMIT, self.rounds, len(rows))
-            self._mark_sent(next_round)  # Step 6
-            log.info(
-                "published %d budget events (round %d) to %s: %s",
-                len(rows),
-                next_round,
-                self.topic,
-                ", ".join(f"{r['ad_id']}@{r['period']}" for r in rows[:20]) + (" ..." if len(rows) > 20 else ""),
-            )
-            return len(rows)
-        except KafkaException as exc:
-            log.error("publishing budget events failed (they stay in the outbox and are retried): %s", exc)
+        except KafkaException:
             try:
                 producer.abort_transaction(10)
             except KafkaException:
                 pass
-            return 0
-        finally:
-            ledger_consumer.close()
-            producer.flush(5)
+            raise
+        self.rounds += 1
+        if self.fault:
+            self.fault.hit(BUDGET_AFTER_EVENTS_COMMIT, self.rounds, len(rows))
+        self._mark_sent(next_round)  # Step 6
+        log.info(
+            "published %d budget events (round %d) to %s: %s",
+            len(rows),
+            next_round,
+            self.topic,
+            ", ".join(f"{r['event_type']} {r['ad_id']}@{r['period']}" for r in rows[:20])
+            + (" ..." if len(rows) > 20 else ""),
+        )
+        return len(rows)
 
-    def _clients(self) -> tuple[Producer, Consumer]:
+    def _open_clients(self) -> None:
         """A fresh transactional producer (its ``init_transactions`` is the
         fence of Step 2) and a consumer of the ledger group (Steps 3 and 5)."""
         bootstrap = self.settings.kafka_bootstrap
@@ -138,7 +225,9 @@ class EventPublisher:
                 "partitioner": "murmur2_random",
             }
         )
-        ledger_consumer = Consumer(
+        producer.init_transactions(60)
+        self.producer = producer
+        self.ledger_consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": self.ledger_group,
@@ -146,7 +235,19 @@ class EventPublisher:
                 "enable.auto.commit": False,
             }
         )
-        return producer, ledger_consumer
+
+    def _drop_clients(self) -> None:
+        if self.ledger_consumer is not None:
+            try:
+                self.ledger_consumer.close()
+            except (KafkaException, RuntimeError):
+                pass
+        if self.producer is not None:
+            self.producer.flush(5)
+        self.producer, self.ledger_consumer = None, None
+
+    def close(self) -> None:
+        self._drop_clients()
 
     def _claim(self, last_round: int, next_round: int) -> tuple[int, Sequence[RowMapping]]:
         """Step 4, one database transaction: returns how many rows of round
@@ -154,19 +255,24 @@ class EventPublisher:
         ``next_round``."""
         with self.engine.begin() as conn:
             confirmed = conn.execute(
-                sa.update(db.pauses)
-                .where(db.pauses.c.round == last_round, db.pauses.c.sent_at.is_(None))
+                sa.update(db.events)
+                .where(db.events.c.round == last_round, db.events.c.sent_at.is_(None))
                 .values(sent_at=sa.func.now())
             ).rowcount
-            conn.execute(sa.update(db.pauses).where(db.pauses.c.sent_at.is_(None)).values(round=next_round))
+            conn.execute(sa.update(db.events).where(db.events.c.sent_at.is_(None)).values(round=next_round))
             rows = (
                 conn.execute(
-                    sa.select(db.pauses)
-                    .where(db.pauses.c.round == next_round, db.pauses.c.sent_at.is_(None))
-                    .order_by(db.pauses.c.ad_id, db.pauses.c.period)
+                    sa.select(db.events)
+                    .where(db.events.c.round == next_round, db.events.c.sent_at.is_(None))
+                    .order_by(db.events.c.ad_id, db.events.c.period, db.events.c.generation)
                 )
                 .mappings()
                 .all()
+            )
+            conn.execute(
+                db.insert(conn, db.meta)
+                .on_conflict_do_update(index_elements=["key"], set_={"value": self.instance})
+                .values(key=LAST_PUBLISHER, value=self.instance)
             )
         return confirmed, rows
 
@@ -190,8 +296,8 @@ class EventPublisher:
         """Step 6: the round is in Kafka; its outbox rows are done."""
         with self.engine.begin() as conn:
             conn.execute(
-                sa.update(db.pauses)
-                .where(db.pauses.c.round == next_round, db.pauses.c.sent_at.is_(None))
+                sa.update(db.events)
+                .where(db.events.c.round == next_round, db.events.c.sent_at.is_(None))
                 .values(sent_at=sa.func.now())
             )
 
@@ -199,13 +305,15 @@ class EventPublisher:
     def event(row: dict) -> dict:
         return {
             "event_id": row["event_id"],
-            "event_type": "ad_paused",
+            "event_type": row["event_type"],
             "ad_id": row["ad_id"],
             "period": row["period"],
+            "generation": row["generation"],
+            "cause": row["cause"],
             "spend_micros": row["spend_micros"],
             "budget_micros": row["budget_micros"],
             "spend": format_micros(row["spend_micros"]),
-            "budget": format_micros(row["budget_micros"]),
+            "budget": None if row["budget_micros"] is None else format_micros(row["budget_micros"]),
             "reached_by_record_uuid": row["record_uuid"],
             "window_start": row["window_start"],
         }

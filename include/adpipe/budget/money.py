@@ -75,6 +75,15 @@ def period_of(window_start: str, period: str) -> str:
     raise ValueError(f"unknown budget period {period!r}; expected one of {', '.join(PERIODS)}")
 
 
+# What the budget database's columns hold (adpipe.budget.db uses the same
+# numbers): an aggregate that does not fit is quarantined before any
+# transaction, never left for the database to reject on every retry.
+MAX_RECORD_UUID = 64
+MAX_AD_ID = 200
+MAX_WINDOW_START = 40
+BIGINT_MAX = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class Aggregate:
     """The fields of a minute aggregate the budget needs."""
@@ -85,37 +94,75 @@ class Aggregate:
     impressions: int
     clicks: int
 
+    def counts(self) -> tuple[str, str, int, int]:
+        """What must match when a record_uuid is seen again."""
+        return (self.ad_id, self.window_start, self.impressions, self.clicks)
+
 
 class BadAggregate(ValueError):
-    """The value is not a minute aggregate of the contract."""
+    """The value is not a minute aggregate of the contract, or does not fit
+    the budget database."""
 
 
 def _count(body: dict, name: str) -> int:
     value = body.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadAggregate(f"{name} must be a non-negative integer, got {value!r}")
+        raise BadAggregate(f"{name} must be a non-negative integer, got {str(value)[:40]!r}")
+    if value > BIGINT_MAX:
+        raise BadAggregate(f"{name} {value} is beyond the database's BIGINT ({BIGINT_MAX})")
+    return value
+
+
+def storable_text(value: str) -> str | None:
+    """Why PostgreSQL's text would refuse ``value`` (None: it takes it): a NUL
+    character, or an unpaired surrogate (not encodable as UTF-8)."""
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains an unpaired surrogate (not valid UTF-8)"
+    return None
+
+
+def _text(body: dict, name: str, limit: int) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadAggregate(f"{name} must be a non-empty string")
+    if len(value) > limit:
+        raise BadAggregate(f"{name} is {len(value)} characters, more than the database's {limit}")
+    why = storable_text(value)
+    if why:
+        raise BadAggregate(f"{name} {why}")
     return value
 
 
 def parse_aggregate(value: bytes | None) -> Aggregate:
-    """Parse and validate one aggregate; raises :class:`BadAggregate`."""
+    """Parse and validate one aggregate against the contract and against
+    what the budget database can hold; raises :class:`BadAggregate`. The
+    one parser of aggregates: the service and ``verify`` both use it."""
     if value is None:
         raise BadAggregate("empty value (tombstone)")
     try:
         body = json.loads(value.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadAggregate(f"not JSON: {exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BadAggregate(f"not JSON: {str(exc)[:200]}") from exc
     if not isinstance(body, dict):
         raise BadAggregate("not a JSON object")
-    for name in ("record_uuid", "ad_id", "window_start"):
-        if not isinstance(body.get(name), str) or not body[name]:
-            raise BadAggregate(f"{name} must be a non-empty string")
+    record_uuid = _text(body, "record_uuid", MAX_RECORD_UUID)
+    ad_id = _text(body, "ad_id", MAX_AD_ID)
+    window_start = _text(body, "window_start", MAX_WINDOW_START)
     try:
-        period_of(body["window_start"], "day")
-    except ValueError as exc:
-        raise BadAggregate(f"window_start {body['window_start']!r} is not an ISO-8601 time") from exc
-    if len(body["record_uuid"]) > 64 or len(body["ad_id"]) > 200:
-        raise BadAggregate("record_uuid or ad_id too long")
-    return Aggregate(
-        body["record_uuid"], body["ad_id"], body["window_start"], _count(body, "impressions"), _count(body, "clicks")
-    )
+        period_of(window_start, "day")
+    except (ValueError, OverflowError) as exc:  # OverflowError: year 1 in a zone east of UTC
+        raise BadAggregate(f"window_start {window_start!r} is not an ISO-8601 time with a zone") from exc
+    return Aggregate(record_uuid, ad_id, window_start, _count(body, "impressions"), _count(body, "clicks"))
+
+
+def charge_micros(agg: Aggregate, price: Price) -> int:
+    """``spend_micros`` of the aggregate; :class:`BadAggregate` when the
+    charge alone is beyond what the database's BIGINT holds."""
+    charge = spend_micros(agg.impressions, agg.clicks, price)
+    if charge > BIGINT_MAX:
+        raise BadAggregate(f"its charge of {charge} micro-units is beyond the database's BIGINT")
+    return charge

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from adpipe.budget import db
+from adpipe.budget import db, status
 from adpipe.money import format_micros
 from adpipe.settings import Settings
 
@@ -31,7 +31,7 @@ def report(settings: Settings) -> list[ReportRow] | None:
         path = sa.engine.make_url(url).database
         if not path or not Path(path).exists():
             return None
-    engine = db.make_engine(url)
+    engine = db.make_engine(settings)
     try:
         if not db.has_schema(engine):
             return None
@@ -41,7 +41,7 @@ def report(settings: Settings) -> list[ReportRow] | None:
                     db.spend.c.ad_id, db.spend.c.period
                 )
             ).all()
-            paused = {(a, p) for a, p in conn.execute(sa.select(db.pauses.c.ad_id, db.pauses.c.period))}
+            paused = status.paused_keys(conn)
             prices = db.resolve_prices(conn, {r[0] for r in spend_rows})
         return [
             ReportRow(a, p, s, prices[a].budget_micros, n, "paused" if (a, p) in paused else "active")
@@ -64,4 +64,70 @@ def format_report(rows: list[ReportRow]) -> str:
         f"{len({r.ad_id for r in rows})} ads, {sum(r.status == 'paused' for r in rows)} paused, "
         f"total spend {format_micros(total)}"
     )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What was not charged, and why: quarantine counts by kind, the
+    conflicting duplicates, and offsets lost to retention."""
+
+    quarantined: dict[str, int]
+    conflicts: list[dict]
+    gaps: list[dict]
+
+
+def findings(settings: Settings, limit: int = 20) -> Findings | None:
+    """Read-only; None when there is no budget database yet."""
+    url = settings.budget_db
+    if url.startswith("sqlite"):
+        path = sa.engine.make_url(url).database
+        if not path or not Path(path).exists():
+            return None
+    engine = db.make_engine(settings)
+    try:
+        if not db.has_schema(engine):
+            return None
+        q = db.quarantine
+        with engine.connect() as conn:
+            kinds = {
+                kind or "malformed": n
+                for kind, n in conn.execute(sa.select(q.c.kind, sa.func.count()).group_by(q.c.kind))
+            }
+            conflicts = [
+                dict(r)
+                for r in conn.execute(
+                    sa.select(q.c.record_uuid, q.c.kafka_topic, q.c.kafka_partition, q.c.kafka_offset, q.c.reason)
+                    .where(q.c.kind == "conflict")
+                    .order_by(q.c.quarantined_at.desc())
+                    .limit(limit)
+                ).mappings()
+            ]
+            gaps = [
+                dict(r)
+                for r in conn.execute(
+                    sa.select(db.gaps).order_by(db.gaps.c.topic, db.gaps.c.kafka_partition, db.gaps.c.from_offset)
+                ).mappings()
+            ]
+        return Findings(kinds, conflicts, gaps)
+    finally:
+        engine.dispose()
+
+
+def format_findings(found: Findings) -> str:
+    lines = []
+    total = sum(found.quarantined.values())
+    if total:
+        lines.append(
+            f"quarantined (not charged): {total} ("
+            + ", ".join(f"{n} {kind}" for kind, n in sorted(found.quarantined.items()))
+            + ")"
+        )
+    for c in found.conflicts:
+        lines.append(f"CONFLICT {c['kafka_topic']}/{c['kafka_partition']}/{c['kafka_offset']}: {c['reason']}")
+    for g in found.gaps:
+        lines.append(
+            f"GAP {g['topic']}[{g['kafka_partition']}] offsets {g['from_offset']}..{g['to_offset'] - 1}: "
+            f"{g['lost_offsets']} offsets deleted by retention before group {g['group_id']} charged them"
+        )
     return "\n".join(lines)

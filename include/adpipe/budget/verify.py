@@ -1,15 +1,27 @@
-"""The budget part of ``adpipe verify``: spend per ad in the budget database
-against spend recomputed independently from the aggregates topic.
+"""The budget part of ``adpipe verify``: the budget database against the
+aggregates topic, read again.
 
-Independent of the service's batch code path: the aggregates are read with
-a plain read_committed consumer (``kafka_io.read_topic``), parsed and
-deduped by record_uuid here, priced from a plain read of the pricing table
-resolved here, and summed here. Shared with the service is only the price
-definition, ``adpipe.budget.money.spend_micros`` (a pure function pinned by unit
-tests to hand-computed values). Only how far the service has got (its
-offsets per partition in the database) is taken from the service, as the
-stream check takes the stream job's watermark; records beyond it are
-reported as lag."""
+Read independently of the service's batch path: the aggregates with a plain
+read_committed consumer (``kafka_io.read_topic``) up to the service's
+offsets (records beyond them are lag), parsed with the one parser
+(``money.parse_aggregate``), every copy of each record_uuid compared here.
+Checked:
+
+* each record_uuid charged once, by the copy the ledger names, with that
+  copy's counts; its charge recomputed from those counts at the prices the
+  ledger row says it was charged at (prices change; a charge keeps its
+  price); the other copies are duplicates (same counts) or quarantined
+  conflicts (other counts); malformed records and records the database
+  refused are quarantined;
+* spend per (ad, period) equals the recomputed charges, plus ledger rows
+  whose records retention has deleted, plus the totals ``budget prune``
+  moved out of the ledger;
+* pause states: paused exactly where spend has reached today's budget; each
+  budget event once in the topic, each (ad, period)'s events numbered
+  1..n, alternating paused / resumed;
+* offset gaps (records deleted by retention before they were charged) fail
+  the check until an operator has dealt with them.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +34,9 @@ from confluent_kafka import KafkaException
 from sqlalchemy.exc import OperationalError
 
 from adpipe import kafka_io
-from adpipe.budget.money import Price, period_of, spend_micros
+from adpipe.budget import db
+from adpipe.budget.money import Aggregate, BadAggregate, Price, parse_aggregate, period_of, spend_micros
+from adpipe.budget.status import PAUSED, desired_state
 from adpipe.settings import Settings
 
 LIST_LIMIT = 50
@@ -34,36 +48,6 @@ def _skipped(why: str) -> dict:
 
 def _error(exc: BaseException) -> dict:
     return {"status": "error", "ok": False, "why": f"{type(exc).__name__}: {str(exc).splitlines()[0]}", "problems": 1}
-
-
-def _expected_prices(conn: sa.Connection) -> tuple[dict[str, dict], dict[str, dict], dict | None]:
-    rows = conn.execute(
-        sa.text("SELECT scope, key, campaign_id, cpm_micros, cpc_micros, budget_micros FROM budget_pricing")
-    ).mappings()
-    ads: dict[str, dict] = {}
-    campaigns: dict[str, dict] = {}
-    default = None
-    for r in rows:
-        if r["scope"] == "ad":
-            ads[r["key"]] = dict(r)
-        elif r["scope"] == "campaign":
-            campaigns[r["key"]] = dict(r)
-        else:
-            default = dict(r)
-    return ads, campaigns, default
-
-
-def _price(ad: str, ads: dict, campaigns: dict, default: dict) -> Price:
-    own = ads.get(ad) or {}
-    campaign = campaigns.get(own.get("campaign_id") or "") or {}
-
-    def pick(col: str) -> int | None:
-        for row in (own, campaign, default):
-            if row.get(col) is not None:
-                return row[col]
-        return None
-
-    return Price(pick("cpm_micros") or 0, pick("cpc_micros") or 0, pick("budget_micros"))
 
 
 def check(settings: Settings) -> dict:
@@ -91,144 +75,184 @@ def check(settings: Settings) -> dict:
         engine.dispose()
 
 
+Copy = tuple[Aggregate, int, int]  # the aggregate, its partition and offset
+
+
 def _check(settings: Settings, conn: sa.Connection) -> dict:
     topic = settings.topics.aggregates
     group = settings.budget_group
-    consumed = {
-        p: o
-        for p, o in conn.execute(
-            sa.text("SELECT kafka_partition, next_offset FROM budget_offsets WHERE group_id = :g AND topic = :t"),
-            {"g": group, "t": topic},
-        )
-    }
+    consumed = dict(
+        conn.execute(
+            sa.select(db.offsets.c.kafka_partition, db.offsets.c.next_offset).where(
+                db.offsets.c.group_id == group, db.offsets.c.topic == topic
+            )
+        ).all()
+    )
     if not consumed:
         return _skipped(f"consumer group {group} has consumed nothing of {topic}")
 
     # The aggregates the service has read, read again independently.
-    first: dict[str, dict] = {}
-    copies: Counter[str] = Counter()
-    conflicting: list[str] = []
-    malformed = 0
+    copies: dict[str, list[Copy]] = defaultdict(list)
+    malformed: set[tuple[int, int]] = set()
     lag = 0
+    records_read = 0
     for rec in kafka_io.read_topic(settings.kafka_bootstrap, topic):
         if rec.offset >= consumed.get(rec.partition, 0):
             lag += 1
             continue
+        records_read += 1
         try:
-            body = json.loads(rec.value or b"")
-            agg = (
-                str(body["record_uuid"]),
-                str(body["ad_id"]),
-                period_of(body["window_start"], settings.budget_period),
-                body["impressions"],
-                body["clicks"],
+            copies[(agg := parse_aggregate(rec.value)).record_uuid].append((agg, rec.partition, rec.offset))
+        except BadAggregate:
+            malformed.add((rec.partition, rec.offset))
+    log_start = kafka_io.start_offsets(settings.kafka_bootstrap, topic)
+
+    ledger = {r.record_uuid: r for r in conn.execute(sa.select(db.ledger).where(db.ledger.c.kafka_topic == topic))}
+    quarantine = {
+        (r.kafka_partition, r.kafka_offset): (r.kind or "malformed")
+        for r in conn.execute(
+            sa.select(db.quarantine.c.kafka_partition, db.quarantine.c.kafka_offset, db.quarantine.c.kind).where(
+                db.quarantine.c.group_id == group, db.quarantine.c.kafka_topic == topic
             )
-            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in agg[3:]):
-                raise ValueError("counts")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            malformed += 1
-            continue
-        copies[agg[0]] += 1
-        if agg[0] in first:
-            if first[agg[0]]["agg"] != agg:
-                conflicting.append(agg[0])
-            continue
-        first[agg[0]] = {"agg": agg}
-
-    ads, campaigns, default = _expected_prices(conn)
-    if default is None:
-        return {"status": "error", "ok": False, "why": "no default pricing row", "problems": 1}
+        )
+    }
+    findings: dict[str, list] = defaultdict(list)
     expected: dict[tuple[str, str], int] = defaultdict(int)
-    prices: dict[str, Price] = {}
-    for entry in first.values():
-        _uuid, ad, period, impressions, clicks = entry["agg"]
-        price = prices.setdefault(ad, _price(ad, ads, campaigns, default))
-        expected[(ad, period)] += spend_micros(impressions, clicks, price)
+    for position in sorted(malformed):
+        if quarantine.get(position) != "malformed":
+            findings["malformed_not_quarantined"].append(list(position))
+    duplicates = 0
+    for record_uuid, found in copies.items():
+        row = ledger.pop(record_uuid, None)
+        charged = None
+        if row is not None:
+            charged = next((c for c in found if (c[1], c[2]) == (row.kafka_partition, row.kafka_offset)), None)
+            if charged is None:
+                findings["ledger_copy_not_in_topic"].append(record_uuid)
+                continue
+            agg = charged[0]
+            if (row.ad_id, row.window_start, row.impressions, row.clicks) != agg.counts():
+                findings["ledger_counts_differ"].append(record_uuid)
+            charge = spend_micros(agg.impressions, agg.clicks, Price(row.cpm_micros, row.cpc_micros))
+            if charge != row.spend_micros:
+                findings["ledger_charge_wrong"].append(record_uuid)
+            expected[(agg.ad_id, period_of(agg.window_start, settings.budget_period))] += charge
+        for copy in found:
+            if copy is charged:
+                continue
+            kind = quarantine.get((copy[1], copy[2]))
+            if charged is not None and copy[0].counts() == charged[0].counts():
+                duplicates += 1
+            elif charged is not None and kind != "conflict":
+                findings["conflict_not_quarantined"].append([record_uuid, copy[1], copy[2]])
+            elif charged is None and kind not in ("rejected", "malformed"):
+                findings["not_charged"].append([record_uuid, copy[1], copy[2]])
+    beyond_retention = 0
+    for record_uuid, row in ledger.items():  # ledger rows the topic read did not explain
+        if row.kafka_offset < log_start.get(row.kafka_partition, 0):
+            beyond_retention += 1
+            expected[(row.ad_id, row.period)] += row.spend_micros
+        else:
+            findings["ledger_row_unexplained"].append(record_uuid)
+    for a, period, micros in conn.execute(
+        sa.select(db.ledger_pruned.c.ad_id, db.ledger_pruned.c.period, db.ledger_pruned.c.spend_micros)
+    ):
+        expected[(a, period)] += micros
 
-    actual = {(a, p): s for a, p, s in conn.execute(sa.text("SELECT ad_id, period, spend_micros FROM budget_spend"))}
-    ledger_rows = conn.execute(sa.text("SELECT count(*) FROM budget_ledger")).scalar_one()
-    quarantined = conn.execute(
-        sa.text("SELECT count(*) FROM budget_quarantine WHERE group_id = :g AND kafka_topic = :t"),
-        {"g": group, "t": topic},
-    ).scalar_one()
-
-    def per_ad(spend: dict[tuple[str, str], int]) -> dict[str, int]:
-        totals: dict[str, int] = defaultdict(int)
-        for (ad, _period), micros in spend.items():
-            totals[ad] += micros
-        return totals
-
-    exp_ad, act_ad = per_ad(expected), per_ad(actual)
-    wrong = [
-        {"ad_id": ad, "expected_micros": exp_ad.get(ad, 0), "actual_micros": act_ad.get(ad, 0)}
-        for ad in sorted(set(exp_ad) | set(act_ad))
-        if exp_ad.get(ad, 0) != act_ad.get(ad, 0)
-    ]
+    actual = dict(
+        ((a, period), micros)
+        for a, period, micros in conn.execute(sa.select(db.spend.c.ad_id, db.spend.c.period, db.spend.c.spend_micros))
+    )
     wrong_periods = [
         {"ad_id": a, "period": p, "expected_micros": expected.get((a, p), 0), "actual_micros": actual.get((a, p), 0)}
         for a, p in sorted(set(expected) | set(actual))
         if expected.get((a, p), 0) != actual.get((a, p), 0)
     ]
-
-    # Pauses: every (ad, period) at or over its budget, once; events once in the topic.
-    expected_paused = {
-        key for key, micros in expected.items() if (b := prices[key[0]].budget_micros) is not None and micros >= b
-    }
-    pause_rows = conn.execute(sa.text("SELECT ad_id, period, event_id, sent_at FROM budget_pauses")).all()
-    paused = {(a, p) for a, p, _e, _s in pause_rows}
-    pending = sum(1 for *_x, sent in pause_rows if sent is None)
-    event_counts: Counter[tuple[str, str]] = Counter()
-    try:
-        for rec in kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.budget_events):
-            try:
-                body = json.loads(rec.value or b"")
-                event_counts[(body["ad_id"], body["period"])] += 1
-            except (ValueError, KeyError, TypeError):
-                event_counts[("?", "?")] += 1
-    except KafkaException as exc:  # no budget-events topic: nothing was published
-        if pause_rows:
-            raise RuntimeError(f"cannot read {settings.topics.budget_events}: {exc}") from exc
-    sent = {(a, p) for a, p, _e, s in pause_rows if s is not None}
-    events_duplicated = sorted(k for k, n in event_counts.items() if n > 1)
-    events_missing = sorted(sent - set(event_counts))
-    events_unexpected = sorted(set(event_counts) - paused)
-
-    problems = (
-        len(wrong)
-        + len(wrong_periods)
-        + len(conflicting)
-        + len(expected_paused ^ paused)
-        + len(events_duplicated)
-        + len(events_missing)
-        + len(events_unexpected)
-        + (ledger_rows != len(first))
-        + (quarantined != malformed)
-    )
+    gaps = [
+        {
+            "partition": r.kafka_partition,
+            "from_offset": r.from_offset,
+            "to_offset": r.to_offset,
+            "lost_offsets": r.lost_offsets,
+        }
+        for r in conn.execute(
+            sa.select(db.gaps)
+            .where(db.gaps.c.group_id == group, db.gaps.c.topic == topic)
+            .order_by(db.gaps.c.kafka_partition, db.gaps.c.from_offset)
+        )
+    ]
+    states = _check_states(settings, conn, expected, findings)
+    kinds = Counter(quarantine.values())
+    problems = len(wrong_periods) + len(gaps) + sum(len(v) for v in findings.values())
     return {
         "status": "ok" if problems == 0 else "failed",
         "ok": problems == 0,
         "group": group,
         "consumed_through": dict(sorted(consumed.items())),
         "lag_records": lag,
-        "records_read": sum(copies.values()) + malformed,
-        "distinct_record_uuids": len(first),
-        "duplicate_copies": sum(copies.values()) - len(copies),
-        "malformed": malformed,
-        "ledger_rows": ledger_rows,
-        "quarantined": quarantined,
-        "ads": len(exp_ad),
-        "expected_spend_micros": sum(exp_ad.values()),
-        "actual_spend_micros": sum(act_ad.values()),
-        "wrong_spend": wrong[:LIST_LIMIT],
+        "records_read": records_read,
+        "distinct_record_uuids": len(copies),
+        "duplicate_copies": duplicates,
+        "malformed": len(malformed),
+        "quarantined": dict(sorted(kinds.items())),
+        "conflicts": kinds.get("conflict", 0),
+        "rejected_by_database": kinds.get("rejected", 0),
+        "ledger_rows_beyond_retention": beyond_retention,
+        "ads": len({a for a, _p in expected}),
+        "expected_spend_micros": sum(expected.values()),
+        "actual_spend_micros": sum(actual.values()),
         "wrong_period_spend": wrong_periods[:LIST_LIMIT],
-        "conflicting_copies": conflicting[:LIST_LIMIT],
-        "paused": len(paused),
-        "paused_missing": [list(k) for k in sorted(expected_paused - paused)][:LIST_LIMIT],
-        "paused_unexpected": [list(k) for k in sorted(paused - expected_paused)][:LIST_LIMIT],
-        "events": sum(event_counts.values()),
-        "events_pending": pending,
-        "events_duplicated": [list(k) for k in events_duplicated][:LIST_LIMIT],
-        "events_missing": [list(k) for k in events_missing][:LIST_LIMIT],
-        "events_unexpected": [list(k) for k in events_unexpected][:LIST_LIMIT],
+        "gaps": gaps[:LIST_LIMIT],
+        "lost_to_retention_offsets": sum(g["lost_offsets"] for g in gaps),
+        **states,
+        **{name: items[:LIST_LIMIT] for name, items in sorted(findings.items())},
         "problems": problems,
+    }
+
+
+def _check_states(
+    settings: Settings, conn: sa.Connection, spend: dict[tuple[str, str], int], findings: dict[str, list]
+) -> dict:
+    """Pause states against spend and today's budgets; the budget events in
+    the topic against the outbox."""
+    book = db.load_price_book(conn)
+    expected_paused = {
+        k for k, micros in spend.items() if desired_state(micros, book.price(k[0]).budget_micros) == PAUSED
+    }
+    paused = {
+        (a, p)
+        for a, p, state in conn.execute(sa.select(db.status.c.ad_id, db.status.c.period, db.status.c.state))
+        if state == PAUSED
+    }
+    findings["paused_missing"].extend(list(k) for k in sorted(expected_paused - paused))
+    findings["paused_unexpected"].extend(list(k) for k in sorted(paused - expected_paused))
+    outbox = {r.event_id: r for r in conn.execute(sa.select(db.events))}
+    pending = sum(1 for r in outbox.values() if r.sent_at is None)
+    seen: Counter[str] = Counter()
+    by_key: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+    try:
+        for rec in kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.budget_events):
+            try:
+                body = json.loads(rec.value or b"")
+                seen[body["event_id"]] += 1
+                by_key[(body["ad_id"], body["period"])].append((int(body.get("generation", 1)), body["event_type"]))
+            except (ValueError, KeyError, TypeError):
+                findings["events_unreadable"].append([rec.partition, rec.offset])
+    except KafkaException as exc:  # no budget-events topic: nothing was published
+        if outbox:
+            raise RuntimeError(f"cannot read {settings.topics.budget_events}: {exc}") from exc
+    findings["events_duplicated"].extend(sorted(e for e, n in seen.items() if n > 1))
+    findings["events_missing"].extend(sorted(e for e, r in outbox.items() if r.sent_at is not None and e not in seen))
+    findings["events_unexpected"].extend(sorted(e for e in seen if e not in outbox))
+    for key, items in sorted(by_key.items()):
+        items = sorted(set(items))
+        numbers = [g for g, _t in items]
+        alternating = all(t == ("ad_paused" if g % 2 else "ad_resumed") for g, t in items)
+        if numbers != list(range(1, len(numbers) + 1)) or not alternating:
+            findings["events_out_of_order"].append(list(key))
+    return {
+        "paused": len(paused),
+        "events": sum(seen.values()),
+        "events_resumed": sum(1 for items in by_key.values() for _g, t in items if t == "ad_resumed"),
+        "events_pending": pending,
     }

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from adpipe.budget import db
-from adpipe.budget.batch import apply_batch, event_id
+from adpipe.budget.batch import apply_batch
 from adpipe.budget.money import BadAggregate, Price, parse_aggregate, period_of, spend_micros
 from adpipe.budget.report import format_report, report
+from adpipe.budget.status import event_id
 from adpipe.money import MoneyError, format_micros, parse_micros
 from adpipe.settings import SettingsError, load_settings
 
@@ -135,6 +136,93 @@ def test_parse_aggregate_rejects(value: bytes | None) -> None:
         parse_aggregate(value)
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        # What PostgreSQL would refuse on every retry, caught before any transaction.
+        (_agg(window_start="2026-11-22T12:34:00.000000000000000000000Z"), "more than the database's 40"),
+        (_agg(ad_id="a" * 201), "more than the database's 200"),
+        (_agg(record_uuid="u" * 65), "more than the database's 64"),
+        (_agg(impressions=2**63), "beyond the database's BIGINT"),
+        (_agg(clicks=10**30), "beyond the database's BIGINT"),
+        (
+            b'{"record_uuid": "u", "ad_id": "ad\\u0000x", "window_start": "2026-11-22T12:34:00Z", '
+            b'"impressions": 1, "clicks": 0}',
+            "ad_id contains a NUL character",
+        ),
+        (
+            b'{"record_uuid": "u", "ad_id": "ad\\ud800", "window_start": "2026-11-22T12:34:00Z", '
+            b'"impressions": 1, "clicks": 0}',
+            "ad_id contains an unpaired surrogate",
+        ),
+        (_agg(window_start="0001-01-01T00:00:00+14:00"), "not an ISO-8601 time"),
+        (b"[" * 100_000, "not JSON"),
+    ],
+)
+def test_parse_aggregate_rejects_what_the_database_cannot_hold(value: bytes, why: str) -> None:
+    with pytest.raises(BadAggregate, match=why):
+        parse_aggregate(value)
+
+
+def test_parse_aggregate_accepts_the_limits() -> None:
+    agg = parse_aggregate(_agg(ad_id="a" * 200, record_uuid="u" * 64, impressions=2**63 - 1))
+    assert (len(agg.ad_id), agg.impressions) == (200, 2**63 - 1)
+
+
+def test_charge_beyond_bigint_is_refused() -> None:
+    from adpipe.budget.money import charge_micros
+
+    agg = parse_aggregate(_agg(impressions=2**62, clicks=0))
+    assert charge_micros(agg, Price(1000, 0)) == 2**62  # 2**62 x 1000 / 1000
+    with pytest.raises(BadAggregate, match="BIGINT"):
+        charge_micros(agg, Price(4000, 0))
+
+
+class _Orig(Exception):
+    def __init__(self, pgcode: str | None) -> None:
+        super().__init__("server says no")
+        self.pgcode = pgcode
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (sa.exc.OperationalError("x", {}, _Orig("40001")), "transient"),  # serialization_failure
+        (sa.exc.OperationalError("x", {}, _Orig("40P01")), "transient"),  # deadlock_detected
+        (sa.exc.OperationalError("x", {}, _Orig("57P01")), "transient"),  # admin_shutdown
+        (sa.exc.OperationalError("x", {}, _Orig("57014")), "transient"),  # statement timeout
+        (sa.exc.OperationalError("x", {}, _Orig("08006")), "transient"),  # connection_failure
+        (sa.exc.OperationalError("x", {}, _Orig(None)), "transient"),  # connection refused: no code
+        (sa.exc.InterfaceError("x", {}, _Orig(None)), "transient"),  # connection already closed
+        (sa.exc.DataError("x", {}, _Orig("22001")), "data"),  # string_data_right_truncation
+        (sa.exc.DataError("x", {}, _Orig("22003")), "data"),  # numeric_value_out_of_range
+        (sa.exc.IntegrityError("x", {}, _Orig("23514")), "data"),  # check_violation
+        (sa.exc.ProgrammingError("x", {}, _Orig("42P01")), "fatal"),  # undefined_table
+        (sa.exc.ProgrammingError("x", {}, _Orig("42501")), "fatal"),  # insufficient_privilege
+        (ValueError("A string literal cannot contain NUL (0x00) characters."), "data"),
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), "data"),
+        (sa.exc.TimeoutError("pool"), "transient"),
+        (KeyError("bug"), "fatal"),
+    ],
+)
+def test_database_faults_by_kind(exc: BaseException, kind: str) -> None:
+    assert db.fault_kind(exc) == kind
+
+
+def test_storable_text_never_refused() -> None:
+    assert db.storable("a\x00b\ud800c") == "a\\x00b\\ud800c"
+    assert db.storable("x" * 10, 4) == "xxxx"
+    assert db.storable(None) is None
+
+
+def test_event_ids_per_transition() -> None:
+    from adpipe.budget.status import event_id as status_event_id
+
+    first = status_event_id("ad-1", "2026-11-22")
+    assert first == status_event_id("ad-1", "2026-11-22", 1) == event_id("ad-1", "2026-11-22")
+    assert len({first, status_event_id("ad-1", "2026-11-22", 2), status_event_id("ad-1", "2026-11-22", 3)}) == 3
+
+
 def test_budget_settings() -> None:
     s = load_settings({"ADPIPE_HOME": "/tmp/x"})
     assert (s.budget_group, s.budget_period, s.budget_batch_size) == ("adpipe-budget", "day", 500)
@@ -184,7 +272,7 @@ def sqlite_budget(tmp_path: Path):  # noqa: ANN201
             "ADPIPE_BUDGET_DEFAULT_BUDGET": "10.00",
         }
     )
-    engine = db.make_engine(settings.budget_db)
+    engine = db.make_engine(settings)
     db.ensure_schema(engine, settings)
     yield settings, engine
     engine.dispose()
@@ -247,10 +335,11 @@ def test_apply_batch_ledger_spend_offsets_pauses(sqlite_budget) -> None:
     assert result.paused == [("ad-1", "2026-11-22")]
     spend = {(r["ad_id"], r["period"]): r["spend_micros"] for r in _rows(engine, db.spend)}
     assert spend == {("ad-1", "2026-11-22"): 3_000_000 + 7_002_000, ("ad-2", "2026-11-23"): 200_000}
-    pauses = _rows(engine, db.pauses)
-    assert [(p["ad_id"], p["event_id"], p["spend_micros"], p["sent_at"]) for p in pauses] == [
-        ("ad-1", event_id("ad-1", "2026-11-22"), 10_002_000, None)
+    events = _rows(engine, db.events)
+    assert [(e["ad_id"], e["event_id"], e["event_type"], e["spend_micros"], e["sent_at"]) for e in events] == [
+        ("ad-1", event_id("ad-1", "2026-11-22"), "ad_paused", 10_002_000, None)
     ]
+    assert [(r["ad_id"], r["state"], r["generation"]) for r in _rows(engine, db.status)] == [("ad-1", "paused", 1)]
     assert len(_rows(engine, db.quarantine)) == 1
 
     # The same records again (a replay): nothing changes but the already-applied count.
@@ -299,3 +388,87 @@ def test_verify_budget_check_skips_when_the_group_consumed_nothing(sqlite_budget
     settings, _engine = sqlite_budget
     result = budget_verify.check(settings)
     assert result["status"] == "skipped" and "consumed nothing" in result["why"]
+
+
+def test_conflicting_duplicates_are_quarantined(sqlite_budget) -> None:
+    settings, engine = sqlite_budget
+    with engine.begin() as conn:
+        first = apply_batch(conn, settings, "aggs", [FakeMessage(0, 0, _agg(record_uuid="u-1", clicks=1))], {})
+    assert first.applied == 1
+    msgs = [
+        FakeMessage(0, 1, _agg(record_uuid="u-1", clicks=1)),  # the same: a duplicate
+        FakeMessage(0, 2, _agg(record_uuid="u-1", clicks=9)),  # other counts than the charged copy
+        FakeMessage(0, 3, _agg(record_uuid="u-2", clicks=2)),
+        FakeMessage(0, 4, _agg(record_uuid="u-2", clicks=3)),  # other counts than a copy in this batch
+    ]
+    with engine.begin() as conn:
+        result = apply_batch(conn, settings, "aggs", msgs, {0: 1})
+    assert (result.applied, result.duplicates, result.conflicts) == (1, 1, 2)
+    rows = {r["kafka_offset"]: r for r in _rows(engine, db.quarantine)}
+    assert {o: (r["kind"], r["record_uuid"]) for o, r in rows.items()} == {
+        2: ("conflict", "u-1"),
+        4: ("conflict", "u-2"),
+    }
+    assert "clicks=9" in rows[2]["reason"] and "earlier copy (aggs/0/1)" in rows[2]["reason"]
+    assert "earlier copy (aggs/0/3)" in rows[4]["reason"]
+    # Only the charged copies count: 100 impressions x 2.00 / 1000 + clicks x 0.50.
+    spend = {r["ad_id"]: r["spend_micros"] for r in _rows(engine, db.spend)}
+    assert spend == {"ad-1": 200_000 + 500_000 + 200_000 + 1_000_000}
+
+
+def test_budget_changes_pause_and_resume_once(sqlite_budget, tmp_path: Path) -> None:
+    from adpipe.budget import status
+
+    settings, engine = sqlite_budget  # default budget 10.00
+    msgs = [FakeMessage(0, 0, _agg(record_uuid="u-1", impressions=0, clicks=16))]  # 8.00
+    with engine.begin() as conn:
+        assert apply_batch(conn, settings, "aggs", msgs, {}).paused == []
+
+    def reprice(budget: str) -> list[tuple[str, int]]:
+        with engine.begin() as conn:
+            db.upsert_prices(conn, [db.PriceRow("ad", "ad-1", None, None, None, parse_micros(budget))])
+            return [(t.event_type, t.generation) for t in status.settle_pricing(conn) or []]
+
+    assert reprice("5.00") == [("ad_paused", 1)]  # lowered below the spend: paused now
+    with engine.begin() as conn:
+        assert status.settle_pricing(conn) is None  # the same pricing: nothing to settle
+    assert reprice("5.00") == []
+    assert reprice("20.00") == [("ad_resumed", 2)]  # raised above it: resumed, once
+    assert reprice("30.00") == []
+    assert reprice("8.00") == [("ad_paused", 3)]  # spend == budget: reached
+    events = _rows(engine, db.events)
+    assert [(e["event_type"], e["generation"], e["cause"]) for e in events] == [
+        ("ad_paused", 1, "budget_change"),
+        ("ad_resumed", 2, "budget_change"),
+        ("ad_paused", 3, "budget_change"),
+    ]
+    assert len({e["event_id"] for e in events}) == 3
+    assert [(r["state"], r["generation"]) for r in _rows(engine, db.status)] == [("paused", 3)]
+
+
+def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime
+
+    from adpipe.budget import retention
+
+    settings, engine = sqlite_budget
+    msgs = [FakeMessage(0, i, _agg(record_uuid=f"u-{i}", clicks=1)) for i in range(3)]
+    with engine.begin() as conn:
+        apply_batch(conn, settings, "aggs", msgs, {})
+        conn.execute(
+            sa.update(db.ledger).where(db.ledger.c.record_uuid != "u-2").values(applied_at=datetime(2026, 1, 1, tzinfo=UTC))
+        )
+    monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: 7 * 24 * 3600 * 1000)
+    now = datetime(2026, 11, 24, tzinfo=UTC)
+    assert retention.prune(settings, dry_run=True, now=now).rows == 2
+    assert len(_rows(engine, db.ledger)) == 3
+    result = retention.prune(settings, now=now)
+    assert (result.rows, result.spend_micros) == (2, 2 * 700_000)  # 100 x 2.00 / 1000 + 1 x 0.50, twice
+    assert [r["record_uuid"] for r in _rows(engine, db.ledger)] == ["u-2"]
+    assert [(r["ad_id"], r["spend_micros"], r["records"]) for r in _rows(engine, db.ledger_pruned)] == [
+        ("ad-1", 1_400_000, 2)
+    ]
+    assert [r["spend_micros"] for r in _rows(engine, db.spend)] == [2_100_000]
+    assert retention.prune(settings, now=now).rows == 0
+    monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: -1)
+    assert retention.prune(settings, now=now).cutoff is None
