@@ -1,0 +1,337 @@
+"""The budget service under ordinary faults, on a real broker and a real
+PostgreSQL: records the database refuses, conflicting duplicates, offsets
+deleted by retention, a database outage, a frozen zombie, a publisher lock
+held elsewhere, budgets changed live.
+
+Aggregates are written here (plain JSON of the contract), and every
+expected spend is computed here with Decimal arithmetic from what this file
+wrote (``independent_spend`` of test_budget), never with the service's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from adpipe import kafka_io
+from adpipe import pg as pg_client
+from adpipe.budget import verify as budget_verify
+from adpipe.local import postgres
+from adpipe.settings import Settings
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.test_budget import (
+    BudgetEnv,
+    SourceRecord,
+    _assignment,
+    _wait,
+    expected_pauses,
+    independent_spend,
+)
+
+BIGINT_MAX = 2**63 - 1
+
+
+def aggregate(ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, **over: object) -> dict:
+    body = {
+        "record_uuid": str(uuid.uuid4()),
+        "ad_id": ad,
+        "window_start": f"2026-11-22T10:{minute:02d}:00Z",
+        "window_end": f"2026-11-22T10:{minute + 1:02d}:00Z",
+        "impressions": impressions,
+        "clicks": clicks,
+    }
+    body.update(over)
+    return body
+
+
+def record(body: dict | bytes, partition: int = 0) -> SourceRecord:
+    value = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return SourceRecord(partition, b"k", value)
+
+
+def normal_records(n: int, ads: int = 12) -> list[SourceRecord]:
+    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5), i % 4) for i in range(n)]
+
+
+def as_kafka(records: list[SourceRecord]) -> list[kafka_io.Record]:
+    return [kafka_io.Record("", r.partition, 0, r.key, r.value, {}) for r in records]
+
+
+@pytest.fixture
+def budget(pg: Settings, tmp_path: Path) -> BudgetEnv:
+    return BudgetEnv(pg, tmp_path)
+
+
+def test_records_the_database_refuses_are_quarantined_and_the_rest_charged(budget: BudgetEnv) -> None:
+    good = normal_records(60)
+    # Two charges that fit BIGINT alone but not summed: validation passes them,
+    # the database's spend row overflows (SQLSTATE 22003) on the second.
+    impressions = (BIGINT_MAX // 2_345_678) * 1000 * 6 // 10
+    big_first = record(aggregate("ad-000100", 1, impressions, 0), 2)
+    big_second = record(aggregate("ad-000100", 2, impressions, 0), 2)
+    # A record only a constraint of this database refuses (SQLSTATE 23514).
+    poison = record(aggregate("ad-poison", 3), 1)
+    invalid = [
+        record(aggregate(window_start="2026-11-22T10:00:00.0000000000000000000000000000Z"), 0),  # > 40 characters
+        record(aggregate(impressions=2**63), 3),  # beyond BIGINT
+        record(
+            b'{"record_uuid": "nul-1", "ad_id": "ad\\u0000x", "window_start": "2026-11-22T10:00:00Z", '
+            b'"impressions": 1, "clicks": 0}',
+            0,
+        ),
+        record(
+            b'{"record_uuid": "sur-1", "ad_id": "ad\\ud800", "window_start": "2026-11-22T10:00:00Z", '
+            b'"impressions": 1, "clicks": 0}',
+            1,
+        ),
+        record(b"\x00\xff not even text", 2),
+    ]
+    charged_twice = json.loads(good[5].value)
+    conflict = record({**charged_twice, "clicks": charged_twice["clicks"] + 40}, 3)
+    budget.copy(good[:30])
+    first = budget.once()  # creates the tables
+    assert first.returncode == 0, first.log[-3000:]
+    conn = pg_client.connect(budget.pg, budget.name)
+    with conn.cursor() as cur:
+        cur.execute("ALTER TABLE budget_ledger ADD CONSTRAINT test_refuses_poison CHECK (ad_id <> 'ad-poison')")
+    conn.close()
+    budget.copy([big_first, big_second, poison, *invalid, conflict, *good[30:]], chunks=1)
+
+    run = budget.once(ADPIPE_BUDGET_BATCH_SIZE="500")
+    assert run.returncode == 0, run.log[-4000:]
+    assert "splitting the batch to find it" in run.log
+    kinds = dict(budget.query("SELECT kind, count(*) FROM budget_quarantine GROUP BY kind"))
+    assert kinds == {"malformed": len(invalid), "rejected": 2, "conflict": 1}, kinds
+    rejected = dict(budget.query("SELECT kafka_partition, reason FROM budget_quarantine WHERE kind = 'rejected'"))
+    assert "22003" in rejected[2] and "23514" in rejected[1], rejected
+    conflict_reason = budget.query("SELECT reason FROM budget_quarantine WHERE kind = 'conflict'")[0][0]
+    assert charged_twice["record_uuid"] in conflict_reason
+    # Everything else charged exactly once; the refused ones not at all.
+    expected = independent_spend(as_kafka([*good, big_first]))
+    assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
+    report = budget_verify.check(budget.settings)
+    assert report["ok"], report
+    assert (report["conflicts"], report["rejected_by_database"]) == (1, 2), report
+    shown = budget.cli("report")
+    assert shown.returncode == 0, shown.log
+    assert "CONFLICT" in shown.log and charged_twice["record_uuid"] in shown.log, shown.log[-2000:]
+    assert "1 conflict" in shown.log and "2 rejected" in shown.log
+
+
+def test_offsets_deleted_by_retention_are_a_reported_gap(budget: BudgetEnv) -> None:
+    first = normal_records(40)
+    budget.copy(first)
+    assert budget.once().returncode == 0
+    stored = budget.db_offsets()
+    more = normal_records(40)
+    budget.copy(more)
+    # Retention (here: the admin API's delete) removes records the service never charged.
+    ends = kafka_io.end_offsets(budget.bootstrap, budget.topic)
+    cut = {p: stored[p] + (ends[p] - stored[p]) // 2 for p in stored}
+    admin = AdminClient({"bootstrap.servers": budget.bootstrap})
+    for future in admin.delete_records([TopicPartition(budget.topic, p, o) for p, o in cut.items()]).values():
+        future.result(30)
+    alerts = Path(budget.env["ADPIPE_HOME"]) / "alerts" / "alerts.jsonl"
+    before = len(alerts.read_text().splitlines()) if alerts.exists() else 0
+
+    run = budget.once()
+    assert run.returncode == 0, run.log[-3000:]
+    assert "deleted by retention" in run.log
+    gaps = {
+        p: (f, t, n)
+        for p, f, t, n in budget.query("SELECT kafka_partition, from_offset, to_offset, lost_offsets FROM budget_gaps")
+    }
+    assert gaps == {p: (stored[p], cut[p], cut[p] - stored[p]) for p in stored if cut[p] > stored[p]}, gaps
+    new_alerts = [json.loads(line) for line in alerts.read_text().splitlines()[before:]]
+    mine = [a for a in new_alerts if a.get("topic") == budget.topic]
+    assert {a["partition"]: a["lost_offsets"] for a in mine} == {p: n for p, (_f, _t, n) in gaps.items()}
+    report = budget_verify.check(budget.settings)
+    assert not report["ok"] and report["lost_to_retention_offsets"] == sum(n for *_x, n in gaps.values()), report
+    # A new group with no offsets at all reads from 0: the same records are lost to it.
+    fresh = budget.once(ADPIPE_BUDGET_GROUP=f"{budget.name}-fresh")
+    assert fresh.returncode == 0, fresh.log[-3000:]
+    lost_fresh = budget.query(f"SELECT sum(lost_offsets) FROM budget_gaps WHERE group_id = '{budget.name}-fresh'")
+    assert lost_fresh == [(sum(cut.values()),)], lost_fresh
+
+
+class SteadyProducer:
+    """Aggregates into the topic at a steady rate, in small transactions,
+    until stopped; keeps what it sent (the expectation)."""
+
+    def __init__(self, budget: BudgetEnv) -> None:
+        self.budget = budget
+        self.sent: list[SourceRecord] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        producer = Producer(
+            {"bootstrap.servers": self.budget.bootstrap, "transactional.id": f"{self.budget.name}-steady"}
+        )
+        producer.init_transactions(30)
+        i = 0
+        while not self.stop.is_set():
+            chunk = [
+                record(aggregate(f"ad-{(i + j) % 9:06d}", (i + j) % 50, 10 + j, j % 3), (i + j) % 4) for j in range(5)
+            ]
+            producer.begin_transaction()
+            for rec in chunk:
+                producer.produce(self.budget.topic, rec.value, rec.key, partition=rec.partition)
+            producer.commit_transaction(30)
+            self.sent.extend(chunk)
+            i += 5
+            time.sleep(0.2)
+
+    def __enter__(self) -> SteadyProducer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+def _caught_up(budget: BudgetEnv) -> bool:
+    ends = kafka_io.end_offsets(budget.bootstrap, budget.topic)
+    try:
+        offsets = budget.db_offsets()
+    except Exception:  # noqa: BLE001 - the database may be restarting
+        return False
+    return all(offsets.get(p, 0) >= end - 1 for p, end in ends.items() if end)
+
+
+def _stop(proc, timeout: float = 60) -> None:  # noqa: ANN001
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Settings) -> None:
+    service, log_path = budget.start({"ADPIPE_BUDGET_BATCH_SIZE": "20"})
+    try:
+        with SteadyProducer(budget) as steady:
+            _wait("the service applying", lambda: "batch 3:" in log_path.read_text())
+            postgres.down(pg)
+            time.sleep(30)
+            assert service.poll() is None, log_path.read_text()[-3000:]
+            postgres.up(pg)
+            time.sleep(5)
+        _wait("the service catching up", lambda: _caught_up(budget), timeout=120)
+        assert service.poll() is None, log_path.read_text()[-3000:]
+        time.sleep(1)
+    finally:
+        _stop(service)
+    log = log_path.read_text()
+    assert service.returncode == 0, log[-3000:]
+    assert "database unavailable" in log and "the database answers again" in log, log[-3000:]
+    assert "revoked partitions" not in log.split("signal 15: stopping", 1)[0]  # paused, not rebalanced
+    expected = independent_spend(as_kafka(steady.sent))
+    assert len(steady.sent) > 150
+    assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
+    assert budget.query("SELECT count(*) FROM budget_ledger") == [(len(steady.sent),)]
+    assert budget_verify.check(budget.settings)["ok"]
+
+
+def test_a_frozen_zombie_is_refused_by_the_offsets_compare_and_set(budget: BudgetEnv) -> None:
+    small = {"ADPIPE_BUDGET_BATCH_SIZE": "10"}
+    freeze = {"ADPIPE_FAULT": "budget_before_db_transaction", "ADPIPE_FAULT_SIGNAL": "STOP"}
+    zombie, zombie_log = budget.start({**small, **freeze})
+    survivor = None
+    try:
+        _wait("the zombie owning every partition", lambda: _assignment(zombie_log) == [0, 1, 2, 3])
+        records = normal_records(80)
+        budget.copy(records)
+        _wait(
+            "the zombie frozen with a batch read",
+            lambda: "SIGSTOP at budget_before_db_transaction" in zombie_log.read_text(),
+        )
+        assert budget.db_offsets() == {}  # no offsets row for any partition yet
+        survivor, survivor_log = budget.start(small)
+        # The zombie's session expires; the survivor takes every partition and applies them.
+        _wait("the survivor owning every partition", lambda: _assignment(survivor_log) == [0, 1, 2, 3])
+        _wait("the survivor catching up", lambda: _caught_up(budget))
+        before = budget.snapshot()
+        zombie.send_signal(signal.SIGCONT)
+        _wait(
+            "the zombie's late batch refused", lambda: "this instance's records of it refused" in zombie_log.read_text()
+        )
+        time.sleep(3)
+        assert budget.snapshot()[:2] == before[:2]
+    finally:
+        for proc in (zombie, survivor):
+            if proc is not None:
+                _stop(proc)
+    log = zombie_log.read_text()
+    assert "resumed (SIGCONT)" in log
+    assert re.search(r"batch 1: \d+ records: 0 applied", log), log[-3000:]
+    expected = independent_spend(as_kafka(records))
+    assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
+    assert budget.query("SELECT count(*) FROM budget_ledger") == [(80,)]
+    assert budget_verify.check(budget.settings)["ok"]
+
+
+def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(budget: BudgetEnv) -> None:
+    records = normal_records(120, ads=6)
+    budget.copy(records)
+    expected = independent_spend(as_kafka(records))
+    paused = expected_pauses(expected)
+    assert paused
+    holder = pg_client.connect(budget.pg, budget.name)
+    with holder.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(7311002)")  # another instance is publishing (or stuck)
+    try:
+        started = time.monotonic()
+        run = budget.once()
+        assert run.returncode == 0, run.log[-3000:]
+        assert time.monotonic() - started < 60
+        assert run.totals()["applied"] == len(records)  # consumption went on
+        assert budget.query("SELECT count(*) FROM budget_events WHERE sent_at IS NULL") == [(len(paused),)]
+        assert sum(budget.budget_events().values()) == 0
+    finally:
+        holder.close()
+    service, log_path = budget.start({"ADPIPE_BUDGET_PUBLISH_INTERVAL_MS": "500"})
+    try:
+        _wait("the pauses published", lambda: sum(budget.budget_events().values()) == len(paused))
+        # Raise every budget far above the spend: each pause lifts, once.
+        prices = budget.workdir / "raise.csv"
+        prices.write_text(
+            "scope,key,campaign_id,cpm,cpc,budget\ndefault,*,,2.345678,0.333333,100000\n"
+            "campaign,cmp-A,,1.111111,,100000\nad,ad-000002,,3.5,,100000\n"
+        )
+        raised = budget.cli("prices", "--file", str(prices))
+        assert raised.returncode == 0 and raised.log.count("ad_resumed") == len(paused), raised.log
+        # Lower one with plain SQL: the service settles it within a round, no new record needed.
+        budget.query("UPDATE budget_pricing SET budget_micros = 1 WHERE scope = 'default' RETURNING 1")
+        # Ads priced by the default row alone (not ad-000002, not cmp-A's) pause again.
+        repaused = {k for k, v in expected.items() if v > 0 and k[0] not in ("ad-000001", "ad-000002", "ad-000003")}
+        assert repaused and repaused <= paused
+        _wait(
+            "the resumes and the re-pauses published",
+            lambda: sum(budget.budget_events().values()) == 2 * len(paused) + len(repaused),
+        )
+    finally:
+        _stop(service)
+    by_key: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for rec in budget.read(budget.settings.topics.budget_events):
+        body = json.loads(rec.value)
+        by_key[(body["ad_id"], body["period"])].append(body["event_type"])
+    for key, types in by_key.items():
+        wanted = (["ad_paused", "ad_resumed"] if key in paused else []) + (["ad_paused"] if key in repaused else [])
+        assert types == wanted, (key, types)
+    assert set(by_key) == paused | repaused
+    report = budget_verify.check(budget.settings)
+    assert report["ok"], report
