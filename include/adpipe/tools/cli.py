@@ -82,6 +82,16 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         caps = [int(c) for c in args.stream_caps.split(",")]
         print(json.dumps(bench.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
         return 0
+    if args.budget_batch_sizes:
+        try:
+            sizes = [int(c) for c in args.budget_batch_sizes.split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or any(size < 1 for size in sizes):
+            raise SystemExit(f"--budget-batch-sizes: integers >= 1 separated by commas, got {args.budget_batch_sizes}")
+        result = bench.budget_batch_sizes(settings, sizes, aggregates=args.events or 50_000)
+        print(json.dumps(result, indent=2))
+        return 0 if all(r["exact"] for r in result["runs"]) else 1
     print(json.dumps(bench.run(settings, events=args.events or 20_000), indent=2))
     return 0
 
@@ -136,9 +146,7 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         help="also check the ads Delta tables for this UTC hour (YYYY-MM-DDTHH) against Kafka, for every "
         "region in ADPIPE_REGIONS",
     )
-    p.add_argument(
-        "--tables-only", action="store_true", help="with --hour: only the tables of the hour against Kafka"
-    )
+    p.add_argument("--tables-only", action="store_true", help="with --hour: only the tables of the hour against Kafka")
     p.add_argument(
         "--candidate-of-run",
         type=int,
@@ -155,12 +163,25 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         description="Runs every stage as the real command on fresh topics and prints the seconds each took "
         "(also kept under $ADPIPE_HOME/bench/). Speed targets live here, not in the tests.",
     )
-    p.add_argument("--events", type=int, default=None, help="events to send (20,000; 200,000 with --stream-caps)")
     p.add_argument(
+        "--events",
+        type=int,
+        default=None,
+        help="events to send (20,000; 200,000 with --stream-caps); with --budget-batch-sizes: aggregates (50,000)",
+    )
+    sweep = p.add_mutually_exclusive_group()
+    sweep.add_argument(
         "--stream-caps",
         metavar="N,N,...",
         help="instead: the stream job alone, once per cap on records per micro-batch (0: none), e.g. "
         "25000,50000,100000,200000,0; prints events/s and the slowest batch and transaction of each",
+    )
+    sweep.add_argument(
+        "--budget-batch-sizes",
+        metavar="N,N,...",
+        help="instead: the budget service alone on PostgreSQL over one topic of synthetic aggregates, once per "
+        "ADPIPE_BUDGET_BATCH_SIZE, e.g. 25,100,250,500,1000,2000; prints aggregates/s, batch times and whether "
+        "each run's ledger and spend are exact (exit 1 if one is not)",
     )
     p.set_defaults(func=cmd_bench)
 
