@@ -197,9 +197,11 @@ class Settings:
     budget_default_budget_micros: int | None = 100_000_000
     budget_session_timeout_ms: int = 10_000
     # Database faults (adpipe.budget.service): how long a database outage is
-    # waited out (consumption paused) before the service gives up; the
-    # connect and statement timeouts of every budget database call.
+    # waited out (consumption paused, the consumer still polling within
+    # max.poll.interval.ms) before the service gives up; the connect and
+    # statement timeouts of every budget database call.
     budget_db_outage_s: int = 600
+    budget_max_poll_interval_ms: int = 300_000
     budget_db_connect_timeout_s: int = 10
     budget_db_statement_timeout_ms: int = 30_000
     # How often the publisher thread publishes the outbox and settles pauses
@@ -385,6 +387,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_default_budget_micros=_budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
         budget_session_timeout_ms=_int(env, "ADPIPE_BUDGET_SESSION_TIMEOUT_MS", 10_000, 6000),
         budget_db_outage_s=_int(env, "ADPIPE_BUDGET_DB_OUTAGE_S", 600, 0),
+        budget_max_poll_interval_ms=_int(env, "ADPIPE_BUDGET_MAX_POLL_INTERVAL_MS", 300_000, 1000),
         budget_db_connect_timeout_s=_int(env, "ADPIPE_BUDGET_DB_CONNECT_TIMEOUT_S", 10, 1),
         budget_db_statement_timeout_ms=_int(env, "ADPIPE_BUDGET_DB_STATEMENT_TIMEOUT_MS", 30_000, 100),
         budget_publish_interval_s=_int(env, "ADPIPE_BUDGET_PUBLISH_INTERVAL_MS", 5000, 100) / 1000,

@@ -17,12 +17,15 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
 from adpipe import pg as pg_client
+from adpipe.budget import db
 from adpipe.budget import verify as budget_verify
+from adpipe.budget.batch import StaleOffsets, apply_batch
 from adpipe.local import postgres
 from adpipe.settings import Settings
 from confluent_kafka import Producer, TopicPartition
@@ -221,28 +224,72 @@ def _stop(proc, timeout: float = 60) -> None:  # noqa: ANN001
 
 
 def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Settings) -> None:
-    service, log_path = budget.start({"ADPIPE_BUDGET_BATCH_SIZE": "20"})
+    # A poll interval far below the outage: only a consumer that keeps polling
+    # while paused stays in the group.
+    tight = {"ADPIPE_BUDGET_BATCH_SIZE": "20", "ADPIPE_BUDGET_MAX_POLL_INTERVAL_MS": "10000"}
+    first, first_log = budget.start(tight)
+    second, second_log = budget.start(tight)
+    logs = (first_log, second_log)
     try:
+        _wait(
+            "two instances sharing the partitions",
+            lambda: all((a := _assignment(path)) is not None and len(a) == 2 for path in logs),
+        )
+        shared_from = [len(path.read_text()) for path in logs]  # the rebalance of the second one's join is before
         with SteadyProducer(budget) as steady:
-            _wait("the service applying", lambda: "batch 3:" in log_path.read_text())
+            _wait("both applying", lambda: all("batch 3:" in path.read_text() for path in logs))
             postgres.down(pg)
             time.sleep(30)
-            assert service.poll() is None, log_path.read_text()[-3000:]
+            assert first.poll() is None and second.poll() is None, first_log.read_text()[-3000:]
             postgres.up(pg)
             time.sleep(5)
         _wait("the service catching up", lambda: _caught_up(budget), timeout=120)
-        assert service.poll() is None, log_path.read_text()[-3000:]
+        assert first.poll() is None and second.poll() is None
         time.sleep(1)
+        before_stop = [path.read_text()[start:] for path, start in zip(logs, shared_from, strict=True)]
     finally:
-        _stop(service)
-    log = log_path.read_text()
-    assert service.returncode == 0, log[-3000:]
-    assert "database unavailable" in log and "the database answers again" in log, log[-3000:]
-    assert "revoked partitions" not in log.split("signal 15: stopping", 1)[0]  # paused, not rebalanced
+        for proc in (first, second):
+            _stop(proc)
+    for proc, path, text in zip((first, second), logs, before_stop, strict=True):
+        assert proc.returncode == 0, path.read_text()[-3000:]
+        # The batch in flight waited the outage out; the publisher thread survived it.
+        assert "consumption paused" in text and "the database answers again" in text, text[-3000:]
+        assert "budget events: database unavailable" in text
+        assert "revoked partitions" not in text and "lost (session expired)" not in text  # no rebalance
     expected = independent_spend(as_kafka(steady.sent))
     assert len(steady.sent) > 150
     assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
     assert budget.query("SELECT count(*) FROM budget_ledger") == [(len(steady.sent),)]
+    assert budget_verify.check(budget.settings)["ok"]
+
+
+def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: BudgetEnv, pg: Settings) -> None:
+    """One of two instances dies during an outage: the survivor's rebalance
+    cannot read the database's offsets; it keeps the partitions paused (never
+    reading from Kafka's own offsets) until it can, then charges them."""
+    survivor, survivor_log = budget.start()
+    doomed, _doomed_log = budget.start()
+    try:
+        _wait("two instances sharing the partitions", lambda: len(_assignment(survivor_log) or []) == 2)
+        postgres.down(pg)
+        try:
+            os.killpg(doomed.pid, signal.SIGKILL)
+            doomed.wait()
+            _wait("the assignment without offsets", lambda: "cannot be read now" in survivor_log.read_text())
+            time.sleep(3)
+            assert survivor.poll() is None, survivor_log.read_text()[-3000:]
+        finally:
+            postgres.up(pg)
+        records = normal_records(40)
+        budget.copy(records)
+        _wait("the partitions positioned", lambda: survivor_log.read_text().count("positioned at database offset") == 4)
+        _wait("the records charged", lambda: _caught_up(budget))
+    finally:
+        for proc in (survivor, doomed):
+            _stop(proc)
+    assert survivor.returncode == 0, survivor_log.read_text()[-3000:]
+    expected = independent_spend(as_kafka(records))
+    assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
     assert budget_verify.check(budget.settings)["ok"]
 
 
@@ -335,3 +382,55 @@ def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(bu
     assert set(by_key) == paused | repaused
     report = budget_verify.check(budget.settings)
     assert report["ok"], report
+
+
+@dataclass
+class ReadMessage:
+    """A record as the consumer handed it over (partition, offset, value)."""
+
+    _partition: int
+    _offset: int
+    _value: bytes
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+
+def test_two_first_writers_of_a_partition_without_offsets_row(budget: BudgetEnv) -> None:
+    """Step 6's insert-only compare-and-set on PostgreSQL: two instances both
+    believe they own partition 0, which has no offsets row yet. The second
+    to commit is refused as a whole, even for records the first never had."""
+    engine = db.make_engine(budget.settings)
+    db.ensure_schema(engine, budget.settings)
+    mine = [ReadMessage(0, i, json.dumps(aggregate(minute=i)).encode()) for i in range(3)]
+    theirs = [ReadMessage(0, i, json.dumps(aggregate(minute=i, clicks=9)).encode()) for i in range(3)]
+    outcome: dict[str, object] = {}
+    first = engine.connect()
+    transaction = first.begin()
+    applied = apply_batch(first, budget.settings, budget.topic, mine, {0: None})
+    assert applied.applied == 3
+
+    def second() -> None:
+        try:
+            with engine.begin() as conn:
+                outcome["result"] = apply_batch(conn, budget.settings, budget.topic, theirs, {0: None})
+        except StaleOffsets as exc:
+            outcome["refused"] = exc.partitions
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(2)
+    assert thread.is_alive()  # waits on the first one's offsets row
+    transaction.commit()
+    first.close()
+    thread.join(30)
+    engine.dispose()
+    assert outcome == {"refused": [0]}, outcome
+    assert budget.db_offsets() == {0: 3}
+    assert budget.query("SELECT count(*), sum(clicks) FROM budget_ledger") == [(3, 9)]  # 3 records of 3 clicks

@@ -205,8 +205,10 @@ class BudgetService:
         )
 
     def _position_unpositioned(self) -> None:
-        """Seek the partitions assignment could not position, once the
-        database (and broker) answer; they are resumed then."""
+        """Position the partitions assignment could not, once the database
+        (and broker) answer. They never started fetching (a seek would be
+        refused), so the whole assignment is given again with positions: the
+        others at their database offsets, which is where they stand."""
         if not self.unpositioned or self.consumer is None:
             return
         pending = sorted(self.unpositioned)
@@ -215,12 +217,27 @@ class BudgetService:
         except Exception as exc:  # noqa: BLE001 - retried on the next loop
             log.debug("positioning %s: %s", pending, exc)
             return
-        for p in pending:
-            if self._seek(p, starts[p]):
+        positions = {**{p: o for p, o in self.started_from.items()}, **starts}
+        assigned = [tp.partition for tp in self.consumer.assignment() if tp.topic == self.topic]
+        self.consumer.assign(
+            [
+                TopicPartition(self.topic, p, OFFSET_BEGINNING if positions[p] is None else positions[p])
+                for p in sorted(assigned)
+                if p in positions
+            ]
+        )
+        for p in assigned:
+            if p in positions:
+                self.started_from[p] = positions[p]
                 self.unpositioned.discard(p)
-                if not self.paused_for_outage:
-                    self.consumer.resume([TopicPartition(self.topic, p)])
-                log.info("partition %d positioned at database offset %s", p, starts[p])
+                self.at_eof.discard(p)
+        # Pausing is kept per partition across assign(): set it either way.
+        if self.paused_for_outage:
+            self.consumer.pause(self.consumer.assignment())
+        else:
+            self.consumer.resume(self.consumer.assignment())
+        for p in pending:
+            log.info("partition %d positioned at database offset %s", p, starts[p])
 
     def _seek(self, partition: int, offset: int | None) -> bool:
         assert self.consumer is not None
@@ -255,9 +272,10 @@ class BudgetService:
                 if deadline is None:
                     deadline = now + self.settings.budget_db_outage_s
                     log.error(
-                        "%s: database unavailable (%s); consumption paused, retrying for up to %d s",
+                        "%s: database unavailable (%s); %s, retrying for up to %d s",
                         what,
                         str(exc).splitlines()[0],
+                        "consumption paused" if self.consumer is not None else "not consuming yet",
                         self.settings.budget_db_outage_s,
                     )
                     self._pause_consumption()
@@ -385,8 +403,12 @@ class BudgetService:
         committed; every partition of the batch goes back to its database
         offset."""
         partitions = sorted({m.partition() for m in messages})
-        with self.engine.connect() as conn:
-            stored = stored_offsets(conn, self.settings.budget_group, self.topic, partitions)
+
+        def read_stored() -> dict[int, int]:
+            with self.engine.connect() as conn:
+                return stored_offsets(conn, self.settings.budget_group, self.topic, partitions)
+
+        stored = self._with_db(f"batch {self.batches}", read_stored)
         log.warning("%s; nothing of this batch applied, re-reading partitions %s", exc, partitions)
         result = BatchResult(records=len(messages))
         for p in partitions:
@@ -461,6 +483,7 @@ class BudgetService:
                 "auto.offset.reset": "error",
                 "enable.partition.eof": True,
                 "session.timeout.ms": s.budget_session_timeout_ms,
+                "max.poll.interval.ms": max(s.budget_max_poll_interval_ms, s.budget_session_timeout_ms),
                 "heartbeat.interval.ms": max(1000, s.budget_session_timeout_ms // 5),
                 "partition.assignment.strategy": "range",
             }
@@ -482,7 +505,7 @@ class BudgetService:
         self._install_signals()
         kafka_io.ensure_topics(s.kafka_bootstrap, [self.topic, s.topics.budget_events], s.topic_partitions)
         try:
-            publisher_id = self._with_db("schema", lambda: db.ensure_schema(self.engine, s))
+            publisher_id = self._with_db("start-up", lambda: db.ensure_schema(self.engine, s))
         except StopRequested:
             return 0
         stop_publisher = threading.Event()
@@ -537,11 +560,13 @@ class BudgetService:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.at_eof.add(msg.partition())
-                elif err.code() == KafkaError._AUTO_OFFSET_RESET and msg.partition() in self.started_from:
-                    log.error("partition %d: position out of range (%s); checking for a gap", msg.partition(), err)
-                    self.started_from.pop(msg.partition(), None)
-                    self.unpositioned.add(msg.partition())
-                    consumer.pause([TopicPartition(self.topic, msg.partition())])
+                elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    if msg.partition() in self.started_from:
+                        log.error("partition %d: position out of range (%s); checking for a gap", msg.partition(), err)
+                        self.started_from.pop(msg.partition(), None)
+                        self.unpositioned.add(msg.partition())
+                        consumer.pause([TopicPartition(self.topic, msg.partition())])
+                    # else: not positioned yet (it has no position to reset): expected
                 elif err.fatal():
                     raise KafkaException(err)
                 else:

@@ -456,7 +456,9 @@ def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.Mon
     with engine.begin() as conn:
         apply_batch(conn, settings, "aggs", msgs, {})
         conn.execute(
-            sa.update(db.ledger).where(db.ledger.c.record_uuid != "u-2").values(applied_at=datetime(2026, 1, 1, tzinfo=UTC))
+            sa.update(db.ledger)
+            .where(db.ledger.c.record_uuid != "u-2")
+            .values(applied_at=datetime(2026, 1, 1, tzinfo=UTC))
         )
     monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: 7 * 24 * 3600 * 1000)
     now = datetime(2026, 11, 24, tzinfo=UTC)
