@@ -1,5 +1,5 @@
 """
-### ad_table_maintenance — daily OPTIMIZE and VACUUM of the `ads` Delta tables
+### ad_table_maintenance — daily OPTIMIZE and VACUUM of the `ads` Delta tables, and the budget ledger's retention
 
 **Why.** Every hourly Union & Load MERGEs a few small files into each hour's
 partition (a rerun, a backfill or a late correction adds more), so the
@@ -24,6 +24,11 @@ day this DAG compacts them and deletes the files no recent version needs:
    A table that does not exist yet is skipped. The task returns, per table,
    the files OPTIMIZE added and removed, the files VACUUM deleted and the
    seconds it took.
+2. `prune_budget_ledger` (beside it, independent) — `adpipe budget prune`:
+   deletes the budget ledger's rows applied more than the aggregates topic's
+   `retention.ms` plus `ADPIPE_BUDGET_LEDGER_MARGIN_H` (168) hours ago; their
+   sums stay in `budget_ledger_pruned` and spend is unchanged
+   (`adpipe.budget.retention`). Skipped without a budget database.
 
 Schedule: `CronTriggerTimetable("30 3 * * *", UTC)` — 03:30 UTC every day,
 half an hour away from the hourly loads' start (an OPTIMIZE and a MERGE on
@@ -70,4 +75,12 @@ with DAG(
 
         return maintenance_tasks.optimize_and_vacuum(load_settings())
 
+    @task(task_id="prune_budget_ledger")
+    def prune_budget_ledger() -> dict:
+        from adpipe.orchestration import maintenance_tasks
+        from adpipe.settings import load_settings
+
+        return maintenance_tasks.prune_budget_ledger(load_settings())
+
     optimize_and_vacuum()
+    prune_budget_ledger()

@@ -136,6 +136,10 @@ def settle_charged(
     budget and is not paused yet. ``crossing_record``: per key, the ledger
     row that made the spend reach it."""
     reached = sorted(k for k, micros in new_spend.items() if desired_state(micros, budgets[k[0]]) == PAUSED)
+    if reached:
+        # Most of them are paused already (spend only grows, and a resume
+        # cannot run beside this batch: see the module doc); lock the others.
+        reached = sorted(set(reached) - paused_keys(conn, reached))
     if not reached:
         return []
     # Insert-if-absent first: two batches reaching a new key at once meet on

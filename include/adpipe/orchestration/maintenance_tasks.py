@@ -1,6 +1,7 @@
-"""Body of the ``ad_table_maintenance`` DAG's one task: ``OPTIMIZE`` then
+"""Bodies of the ``ad_table_maintenance`` DAG's tasks: ``OPTIMIZE`` then
 ``VACUUM`` of the ``ads`` Delta tables (:mod:`adpipe.lakehouse.maintenance`
-says what each step does, and what a crash between them leaves).
+says what each step does, and what a crash between them leaves), and the
+budget ledger's retention rule (:mod:`adpipe.budget.retention`).
 
 It does not depend on the run's date: each run maintains the tables as they
 are, so a rerun, a retry or a skipped day is harmless."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from adpipe.settings import Settings
@@ -29,3 +31,30 @@ def optimize_and_vacuum(settings: Settings) -> list[dict[str, Any]]:
     for result in results:
         log.info("%s", result.describe())
     return [asdict(r) for r in results]
+
+
+def prune_budget_ledger(settings: Settings) -> dict[str, Any]:
+    """``adpipe budget prune``: ledger rows older than the aggregates topic's
+    retention plus the margin; skipped when there is no budget database."""
+    import sqlalchemy as sa
+
+    from adpipe.budget import db
+    from adpipe.budget.retention import prune
+
+    url = sa.engine.make_url(settings.budget_db)
+    if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).exists()):
+        return {"skipped": f"no budget database ({settings.budget_db})"}
+    engine = db.make_engine(settings)
+    try:
+        if not db.has_schema(engine):
+            return {"skipped": "the budget database has no ledger"}
+    finally:
+        engine.dispose()
+    result = prune(settings)
+    summary = {
+        "cutoff": None if result.cutoff is None else result.cutoff.isoformat(),
+        "rows": result.rows,
+        "spend_micros": result.spend_micros,
+    }
+    log.info("budget ledger pruned: %s", summary)
+    return summary

@@ -19,7 +19,7 @@ from adpipe.settings import Settings, load_settings
 
 DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load", "ad_table_maintenance"}
 EDGES = {
-    "ad_table_maintenance": set(),  # one task
+    "ad_table_maintenance": set(),  # two independent tasks
     "ad_aggregation_stream": {
         ("start_stream_if_down", "wait_for_stream"),
         ("wait_for_stream", "check_stream"),

@@ -18,13 +18,20 @@ def dag(dagbag):  # noqa: ANN001, ANN201 - airflow's DAG
     return dagbag.dags[DAG_ID]
 
 
-def test_the_dag_loads_with_its_doc_tags_and_one_task(dag) -> None:  # noqa: ANN001
+def test_the_dag_loads_with_its_doc_tags_and_two_independent_tasks(dag) -> None:  # noqa: ANN001
     assert dag.dag_id == DAG_ID
     assert "adpipe" in dag.tags and "maintenance" in dag.tags
-    for words in ("OPTIMIZE", "VACUUM", "ADPIPE_VACUUM_RETENTION_H", "168", "03:30 UTC"):
+    for words in (
+        "OPTIMIZE",
+        "VACUUM",
+        "ADPIPE_VACUUM_RETENTION_H",
+        "168",
+        "03:30 UTC",
+        "ADPIPE_BUDGET_LEDGER_MARGIN_H",
+    ):
         assert words in dag.doc_md
-    assert [t.task_id for t in dag.tasks] == ["optimize_and_vacuum"]
-    assert dag.tasks[0].downstream_task_ids == set()
+    assert sorted(t.task_id for t in dag.tasks) == ["optimize_and_vacuum", "prune_budget_ledger"]
+    assert all(t.downstream_task_ids == set() and t.upstream_task_ids == set() for t in dag.tasks)
 
 
 def test_daily_at_0330_utc_without_catchup(dag) -> None:  # noqa: ANN001
@@ -44,7 +51,7 @@ def test_daily_at_0330_utc_without_catchup(dag) -> None:  # noqa: ANN001
 
 def test_the_task_retries_once(dag) -> None:  # noqa: ANN001
     # (One alert per failure, from the task level: tests/unit/orchestration/test_dags.py, for every DAG.)
-    assert [task.retries for task in dag.tasks] == [1]
+    assert [task.retries for task in dag.tasks] == [1, 1]
 
 
 def test_the_task_body_returns_one_plain_summary_per_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,9 +73,39 @@ def test_the_task_body_returns_one_plain_summary_per_table(monkeypatch: pytest.M
     out = maintenance_tasks.optimize_and_vacuum(settings)
     assert calls == [(settings, "session of adpipe-maintenance")]
     assert out == [
-        {"table": "ads.ad_events_raw", "skipped": False, "files_added": 1, "files_removed": 4,
-         "files_deleted": 2, "seconds": 1.5},
-        {"table": "ads.ad_minute_aggregates", "skipped": True, "files_added": 0, "files_removed": 0,
-         "files_deleted": None, "seconds": 0.0},
+        {
+            "table": "ads.ad_events_raw",
+            "skipped": False,
+            "files_added": 1,
+            "files_removed": 4,
+            "files_deleted": 2,
+            "seconds": 1.5,
+        },
+        {
+            "table": "ads.ad_minute_aggregates",
+            "skipped": True,
+            "files_added": 0,
+            "files_removed": 0,
+            "files_deleted": None,
+            "seconds": 0.0,
+        },
     ]
     json.dumps(out)  # XCom stores JSON
+
+
+def test_prune_task_skips_without_a_budget_database_and_prunes_with_one(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    from adpipe.budget import db, retention
+    from adpipe.orchestration import maintenance_tasks
+
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    assert "skipped" in maintenance_tasks.prune_budget_ledger(settings)
+    assert not (tmp_path / "budget.db").exists()
+    engine = db.make_engine(settings)
+    db.ensure_schema(engine, settings)
+    engine.dispose()
+    monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: 3_600_000)
+    out = maintenance_tasks.prune_budget_ledger(settings)
+    assert out["rows"] == 0 and out["cutoff"] is not None
+    json.dumps(out)  # XCom-friendly
