@@ -128,6 +128,9 @@ def test_records_the_database_refuses_are_quarantined_and_the_rest_charged(budge
     assert shown.returncode == 0, shown.log
     assert "CONFLICT" in shown.log and charged_twice["record_uuid"] in shown.log, shown.log[-2000:]
     assert "1 conflict" in shown.log and "2 rejected" in shown.log
+    # The indexes the ledger's readers need (prune by age, verify and report by ad).
+    indexes = {name for (name,) in budget.query("SELECT indexname FROM pg_indexes WHERE tablename = 'budget_ledger'")}
+    assert {"budget_ledger_applied_at", "budget_ledger_ad_period"} <= indexes, indexes
 
 
 def test_offsets_deleted_by_retention_are_a_reported_gap(budget: BudgetEnv) -> None:
@@ -356,7 +359,8 @@ def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(bu
         # Raise every budget far above the spend: each pause lifts, once.
         prices = budget.workdir / "raise.csv"
         prices.write_text(
-            "scope,key,campaign_id,cpm,cpc,budget\ndefault,*,,2.345678,0.333333,100000\n"
+            # Prices change too: charges already made keep theirs (verify sums the ledger's).
+            "scope,key,campaign_id,cpm,cpc,budget\ndefault,*,,9.99,4.5,100000\n"
             "campaign,cmp-A,,1.111111,,100000\nad,ad-000002,,3.5,,100000\n"
         )
         raised = budget.cli("prices", "--file", str(prices))
