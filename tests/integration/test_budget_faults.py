@@ -380,6 +380,9 @@ def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(bu
     for rec in budget.read(budget.settings.topics.budget_events):
         body = json.loads(rec.value)
         by_key[(body["ad_id"], body["period"])].append(body["event_type"])
+    # One long-lived producer published every round of this instance.
+    service_log = log_path.read_text()
+    assert service_log.count("published ") >= 2 and service_log.count("a new transactional producer") == 1, service_log
     for key, types in by_key.items():
         wanted = (["ad_paused", "ad_resumed"] if key in paused else []) + (["ad_paused"] if key in repaused else [])
         assert types == wanted, (key, types)
@@ -412,6 +415,12 @@ def test_two_first_writers_of_a_partition_without_offsets_row(budget: BudgetEnv)
     to commit is refused as a whole, even for records the first never had."""
     engine = db.make_engine(budget.settings)
     db.ensure_schema(engine, budget.settings)
+    with engine.connect() as conn:  # every connection carries its timeouts
+        shown = [
+            conn.exec_driver_sql(f"SHOW {name}").scalar()
+            for name in ("statement_timeout", "idle_in_transaction_session_timeout")
+        ]
+        assert shown == ["30s", "1min"], shown
     mine = [ReadMessage(0, i, json.dumps(aggregate(minute=i)).encode()) for i in range(3)]
     theirs = [ReadMessage(0, i, json.dumps(aggregate(minute=i, clicks=9)).encode()) for i in range(3)]
     outcome: dict[str, object] = {}

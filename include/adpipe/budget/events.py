@@ -226,6 +226,7 @@ class EventPublisher:
             }
         )
         producer.init_transactions(60)
+        log.info("budget events: a new transactional producer (%s); earlier publishers fenced", self.transactional_id)
         self.producer = producer
         self.ledger_consumer = Consumer(
             {
