@@ -226,6 +226,7 @@ def _stop(proc, timeout: float = 60) -> None:  # noqa: ANN001
                 proc.wait()
 
 
+@pytest.mark.slow  # restarts PostgreSQL: make test-slow
 def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Settings) -> None:
     # A poll interval far below the outage: only a consumer that keeps polling
     # while paused stays in the group.
@@ -266,6 +267,7 @@ def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Se
     assert budget_verify.check(budget.settings)["ok"]
 
 
+@pytest.mark.slow  # restarts PostgreSQL: make test-slow
 def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: BudgetEnv, pg: Settings) -> None:
     """One of two instances dies during an outage: the survivor's rebalance
     cannot read the database's offsets; it keeps the partitions paused (never

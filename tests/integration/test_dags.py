@@ -350,7 +350,7 @@ def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> 
     assert second["pid"] != first["pid"] and process_alive(second["pid"])
     assert len(second["restarts"]) == 1
     alerts = [json.loads(line) for line in alerts_file(flow.settings).read_text().splitlines()]
-    task_alerts = [a for a in alerts if a["task_id"] == "check_stream"]
+    task_alerts = [a for a in alerts if a.get("task_id") == "check_stream"]
     assert task_alerts and "restarted 1 times" in task_alerts[-1]["message"]
     assert "ADPIPE_STREAM_MAX_RESTARTS=0" in task_alerts[-1]["message"]
     assert any(p.get("task_id") == "check_stream" for p in _Capture.received)
@@ -462,7 +462,7 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     assert "adpipe_ad_minute_aggregates" in page.read_text()
     settings = load_settings(env)
     alerts = [json.loads(line) for line in alerts_file(settings).read_text().splitlines()]
-    validate_alerts = [a for a in alerts if a["task_id"] == "validate"]
+    validate_alerts = [a for a in alerts if a.get("task_id") == "validate"]
     assert validate_alerts, alerts
     message = validate_alerts[-1]["message"]
     assert message.startswith("QualityError")

@@ -193,6 +193,10 @@ class BudgetService:
                 "at": datetime.now(UTC).isoformat(),
                 "level": "service",
                 "source": "adpipe.budget",
+                # The keys every alert has (a DAG's alerts fill them).
+                "dag_id": None,
+                "run_id": None,
+                "task_id": None,
                 "kind": "offset_gap",
                 "group": self.settings.budget_group,
                 "topic": self.topic,
