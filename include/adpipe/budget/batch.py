@@ -358,15 +358,9 @@ def _add_spend(
             crossing_record[key] = row
     new_spend: dict[SpendKey, int] = {}
     if delta:
-        up = db.insert(conn, db.spend)
-        up = up.on_conflict_do_update(
-            index_elements=["ad_id", "period"],
-            set_={
-                "spend_micros": db.spend.c.spend_micros + up.excluded.spend_micros,
-                "records": db.spend.c.records + up.excluded.records,
-                "updated_at": sa.func.now(),
-            },
-        ).returning(db.spend.c.ad_id, db.spend.c.period, db.spend.c.spend_micros)
+        up = db.add_sums(conn, db.spend, "updated_at").returning(
+            db.spend.c.ad_id, db.spend.c.period, db.spend.c.spend_micros
+        )
         values = [
             {"ad_id": a, "period": p, "spend_micros": d[0], "records": d[1]} for (a, p), d in sorted(delta.items())
         ]

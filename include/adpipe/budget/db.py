@@ -35,7 +35,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,6 +293,21 @@ def insert(conn: Connection, table: sa.Table):  # noqa: ANN201 - dialect-specifi
 PRICING_SETTLED = "pricing_settled"  # budget_meta: the pricing the pause states were last settled against
 
 
+def add_sums(conn: Connection, table: sa.Table, stamp: str):  # noqa: ANN201 - dialect-specific Insert
+    """Upsert into a table of sums per (ad_id, period) (``budget_spend``,
+    ``budget_ledger_pruned``): a new key is inserted, an existing one gets
+    ``spend_micros`` and ``records`` added and ``stamp`` set to now."""
+    up = insert(conn, table)
+    return up.on_conflict_do_update(
+        index_elements=["ad_id", "period"],
+        set_={
+            "spend_micros": table.c.spend_micros + up.excluded.spend_micros,
+            "records": table.c.records + up.excluded.records,
+            stamp: sa.func.now(),
+        },
+    )
+
+
 def ensure_schema(engine: Engine, settings: Settings) -> str:
     """Create the tables, the publisher id and the default price row if
     missing, and bring an older database up to date (idempotent, safe with
@@ -369,6 +385,22 @@ def _copy_first_version_outbox(conn: Connection) -> None:
 
 def has_schema(engine: Engine) -> bool:
     return sa.inspect(engine).has_table(ledger.name)
+
+
+@contextmanager
+def existing(settings: Settings) -> Iterator[Engine | None]:
+    """The budget database's engine for a read-only look, or None when there
+    is none yet: a missing SQLite file is not created, and a database
+    without the ledger table counts as none."""
+    url = sa.engine.make_url(settings.budget_db)
+    if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).exists()):
+        yield None
+        return
+    engine = make_engine(settings)
+    try:
+        yield engine if has_schema(engine) else None
+    finally:
+        engine.dispose()
 
 
 # ---------------------------------------------------------------- pricing

@@ -4,7 +4,6 @@ period, read from the budget database (read-only)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -26,14 +25,8 @@ class ReportRow:
 def report(settings: Settings) -> list[ReportRow] | None:
     """Spend, budget and status per ad and period; read-only. None when
     there is no budget database (or it has no tables) yet."""
-    url = settings.budget_db
-    if url.startswith("sqlite"):
-        path = sa.engine.make_url(url).database
-        if not path or not Path(path).exists():
-            return None
-    engine = db.make_engine(settings)
-    try:
-        if not db.has_schema(engine):
+    with db.existing(settings) as engine:
+        if engine is None:
             return None
         with engine.connect() as conn:
             spend_rows = conn.execute(
@@ -47,8 +40,6 @@ def report(settings: Settings) -> list[ReportRow] | None:
             ReportRow(a, p, s, prices[a].budget_micros, n, "paused" if (a, p) in paused else "active")
             for a, p, s, n in spend_rows
         ]
-    finally:
-        engine.dispose()
 
 
 def format_report(rows: list[ReportRow]) -> str:
@@ -79,14 +70,8 @@ class Findings:
 
 def findings(settings: Settings, limit: int = 20) -> Findings | None:
     """Read-only; None when there is no budget database yet."""
-    url = settings.budget_db
-    if url.startswith("sqlite"):
-        path = sa.engine.make_url(url).database
-        if not path or not Path(path).exists():
-            return None
-    engine = db.make_engine(settings)
-    try:
-        if not db.has_schema(engine):
+    with db.existing(settings) as engine:
+        if engine is None:
             return None
         q = db.quarantine
         with engine.connect() as conn:
@@ -110,8 +95,6 @@ def findings(settings: Settings, limit: int = 20) -> Findings | None:
                 ).mappings()
             ]
         return Findings(kinds, conflicts, gaps)
-    finally:
-        engine.dispose()
 
 
 def format_findings(found: Findings) -> str:

@@ -66,16 +66,10 @@ def prune(settings: Settings, dry_run: bool = False, now: datetime | None = None
             micros = sum(int(m) for _a, _p, m, _n in sums)
             if dry_run or not sums:
                 return PruneResult(cutoff, rows, micros)
-            up = db.insert(conn, db.ledger_pruned)
-            up = up.on_conflict_do_update(
-                index_elements=["ad_id", "period"],
-                set_={
-                    "spend_micros": db.ledger_pruned.c.spend_micros + up.excluded.spend_micros,
-                    "records": db.ledger_pruned.c.records + up.excluded.records,
-                    "last_pruned_at": sa.func.now(),
-                },
+            conn.execute(
+                db.add_sums(conn, db.ledger_pruned, "last_pruned_at"),
+                [{"ad_id": a, "period": p, "spend_micros": int(m), "records": n} for a, p, m, n in sums],
             )
-            conn.execute(up, [{"ad_id": a, "period": p, "spend_micros": int(m), "records": n} for a, p, m, n in sums])
             deleted = conn.execute(sa.delete(db.ledger).where(old)).rowcount
             if deleted != rows:  # rows applied meanwhile cannot be older than the cutoff
                 raise RuntimeError(f"prune: counted {rows} rows, deleted {deleted}; rolled back")

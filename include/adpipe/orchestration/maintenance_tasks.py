@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from adpipe.settings import Settings
@@ -36,20 +35,12 @@ def optimize_and_vacuum(settings: Settings) -> list[dict[str, Any]]:
 def prune_budget_ledger(settings: Settings) -> dict[str, Any]:
     """``adpipe budget prune``: ledger rows older than the aggregates topic's
     retention plus the margin; skipped when there is no budget database."""
-    import sqlalchemy as sa
-
     from adpipe.budget import db
     from adpipe.budget.retention import prune
 
-    url = sa.engine.make_url(settings.budget_db)
-    if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).exists()):
-        return {"skipped": f"no budget database ({settings.budget_db})"}
-    engine = db.make_engine(settings)
-    try:
-        if not db.has_schema(engine):
-            return {"skipped": "the budget database has no ledger"}
-    finally:
-        engine.dispose()
+    with db.existing(settings) as engine:
+        if engine is None:
+            return {"skipped": "no budget database (or no ledger in it) yet"}
     result = prune(settings)
     summary = {
         "cutoff": None if result.cutoff is None else result.cutoff.isoformat(),
