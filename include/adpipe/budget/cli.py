@@ -108,8 +108,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Consumes the aggregates topic (read_committed) in consumer group ADPIPE_BUDGET_GROUP and "
         "applies spend = impressions x CPM / 1000 + clicks x CPC per ad into ADPIPE_BUDGET_DB, one database "
         "transaction per batch holding the ledger (keyed by record_uuid), the spend and the consumer's offsets. "
-        "An ad whose spend reaches its budget is paused and one event goes to the budget-events topic. "
-        "Stops cleanly on SIGTERM. Sub-commands: report, prices, prune.",
+        "An ad whose spend reaches its budget is paused, and resumed when its budget is raised above the spend; "
+        "each change is one event on the budget-events topic. An aggregate the database cannot hold or refuses, "
+        "or a record_uuid seen again with other counts, is quarantined and the rest charged; while the database "
+        "is down, consumption pauses for up to ADPIPE_BUDGET_DB_OUTAGE_S seconds. Offsets deleted by retention "
+        "before they were charged are reported as a gap. Stops cleanly on SIGTERM. "
+        "Sub-commands: report, prices, prune.",
     )
     p.add_argument("--once", action="store_true", help="drain what is in the topic now, then stop")
     p.add_argument(
