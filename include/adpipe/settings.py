@@ -274,9 +274,11 @@ class Settings:
     def pg_dir(self) -> Path:
         return self.home / "postgres"
 
-    def pg_url(self, database: str) -> str:
-        """SQLAlchemy URL of a database on the local PostgreSQL."""
-        return f"postgresql+psycopg2://{self.pg_user}:{self.pg_password}@{self.pg_host}:{self.pg_port}/{database}"
+    def pg_url(self, database: str, redacted: bool = False) -> str:
+        """SQLAlchemy URL of a database on the local PostgreSQL; ``redacted``:
+        the password as ``***``, for anything printed or logged."""
+        password = "***" if redacted else self.pg_password
+        return f"postgresql+psycopg2://{self.pg_user}:{password}@{self.pg_host}:{self.pg_port}/{database}"
 
     def jdbc_url(self, database: str) -> str:
         return f"jdbc:postgresql://{self.pg_host}:{self.pg_port}/{database}"

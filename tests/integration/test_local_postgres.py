@@ -20,12 +20,13 @@ from tests.conftest import PORT_BASE
 def test_a_0700_home_as_root_gets_a_cluster_the_server_can_reach_and_a_wiped_home_frees_it(tmp_path: Path) -> None:
     home = tmp_path / "home" / ".adpipe"
     home.parent.mkdir(mode=0o700)
-    env = {"ADPIPE_HOME": str(home), "ADPIPE_PG_PORT": str(PORT_BASE + 7)}
+    env = {"ADPIPE_HOME": str(home), "ADPIPE_PG_PORT": str(PORT_BASE + 7), "ADPIPE_PG_PASSWORD": "not-printed-7f3"}
     settings = load_settings(env)
     cli_env = {**os.environ, **env}
     try:
         up = subprocess.run([sys.executable, "-m", "adpipe", "pg", "up"], env=cli_env, capture_output=True, text=True)
         assert up.returncode == 0, up.stderr[-2000:]
+        assert ":***@" in up.stdout and "not-printed-7f3" not in up.stdout + up.stderr  # the URL it prints is redacted
         assert postgres.status(settings).running and postgres.answering(settings)
         cluster = postgres._cluster_dir(settings)
         assert cluster is not None and home not in cluster.parents  # the postgres user cannot enter the home

@@ -148,3 +148,10 @@ def test_load_submit_and_metastore_database_are_checked() -> None:
     for bad in ("Metastore", "ms-eu", "1ms", "ms; drop"):
         with pytest.raises(SettingsError, match="ADPIPE_METASTORE_DATABASE"):
             load_settings({"ADPIPE_METASTORE_DATABASE": bad})
+
+
+def test_pg_url_redacted_for_printing() -> None:
+    settings = load_settings({"ADPIPE_PG_PASSWORD": "s3cret-Pw"})
+    assert settings.pg_url("db") == "postgresql+psycopg2://adpipe:s3cret-Pw@127.0.0.1:5433/db"
+    shown = settings.pg_url("db", redacted=True)
+    assert "s3cret-Pw" not in shown and shown == "postgresql+psycopg2://adpipe:***@127.0.0.1:5433/db"

@@ -40,7 +40,10 @@ def cmd_pg(args: argparse.Namespace, settings: Settings) -> int:
 
     rc = _serve(args, settings, "postgres", postgres)
     if args.action == "up":
-        print(f"databases: {', '.join(postgres.DATABASES)}; e.g. {settings.pg_url('adpipe_budget')}")
+        print(
+            f"databases: {', '.join(postgres.DATABASES)}; e.g. {settings.pg_url('adpipe_budget', redacted=True)} "
+            "(password: ADPIPE_PG_PASSWORD)"
+        )
     return rc
 
 
