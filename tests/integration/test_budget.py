@@ -114,6 +114,19 @@ def expected_pauses(spend: dict[tuple[str, str], Decimal]) -> set[tuple[str, str
     return {key for key, amount in spend.items() if amount >= _price(key[0])[2]}
 
 
+def finish(proc: subprocess.Popen, timeout: float = 60, terminate: bool = True) -> None:
+    """Wait for a process started in its own session (after a SIGTERM when
+    ``terminate``); SIGKILL its whole group if it is still there then."""
+    if terminate and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @dataclass
 class Run:
     returncode: int
@@ -213,12 +226,7 @@ class BudgetEnv:
 
     def cli(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 120) -> Run:
         proc, log_path = self._popen(args, extra_env)
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        finish(proc, timeout, terminate=False)
         return Run(proc.returncode, log_path.read_text())
 
     def once(self, fault: dict[str, str] | None = None, **extra: str) -> Run:

@@ -37,6 +37,7 @@ from tests.integration.test_budget import (
     _assignment,
     _wait,
     expected_pauses,
+    finish,
     independent_spend,
 )
 
@@ -216,17 +217,6 @@ def _caught_up(budget: BudgetEnv) -> bool:
     return all(offsets.get(p, 0) >= end - 1 for p, end in ends.items() if end)
 
 
-def _stop(proc, timeout: float = 60) -> None:  # noqa: ANN001
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 @pytest.mark.slow  # restarts PostgreSQL: make test-slow
 def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Settings) -> None:
     # A poll interval far below the outage: only a consumer that keeps polling
@@ -256,7 +246,7 @@ def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Se
         before_stop = [path.read_text()[start:] for path, start in zip(logs, shared_from, strict=True)]
     finally:
         for proc in (first, second):
-            _stop(proc)
+            finish(proc)
     for proc, path, text in zip((first, second), logs, before_stop, strict=True):
         assert proc.returncode == 0, path.read_text()[-3000:]
         # The batch in flight waited the outage out; the publisher thread survived it.
@@ -294,7 +284,7 @@ def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: Budg
         _wait("the records charged", lambda: _caught_up(budget))
     finally:
         for proc in (survivor, doomed):
-            _stop(proc)
+            finish(proc)
     assert survivor.returncode == 0, survivor_log.read_text()[-3000:]
     expected = independent_spend(as_kafka(records))
     assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
@@ -329,7 +319,7 @@ def test_a_frozen_zombie_is_refused_by_the_offsets_compare_and_set(budget: Budge
     finally:
         for proc in (zombie, survivor):
             if proc is not None:
-                _stop(proc)
+                finish(proc)
     log = zombie_log.read_text()
     assert "resumed (SIGCONT)" in log
     assert re.search(r"batch 1: \d+ records: 0 applied", log), log[-3000:]
@@ -380,7 +370,7 @@ def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(bu
             lambda: sum(budget.budget_events().values()) == 2 * len(paused) + len(repaused),
         )
     finally:
-        _stop(service)
+        finish(service)
     by_key: dict[tuple[str, str], list[str]] = defaultdict(list)
     for rec in budget.read(budget.settings.topics.budget_events):
         body = json.loads(rec.value)
