@@ -40,10 +40,19 @@ def admin(bootstrap: str) -> AdminClient:
 
 
 def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeout_s: float = 30.0) -> list[str]:
-    """Create the topics that do not exist yet; return the ones created."""
+    """Create the topics that do not exist yet; return the ones created. Each
+    gets three replicas where the cluster has three brokers or more (one
+    per broker below that), and then needs two in sync to take a write."""
     client = admin(bootstrap)
-    existing = set(client.list_topics(timeout=timeout_s).topics)
-    wanted = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+    metadata = client.list_topics(timeout=timeout_s)
+    existing = set(metadata.topics)
+    factor = min(3, max(1, len(metadata.brokers)))
+    config = {"min.insync.replicas": "2"} if factor >= 3 else {}
+    wanted = [
+        NewTopic(t, num_partitions=partitions, replication_factor=factor, config=config)
+        for t in topics
+        if t not in existing
+    ]
     if not wanted:
         return []
     for topic, future in client.create_topics(wanted, operation_timeout=timeout_s).items():
@@ -52,7 +61,7 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeou
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
-        log.info("created topic %s (%d partitions)", topic, partitions)
+        log.info("created topic %s (%d partitions, %d replicas)", topic, partitions, factor)
     return [t.topic for t in wanted]
 
 

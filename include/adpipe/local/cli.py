@@ -27,12 +27,18 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import kafka_io
     from adpipe.local import kafka_broker
 
-    rc = _serve(args, settings, "kafka", kafka_broker)
-    if args.action == "up":
-        created = kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
-        if created:
-            print(f"created topics: {', '.join(created)}")
-    return rc
+    if args.action != "up":
+        return _serve(args, settings, "kafka", kafka_broker)
+    cluster = kafka_broker.up(settings, brokers=args.brokers)
+    print(cluster.describe())
+    # Clients must know every node: any one of them may be down when they start.
+    bootstrap = cluster.bootstrap
+    created = kafka_io.ensure_topics(bootstrap, settings.topics.all(), settings.topic_partitions)
+    if created:
+        print(f"created topics: {', '.join(created)}")
+    if bootstrap != settings.kafka_bootstrap:
+        print(f"clients: export ADPIPE_KAFKA_BOOTSTRAP={bootstrap}")
+    return 0
 
 
 def cmd_pg(args: argparse.Namespace, settings: Settings) -> int:
@@ -58,7 +64,7 @@ def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
 
 def _add_server_parser(
     sub: argparse._SubParsersAction, name: str, help_text: str, description: str, up_help: str, func: Callable
-) -> None:
+) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_text, description=description)
     p.add_argument(
         "action",
@@ -67,16 +73,27 @@ def _add_server_parser(
         "status: exit 0 when it runs and answers, 3 otherwise",
     )
     p.set_defaults(func=func)
+    return p
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    _add_server_parser(
+    kafka = _add_server_parser(
         sub,
         "kafka",
-        "the local Kafka broker of the embedded default",
-        "Start, stop or inspect the local KRaft broker (data under $ADPIPE_HOME/kafka).",
+        "the local Kafka broker (or three-broker cluster) of the embedded default",
+        "Start, stop or inspect the local KRaft broker (data under $ADPIPE_HOME/kafka). With --brokers 3: "
+        "three nodes, each broker and controller (a quorum of three), topics and Kafka's transaction and "
+        "offsets logs with replication factor 3 and min.insync.replicas=2; node k listens on the ports of "
+        "ADPIPE_KAFKA_BOOTSTRAP and ADPIPE_KAFKA_CONTROLLER_PORT plus 100*(k-1).",
         "create the topics",
         cmd_kafka,
+    )
+    kafka.add_argument(
+        "--brokers",
+        type=int,
+        choices=range(1, 6),
+        default=None,
+        help="nodes of the local cluster (up only; default: as made before under ADPIPE_HOME, else 1)",
     )
     _add_server_parser(
         sub,

@@ -1,13 +1,19 @@
-"""The local Apache Kafka broker of the embedded default.
+"""The local Apache Kafka broker (or cluster) of the embedded default.
 
-A real broker in KRaft combined mode (broker + controller in one JVM), run
-from the jars Maven fetched into the project cache, listening on loopback,
-with its data under ``$ADPIPE_HOME/kafka``. Transactions work on one node
-because the transaction-state and offsets logs are set to replication 1."""
+Real brokers in KRaft combined mode (broker + controller in one JVM per node),
+run from the jars Maven fetched into the project cache, listening on loopback,
+with their data under ``$ADPIPE_HOME/kafka``. One node by default; with
+``--brokers 3`` three nodes that are each broker and controller (a controller
+quorum of three: any one node may die), replication factor 3 and
+``min.insync.replicas=2`` for the topics and for Kafka's own transaction-state
+and offsets logs. Node 1 listens on ``ADPIPE_KAFKA_BOOTSTRAP`` and
+``ADPIPE_KAFKA_CONTROLLER_PORT``; node *k* on those ports plus ``100·(k-1)``,
+unless the bootstrap lists one address per node."""
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import signal
@@ -23,13 +29,46 @@ from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# Node k's ports are node 1's plus this times (k - 1).
+NODE_PORT_STEP = 100
+
 
 class BrokerError(RuntimeError):
     """The local broker could not be started, reached or stopped."""
 
 
 @dataclass(frozen=True)
+class Node:
+    """One node of the local cluster: its id, addresses and folder."""
+
+    node_id: int
+    host: str
+    port: int
+    controller_port: int
+    directory: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "server.properties"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "broker.log"
+
+
+@dataclass(frozen=True)
 class BrokerStatus:
+    """One node: is our process alive, does it answer."""
+
+    node_id: int
     running: bool
     pid: int | None
     answering: bool
@@ -43,55 +82,134 @@ class BrokerStatus:
         return f"kafka down (nothing of ours runs; {self.bootstrap} answering={self.answering})"
 
 
+@dataclass(frozen=True)
+class ClusterStatus:
+    """Every node of the local cluster (one by default)."""
+
+    nodes: tuple[BrokerStatus, ...]
+
+    @property
+    def running(self) -> bool:
+        return all(n.running for n in self.nodes)
+
+    @property
+    def answering(self) -> bool:
+        return all(n.answering for n in self.nodes)
+
+    @property
+    def pid(self) -> int | None:
+        return self.nodes[0].pid
+
+    @property
+    def bootstrap(self) -> str:
+        """What clients should use: every node's address."""
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def describe(self) -> str:
+        if len(self.nodes) == 1:
+            return self.nodes[0].describe()
+        lines = [f"kafka cluster of {len(self.nodes)} nodes (bootstrap {self.bootstrap}):"]
+        lines += [f"  node {n.node_id}: {n.describe()}" for n in self.nodes]
+        return "\n".join(lines)
+
+
 def _host_port(bootstrap: str) -> tuple[str, int]:
-    first = bootstrap.split(",")[0]
+    first = bootstrap.split(",")[0].strip()
     host, _, port = first.rpartition(":")
     return host or "127.0.0.1", int(port)
 
 
-def _pid_file(settings: Settings) -> Path:
-    return settings.kafka_dir / "broker.pid"
+def _cluster_file(settings: Settings) -> Path:
+    return settings.kafka_dir / "cluster.json"
 
 
-def _read_pid(settings: Settings) -> int | None:
-    """The pid of the broker we started, if it still runs (and is ours)."""
+def recorded_size(settings: Settings) -> int:
+    """How many nodes the local cluster under ADPIPE_HOME was made with (1
+    when none was made yet)."""
     try:
-        pid = int(_pid_file(settings).read_text().strip())
+        return int(json.loads(_cluster_file(settings).read_text())["brokers"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return 1
+
+
+def nodes(settings: Settings, count: int | None = None) -> list[Node]:
+    """The nodes of the local cluster (``count``, else as recorded). Node 1
+    keeps the single broker's folder, so a one-node home stays as it was."""
+    count = recorded_size(settings) if count is None else count
+    listed = [part.strip() for part in settings.kafka_bootstrap.split(",")]
+    host, port = _host_port(settings.kafka_bootstrap)
+    result = []
+    for index in range(count):
+        if len(listed) == count:
+            node_host, node_port = _host_port(listed[index])
+        else:
+            node_host, node_port = host, port + NODE_PORT_STEP * index
+        directory = settings.kafka_dir if index == 0 else settings.kafka_dir / f"node-{index + 1}"
+        controller_port = settings.kafka_controller_port + NODE_PORT_STEP * index
+        result.append(Node(index + 1, node_host, node_port, controller_port, directory))
+    return result
+
+
+def cluster_bootstrap(settings: Settings) -> str:
+    """Every node's address, for clients of the local cluster."""
+    return ",".join(n.bootstrap for n in nodes(settings))
+
+
+def _read_pid(node: Node) -> int | None:
+    """The pid of the node's broker we started, if it still runs (and is ours)."""
+    try:
+        pid = int(node.pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except FileNotFoundError:
         return None
-    return pid if "kafka.Kafka" in cmdline and str(settings.kafka_dir) in cmdline else None
+    return pid if "kafka.Kafka" in cmdline and str(node.config) in cmdline.split("\0") else None
 
 
-def server_properties(settings: Settings) -> str:
-    host, port = _host_port(settings.kafka_bootstrap)
-    cport = settings.kafka_controller_port
-    data = settings.kafka_dir / "data"
+def node_pid(settings: Settings, node_id: int) -> int | None:
+    """The live pid of one node of ours (None: it does not run)."""
+    return _read_pid(nodes(settings)[node_id - 1])
+
+
+def replication(count: int) -> tuple[int, int]:
+    """Replication factor and min.insync.replicas for a cluster of ``count``
+    nodes: three copies where three nodes exist, and a write needs two of
+    them, so one node may die without losing an acknowledged record."""
+    factor = min(3, count)
+    return factor, 2 if factor >= 3 else 1
+
+
+def server_properties(settings: Settings, node: Node | None = None, cluster: list[Node] | None = None) -> str:
+    """One node's server.properties (default: the single broker)."""
+    cluster = cluster or nodes(settings, 1)
+    node = node or cluster[0]
+    factor, min_isr = replication(len(cluster))
+    voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in cluster)
+    data = node.directory / "data"
     return "\n".join(
         [
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@{host}:{cport}",
-            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-            f"advertised.listeners=PLAINTEXT://{host}:{port}",
+            f"node.id={node.node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners=PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
+            f"advertised.listeners=PLAINTEXT://{node.host}:{node.port}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             f"log.dirs={data}",
             f"num.partitions={settings.topic_partitions}",
             "auto.create.topics.enable=false",
-            # One node: the internal logs that transactions and consumer
-            # offsets live in must not ask for more replicas than exist.
-            "offsets.topic.replication.factor=1",
+            # The internal logs that transactions and consumer offsets live in
+            # never ask for more replicas than exist (one node: one copy).
+            f"offsets.topic.replication.factor={factor}",
             "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
+            f"transaction.state.log.replication.factor={factor}",
+            f"transaction.state.log.min.isr={min_isr}",
             "transaction.state.log.num.partitions=4",
-            "default.replication.factor=1",
-            "min.insync.replicas=1",
+            f"default.replication.factor={factor}",
+            f"min.insync.replicas={min_isr}",
             "group.initial.rebalance.delay.ms=0",
             # Producers may ask for up to 15 minutes (see Settings).
             "transaction.max.timeout.ms=900000",
@@ -109,15 +227,15 @@ def server_properties(settings: Settings) -> str:
     )
 
 
-def _log4j_config(settings: Settings) -> Path:
-    path = settings.kafka_dir / "log4j2.properties"
+def _log4j_config(node: Node) -> Path:
+    path = node.directory / "log4j2.properties"
     path.write_text(
         "\n".join(
             [
                 "status = error",
                 "appender.file.type = File",
                 "appender.file.name = file",
-                f"appender.file.fileName = {settings.kafka_dir / 'broker.log'}",
+                f"appender.file.fileName = {node.log_file}",
                 "appender.file.layout.type = PatternLayout",
                 "appender.file.layout.pattern = [%d] %p %m (%c)%n",
                 "rootLogger.level = INFO",
@@ -133,7 +251,8 @@ def _log4j_config(settings: Settings) -> Path:
     return path
 
 
-def _java(settings: Settings, main: str, *args: str) -> list[str]:
+def _java(settings: Settings, main: str, *args: str, node: Node | None = None) -> list[str]:
+    node = node or nodes(settings, 1)[0]
     jars = ensure_classpath(settings.jar_cache, "kafka")
     classpath = os.pathsep.join(str(j) for j in jars)
     return [
@@ -142,8 +261,8 @@ def _java(settings: Settings, main: str, *args: str) -> list[str]:
         "-Xmx768m",
         "-XX:+UseG1GC",
         *settings.jvm_options,
-        f"-Dlog4j2.configurationFile={_log4j_config(settings)}",
-        f"-Dkafka.logs.dir={settings.kafka_dir}",
+        f"-Dlog4j2.configurationFile={_log4j_config(node)}",
+        f"-Dkafka.logs.dir={node.directory}",
         "-cp",
         classpath,
         main,
@@ -161,19 +280,20 @@ def _cluster_id() -> str:
             return cluster_id
 
 
-def _format_storage(settings: Settings, config: Path) -> None:
-    data = settings.kafka_dir / "data"
+def _format_storage(settings: Settings, node: Node, cluster_id: str) -> None:
+    data = node.directory / "data"
     if (data / "meta.properties").exists():
         return
-    log.info("formatting KRaft storage in %s", data)
-    cmd = _java(settings, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config))
+    log.info("formatting KRaft storage of node %d in %s", node.node_id, data)
+    cmd = _java(settings, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.config), node=node)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
     if proc.returncode != 0:
-        raise BrokerError(f"formatting Kafka storage failed:\n{proc.stdout}{proc.stderr}")
+        raise BrokerError(f"formatting Kafka storage of node {node.node_id} failed:\n{proc.stdout}{proc.stderr}")
 
 
 def answering(bootstrap: str, timeout_s: float = 3.0) -> bool:
-    """True when a broker answers a metadata request at ``bootstrap``."""
+    """True when a broker answers a metadata request at ``bootstrap`` (its
+    first address: each node is asked on its own)."""
     from confluent_kafka.admin import AdminClient
 
     host, port = _host_port(bootstrap)
@@ -181,7 +301,9 @@ def answering(bootstrap: str, timeout_s: float = 3.0) -> bool:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError:
         return False
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0})
+    admin = AdminClient(
+        {"bootstrap.servers": f"{host}:{port}", "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0}
+    )
     try:
         md = admin.list_topics(timeout=timeout_s)
     except Exception:  # noqa: BLE001 - any failure means "not answering"
@@ -189,61 +311,124 @@ def answering(bootstrap: str, timeout_s: float = 3.0) -> bool:
     return bool(md.brokers)
 
 
-def status(settings: Settings) -> BrokerStatus:
-    pid = _read_pid(settings)
-    return BrokerStatus(pid is not None, pid, answering(settings.kafka_bootstrap), settings.kafka_bootstrap)
+def _node_status(node: Node) -> BrokerStatus:
+    pid = _read_pid(node)
+    return BrokerStatus(node.node_id, pid is not None, pid, answering(node.bootstrap), node.bootstrap)
 
 
-def up(settings: Settings, timeout_s: float = 90.0) -> BrokerStatus:
-    """Start the broker unless ours already runs; wait until it answers."""
-    settings.kafka_dir.mkdir(parents=True, exist_ok=True)
-    pid = _read_pid(settings)
-    started: subprocess.Popen | None = None
-    if pid is None:
-        if answering(settings.kafka_bootstrap, timeout_s=1.0):
-            raise BrokerError(
-                f"something else already answers on {settings.kafka_bootstrap}; "
-                "stop it or point ADPIPE_KAFKA_BOOTSTRAP elsewhere"
-            )
-        config = settings.kafka_dir / "server.properties"
-        config.write_text(server_properties(settings))
-        _format_storage(settings, config)
-        out = open(settings.kafka_dir / "broker.out", "ab")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(  # noqa: S603
-            _java(settings, "kafka.Kafka", str(config)),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+def status(settings: Settings) -> ClusterStatus:
+    return ClusterStatus(tuple(_node_status(n) for n in nodes(settings)))
+
+
+def _prepare(settings: Settings, count: int) -> list[Node]:
+    """The cluster's nodes, with their storage formatted (one cluster id);
+    refuses a home made with another number of nodes."""
+    recorded = recorded_size(settings)
+    formatted = (settings.kafka_dir / "data" / "meta.properties").exists()
+    if formatted and recorded != count:
+        raise BrokerError(
+            f"the local Kafka under {settings.kafka_dir} was made with {recorded} broker(s), not {count}: "
+            f"run `adpipe kafka up --brokers {recorded}`, or `adpipe kafka down` and remove {settings.kafka_dir}"
         )
-        _pid_file(settings).write_text(f"{proc.pid}\n")
-        pid, started = proc.pid, proc
-        log.info("started Kafka broker pid %d on %s", pid, settings.kafka_bootstrap)
-    deadline = time.monotonic() + timeout_s
+    cluster = nodes(settings, count)
+    settings.kafka_dir.mkdir(parents=True, exist_ok=True)
+    info = {"brokers": count, "cluster_id": _cluster_id()}
+    if _cluster_file(settings).exists():
+        info = {**info, **json.loads(_cluster_file(settings).read_text()), "brokers": count}
+    _cluster_file(settings).write_text(json.dumps(info) + "\n")
+    for node in cluster:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        node.config.write_text(server_properties(settings, node, cluster))
+        _format_storage(settings, node, info["cluster_id"])
+    return cluster
+
+
+def _spawn(settings: Settings, node: Node) -> subprocess.Popen:
+    out = open(node.directory / "broker.out", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(  # noqa: S603
+        _java(settings, "kafka.Kafka", str(node.config), node=node),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    node.pid_file.write_text(f"{proc.pid}\n")
+    log.info("started Kafka node %d pid %d on %s", node.node_id, proc.pid, node.bootstrap)
+    return proc
+
+
+def _wait_answering(node: Node, started: subprocess.Popen | None, deadline: float) -> None:
     while time.monotonic() < deadline:
         # The child we started: ask it (its /proc cmdline is empty for a few
         # milliseconds after fork, so _read_pid cannot tell yet).
-        gone = started.poll() is not None if started is not None else _read_pid(settings) is None
+        gone = started.poll() is not None if started is not None else _read_pid(node) is None
         if gone:
-            raise BrokerError(f"the broker exited during start-up; see {settings.kafka_dir / 'broker.out'}")
-        if answering(settings.kafka_bootstrap, timeout_s=2.0):
-            return BrokerStatus(True, pid, True, settings.kafka_bootstrap)
+            raise BrokerError(f"Kafka node {node.node_id} exited during start-up; see {node.directory / 'broker.out'}")
+        if answering(node.bootstrap, timeout_s=2.0):
+            return
         time.sleep(0.5)
-    raise BrokerError(f"the broker did not answer within {timeout_s:.0f}s; see {settings.kafka_dir}")
+    raise BrokerError(f"Kafka node {node.node_id} did not answer on {node.bootstrap}; see {node.log_file}")
+
+
+def up(settings: Settings, brokers: int | None = None, timeout_s: float = 90.0) -> ClusterStatus:
+    """Start the node(s) of ours that do not run yet; wait until all answer.
+    ``brokers``: the cluster's size (default: as made before, else 1)."""
+    count = brokers or recorded_size(settings)
+    cluster = nodes(settings, count)
+    for node in cluster:
+        if _read_pid(node) is None and answering(node.bootstrap, timeout_s=1.0):
+            raise BrokerError(
+                f"something else already answers on {node.bootstrap}; stop it or point ADPIPE_KAFKA_BOOTSTRAP elsewhere"
+            )
+    cluster = _prepare(settings, count)
+    # A quorum of three elects no leader until two controllers run: start
+    # every node first, then wait for each to answer.
+    started = {n.node_id: _spawn(settings, n) for n in cluster if _read_pid(n) is None}
+    deadline = time.monotonic() + timeout_s
+    for node in cluster:
+        _wait_answering(node, started.get(node.node_id), deadline)
+    return status(settings)
+
+
+def start_node(settings: Settings, node_id: int, timeout_s: float = 90.0) -> BrokerStatus:
+    """Start one node of the recorded cluster again (after a fault killed it)."""
+    node = nodes(settings)[node_id - 1]
+    started = _spawn(settings, node) if _read_pid(node) is None else None
+    _wait_answering(node, started, time.monotonic() + timeout_s)
+    return _node_status(node)
+
+
+def stop_node(settings: Settings, node_id: int, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> bool:
+    """Signal one node of ours and wait until it is gone (SIGKILL after
+    ``timeout_s`` if it ignores a SIGTERM). True if one was running."""
+    node = nodes(settings)[node_id - 1]
+    pid = _read_pid(node)
+    if pid is None:
+        node.pid_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _read_pid(node) is not None:
+        time.sleep(0.2)
+    if _read_pid(node) is not None:
+        log.warning("Kafka node %d (pid %d) ignored signal %d for %.0fs; killing it", node_id, pid, sig, timeout_s)
+        os.kill(pid, signal.SIGKILL)
+        while _read_pid(node) is not None:
+            time.sleep(0.2)
+    node.pid_file.unlink(missing_ok=True)
+    return True
 
 
 def down(settings: Settings, timeout_s: float = 60.0) -> bool:
-    """Stop the broker we started (never another one). True if one stopped."""
-    pid = _read_pid(settings)
-    if pid is None:
-        _pid_file(settings).unlink(missing_ok=True)
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _read_pid(settings) is not None:
-        time.sleep(0.3)
-    if _read_pid(settings) is not None:
-        log.warning("broker pid %d ignored SIGTERM for %.0fs; killing it", pid, timeout_s)
-        os.kill(pid, signal.SIGKILL)
-    _pid_file(settings).unlink(missing_ok=True)
-    return True
+    """Stop every node we started (never another broker). True if one stopped."""
+    # Signal all first: a controlled shutdown of the last voters then ends
+    # together instead of one node waiting for a quorum that left.
+    running = [n for n in nodes(settings) if _read_pid(n) is not None]
+    for node in running:
+        pid = _read_pid(node)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+    stopped = False
+    for node in nodes(settings):
+        stopped = stop_node(settings, node.node_id, signal.SIGTERM, timeout_s) or stopped
+    return stopped or bool(running)
