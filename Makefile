@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-slow test-unit lint bench kafka-up kafka-down pg-up pg-down airflow clean
+.PHONY: help deps venv jars demo test test-slow test-unit lint bench kafka-up kafka-down pg-up pg-down spark-up spark-down airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,10 +55,17 @@ pg-up: venv ## start the local PostgreSQL
 pg-down: venv ## stop the local PostgreSQL
 	$(BIN)/adpipe pg down
 
+spark-up: venv ## start a local Spark standalone cluster (WORKERS=2); jobs use it with ADPIPE_SPARK_MASTER
+	$(BIN)/adpipe spark up --workers $(or $(WORKERS),2)
+
+spark-down: venv ## stop the local Spark cluster
+	$(BIN)/adpipe spark down
+
 airflow: jars ## Airflow 3 locally (metadata in the local PostgreSQL), DAGs loaded; prints the UI address and login
 	$(BIN)/python -m adpipe.local.airflow
 
 clean: ## remove local state (broker data, checkpoints), keep the caches
 	-$(BIN)/adpipe kafka down
 	-$(BIN)/adpipe pg down
+	-$(BIN)/adpipe spark down
 	rm -rf .adpipe .adpipe-test

@@ -99,6 +99,17 @@ def _budget_period(env: dict[str, str]) -> str:
     return period
 
 
+_JVM_MEMORY = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
+
+
+def _jvm_memory(env: dict[str, str], name: str, default: str) -> str:
+    """A JVM memory size as Spark takes it: ``512m``, ``2g``."""
+    value = (env.get(name) or default).strip()
+    if not _JVM_MEMORY.match(value):
+        raise SettingsError(f"{name}={value!r} must be a size such as 512m or 2g")
+    return value
+
+
 def _checkpoint_uri(env: dict[str, str]) -> str:
     raw = (env.get("ADPIPE_CHECKPOINT_URI") or "").strip()
     if raw and not urlparse(raw).scheme:
@@ -142,6 +153,25 @@ class Settings:
     # The tests use -XX:TieredStopAtLevel=1: short JVMs on few cores spend
     # less CPU compiling (measured: a third less per stream run).
     jvm_options: tuple[str, ...] = ()
+    # The Spark driver's heap, and its log level (Spark's own lines).
+    spark_driver_memory: str = "2g"
+    spark_log_level: str = "WARN"
+    # On a spark:// master (adpipe.spark): each executor's heap, the cores an
+    # application takes at most (0: all the cluster offers; two applications
+    # at once, e.g. the stream job and a load, need a cap each) and the
+    # address executors reach the driver at (loopback for the local cluster;
+    # this host's address on a cluster of several machines).
+    spark_executor_memory: str = "1g"
+    spark_cores_max: int = 0
+    spark_driver_host: str = "127.0.0.1"
+    # The local Spark standalone cluster (`adpipe spark up`,
+    # adpipe.local.spark_cluster): the master's RPC and web UI ports (worker k's
+    # UI listens on the master's UI port + k; Airflow has 8080), and what each
+    # worker offers to executors.
+    spark_master_port: int = 7077
+    spark_master_ui_port: int = 8091
+    spark_worker_cores: int = 1
+    spark_worker_memory: str = "2g"
     budget_db: str = ""
     topics: Topics = field(default_factory=Topics)
     topic_partitions: int = 4
@@ -363,6 +393,15 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         kafka_controller_port=_int(env, "ADPIPE_KAFKA_CONTROLLER_PORT", 9093, 1),
         spark_master=env.get("ADPIPE_SPARK_MASTER", "local[2]"),
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
+        spark_driver_memory=_jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", "2g"),
+        spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
+        spark_executor_memory=_jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", "1g"),
+        spark_cores_max=_int(env, "ADPIPE_SPARK_CORES_MAX", 0),
+        spark_driver_host=env.get("ADPIPE_SPARK_DRIVER_HOST") or "127.0.0.1",
+        spark_master_port=_int(env, "ADPIPE_SPARK_MASTER_PORT", 7077, 1),
+        spark_master_ui_port=_int(env, "ADPIPE_SPARK_MASTER_UI_PORT", 8091, 1),
+        spark_worker_cores=_int(env, "ADPIPE_SPARK_WORKER_CORES", 1, 1),
+        spark_worker_memory=_jvm_memory(env, "ADPIPE_SPARK_WORKER_MEMORY", "2g"),
         budget_db=env.get("ADPIPE_BUDGET_DB", f"sqlite:///{home / 'budget.db'}"),
         topics=topics,
         topic_partitions=_int(env, "ADPIPE_TOPIC_PARTITIONS", 4, 1),

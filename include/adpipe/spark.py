@@ -1,15 +1,66 @@
-"""The one SparkSession builder, used by jobs and by the tests' fixture."""
+"""The one SparkSession builder, used by jobs and by the tests' fixture.
+
+The master is ``ADPIPE_SPARK_MASTER``: ``local[2]`` by default, or a
+standalone cluster's ``spark://host:port`` (``adpipe spark up`` starts one
+on this machine). On a cluster the executors are other JVMs, so the session
+also tells them which Python to run (this environment's interpreter, which
+has adpipe, pandas and pyarrow), their heap, the driver's address and the
+JVM options; the jars are shipped by ``spark.jars``, and the checkpoint and
+warehouse must be paths every node reaches (on one machine: any local path)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shlex
 import sys
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
 from adpipe.jars import ensure_classpath
 from adpipe.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Conf keys whose values are never printed (a metastore password, a JAAS
+# config with a Kafka password, a token). Spark's own redaction of its UI and
+# event logs is widened to the same words.
+SECRET_KEY = re.compile(r"password|secret|jaas|token|access[._]?key|credential", re.IGNORECASE)
+SPARK_REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|jaas|credential"
+REDACTED = "*********(redacted)"
+
+
+def redacted(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` fit to print: the value of every key naming a secret hidden."""
+    return {key: REDACTED if SECRET_KEY.search(key) else value for key, value in conf.items()}
+
+
+def on_cluster(settings: Settings) -> bool:
+    """True when jobs run on a standalone cluster's executors (``spark://``)."""
+    return settings.spark_master.startswith("spark://")
+
+
+def cluster_conf(settings: Settings) -> dict[str, str]:
+    """What executors of a ``spark://`` master need (empty for ``local[N]``)."""
+    if not on_cluster(settings):
+        return {}
+    conf = {
+        # Python workers (the stream job's stateful operator, pandas UDFs)
+        # run this interpreter, on every node: the same path on each.
+        "spark.pyspark.python": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.executor.memory": settings.spark_executor_memory,
+        "spark.executor.extraJavaOptions": shlex.join(settings.jvm_options),
+        # Executors connect back to the driver (tasks, results, the jars):
+        # it listens on this address only (loopback for the local cluster).
+        "spark.driver.host": settings.spark_driver_host,
+        "spark.driver.bindAddress": settings.spark_driver_host,
+    }
+    if settings.spark_cores_max:
+        conf["spark.cores.max"] = str(settings.spark_cores_max)
+    return conf
 
 
 def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | None = None) -> dict[str, str]:
@@ -25,7 +76,7 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": os.environ.get("ADPIPE_SPARK_DRIVER_MEMORY", "2g"),
+        "spark.driver.memory": settings.spark_driver_memory,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(settings.warehouse_dir),
@@ -39,9 +90,27 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         ),
         # Delta retries its own commits; ours retry whole MERGEs (adpipe.lakehouse.load).
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # Secrets stay out of Spark's UI, event log and plans (a Kafka
+        # source's JAAS option included), as out of ours (redacted()).
+        "spark.redaction.regex": SPARK_REDACTION_REGEX,
+        "spark.sql.redaction.options.regex": f"(?i)url|{SPARK_REDACTION_REGEX.removeprefix('(?i)')}",
     }
+    conf.update(cluster_conf(settings))
     conf.update(extra_conf or {})
     return conf
+
+
+def _warn_unreachable_checkpoint(settings: Settings) -> None:
+    """A file: checkpoint on a cluster of other machines is a different
+    folder on each: say so (one machine, the local cluster, is fine)."""
+    host = urlparse(settings.spark_master).hostname or ""
+    if host not in ("127.0.0.1", "localhost", "::1") and urlparse(settings.checkpoint_uri).scheme == "file":
+        log.warning(
+            "checkpoint %s is a local folder but the master %s may run executors on other machines: "
+            "set ADPIPE_CHECKPOINT_URI to a URI every node reaches (hdfs://, s3a://, a shared mount)",
+            settings.checkpoint_uri,
+            settings.spark_master,
+        )
 
 
 def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[str, str] | None = None) -> SparkSession:
@@ -51,9 +120,14 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
     # Python workers (the stream job's stateful operator) run this
     # environment's interpreter, which has adpipe, pandas and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = spark_conf(settings, app_name, extra_conf)
+    if on_cluster(settings):
+        _warn_unreachable_checkpoint(settings)
+    log.info("Spark application %s on %s", app_name, settings.spark_master)
+    log.debug("Spark conf: %s", redacted(conf))
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, app_name, extra_conf).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("ADPIPE_SPARK_LOG_LEVEL", "WARN"))
+    spark.sparkContext.setLogLevel(settings.spark_log_level)
     return spark

@@ -1,4 +1,4 @@
-"""``adpipe kafka``, ``adpipe pg`` and ``adpipe jars``: the embedded
+"""``adpipe kafka``, ``adpipe pg``, ``adpipe spark`` and ``adpipe jars``: the embedded
 default's servers and JVM jars."""
 
 from __future__ import annotations
@@ -53,6 +53,18 @@ def cmd_pg(args: argparse.Namespace, settings: Settings) -> int:
     return rc
 
 
+def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.local import spark_cluster
+
+    if args.action != "up":
+        return _serve(args, settings, "spark cluster", spark_cluster)
+    cluster = spark_cluster.up(settings, workers=args.workers)
+    print(cluster.describe())
+    if settings.spark_master != cluster.master_url:
+        print(f"jobs run on it with: export ADPIPE_SPARK_MASTER={cluster.master_url}")
+    return 0
+
+
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.jars import ensure_classpath
 
@@ -103,6 +115,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "port $ADPIPE_PG_PORT on loopback).",
         "create the databases",
         cmd_pg,
+    )
+    spark = _add_server_parser(
+        sub,
+        "spark",
+        "a local Spark standalone cluster (a master and N workers) for the jobs to run on",
+        "Start, stop or inspect a Spark standalone cluster on this machine, from the installed Spark: a "
+        "master on 127.0.0.1:$ADPIPE_SPARK_MASTER_PORT (7077; web UI on $ADPIPE_SPARK_MASTER_UI_PORT, 8091) "
+        "and N workers (worker k's web UI on that port + k), each offering $ADPIPE_SPARK_WORKER_CORES cores "
+        "and $ADPIPE_SPARK_WORKER_MEMORY; loopback only, logs and work folders under "
+        "$ADPIPE_HOME/spark-cluster. The stream job and Union & Load run on it with "
+        "ADPIPE_SPARK_MASTER=spark://127.0.0.1:7077 (executor heap $ADPIPE_SPARK_EXECUTOR_MEMORY, cores per "
+        "application $ADPIPE_SPARK_CORES_MAX) and a checkpoint every worker reaches (any local path here).",
+        "wait until the master holds every worker ALIVE",
+        cmd_spark,
+    )
+    spark.add_argument(
+        "--workers",
+        type=int,
+        choices=range(1, 9),
+        default=None,
+        metavar="N",
+        help="workers of the cluster, 1 to 8 (up only; default: as started before under ADPIPE_HOME, else 2)",
     )
     p = sub.add_parser("jars", help="fetch the JVM jars into the project cache (done on first use anyway)")
     p.set_defaults(func=cmd_jars)

@@ -1,0 +1,121 @@
+"""The Spark settings: the local cluster's ports and sizes, what executors of
+a spark:// master are told, and a conf that never prints a secret."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from adpipe.settings import SettingsError, load_settings
+from adpipe.spark import REDACTED, redacted, spark_conf
+
+CLUSTER_ONLY = (
+    "spark.pyspark.python",
+    "spark.executorEnv.PYSPARK_PYTHON",
+    "spark.executor.memory",
+    "spark.executor.extraJavaOptions",
+    "spark.driver.host",
+    "spark.driver.bindAddress",
+    "spark.cores.max",
+)
+
+
+def test_spark_cluster_settings_defaults() -> None:
+    settings = load_settings({})
+    assert settings.spark_master == "local[2]"
+    assert (settings.spark_master_port, settings.spark_master_ui_port) == (7077, 8091)
+    assert (settings.spark_worker_cores, settings.spark_worker_memory) == (1, "2g")
+    assert (settings.spark_executor_memory, settings.spark_cores_max) == ("1g", 0)
+    assert (settings.spark_driver_memory, settings.spark_log_level) == ("2g", "WARN")
+    assert settings.spark_driver_host == "127.0.0.1"
+
+
+def test_spark_cluster_settings_from_the_environment() -> None:
+    settings = load_settings(
+        {
+            "ADPIPE_SPARK_MASTER": "spark://127.0.0.1:17077",
+            "ADPIPE_SPARK_MASTER_PORT": "17077",
+            "ADPIPE_SPARK_MASTER_UI_PORT": "18091",
+            "ADPIPE_SPARK_WORKER_CORES": "2",
+            "ADPIPE_SPARK_WORKER_MEMORY": "1536M",
+            "ADPIPE_SPARK_EXECUTOR_MEMORY": "768m",
+            "ADPIPE_SPARK_CORES_MAX": "1",
+            "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
+            "ADPIPE_SPARK_LOG_LEVEL": "info",
+            "ADPIPE_SPARK_DRIVER_HOST": "10.0.0.5",
+        }
+    )
+    assert settings.spark_master == "spark://127.0.0.1:17077"
+    assert (settings.spark_master_port, settings.spark_master_ui_port) == (17077, 18091)
+    assert (settings.spark_worker_cores, settings.spark_worker_memory) == (2, "1536M")
+    assert (settings.spark_executor_memory, settings.spark_cores_max) == ("768m", 1)
+    assert (settings.spark_driver_memory, settings.spark_log_level) == ("1g", "INFO")
+    assert settings.spark_driver_host == "10.0.0.5"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ADPIPE_SPARK_WORKER_MEMORY": "2 GB"}, "ADPIPE_SPARK_WORKER_MEMORY='2 GB' must be a size such as 512m or 2g"),
+        ({"ADPIPE_SPARK_EXECUTOR_MEMORY": "lots"}, "ADPIPE_SPARK_EXECUTOR_MEMORY='lots' must be a size"),
+        ({"ADPIPE_SPARK_DRIVER_MEMORY": "-1g"}, "ADPIPE_SPARK_DRIVER_MEMORY='-1g' must be a size"),
+        ({"ADPIPE_SPARK_MASTER_PORT": "0"}, "ADPIPE_SPARK_MASTER_PORT=0 must be >= 1"),
+        ({"ADPIPE_SPARK_MASTER_UI_PORT": "http"}, "ADPIPE_SPARK_MASTER_UI_PORT='http' is not an integer"),
+        ({"ADPIPE_SPARK_WORKER_CORES": "0"}, "ADPIPE_SPARK_WORKER_CORES=0 must be >= 1"),
+        ({"ADPIPE_SPARK_CORES_MAX": "-2"}, "ADPIPE_SPARK_CORES_MAX=-2 must be >= 0"),
+    ],
+    ids=["worker_memory", "executor_memory", "driver_memory", "port", "ui_port", "cores", "cores_max"],
+)
+def test_bad_spark_values_raise_settings_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(env)
+    assert str(info.value).startswith(message)
+
+
+def test_a_local_master_gets_no_executor_settings(tmp_path: Path) -> None:
+    conf = spark_conf(load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_DRIVER_MEMORY": "1g"}), "t")
+    assert conf["spark.master"] == "local[2]"
+    assert conf["spark.driver.memory"] == "1g"
+    assert [k for k in CLUSTER_ONLY if k in conf] == []
+
+
+def test_a_spark_master_tells_executors_the_python_heap_driver_address_and_jvm_options(tmp_path: Path) -> None:
+    env = {
+        "ADPIPE_HOME": str(tmp_path),
+        "ADPIPE_SPARK_MASTER": "spark://127.0.0.1:17077",
+        "ADPIPE_SPARK_EXECUTOR_MEMORY": "768m",
+        "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1",
+    }
+    conf = spark_conf(load_settings(env), "t")
+    assert conf["spark.master"] == "spark://127.0.0.1:17077"
+    assert conf["spark.pyspark.python"] == conf["spark.executorEnv.PYSPARK_PYTHON"] == sys.executable
+    assert conf["spark.executor.memory"] == "768m"
+    assert conf["spark.executor.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert "spark.cores.max" not in conf  # 0: all the cluster offers
+    assert conf["spark.jars"]  # shipped to the executors
+    capped = spark_conf(load_settings({**env, "ADPIPE_SPARK_CORES_MAX": "1"}), "t")
+    assert capped["spark.cores.max"] == "1"
+
+
+def test_a_printed_conf_hides_every_secret(tmp_path: Path) -> None:
+    conf = spark_conf(
+        load_settings({"ADPIPE_HOME": str(tmp_path)}),
+        "t",
+        {
+            "spark.hadoop.javax.jdo.option.ConnectionPassword": "pg-s3cret",
+            "spark.kafka.sasl.jaas.config": "ScramLoginModule required password='k-s3cret';",
+            "spark.hadoop.fs.s3a.secret.key": "s3-s3cret",
+            "spark.hadoop.fs.s3a.access.key": "AKIA-s3cret",
+            "spark.authenticate.secret": "auth-s3cret",
+        },
+    )
+    shown = redacted(conf)
+    assert "s3cret" not in repr(shown)
+    assert shown["spark.hadoop.javax.jdo.option.ConnectionPassword"] == REDACTED
+    assert shown["spark.kafka.sasl.jaas.config"] == REDACTED
+    assert shown["spark.master"] == conf["spark.master"]  # the rest as it is
+    assert len(shown) == len(conf)
+    # Spark's own redaction (UI, event log, plans) covers the same words.
+    assert "jaas" in conf["spark.redaction.regex"] and "password" in conf["spark.sql.redaction.options.regex"]
