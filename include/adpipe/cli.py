@@ -11,7 +11,7 @@ import sys
 from adpipe.budget import cli as budget_cli
 from adpipe.lakehouse import cli as lakehouse_cli
 from adpipe.local import cli as local_cli
-from adpipe.settings import SettingsError, load_settings
+from adpipe.settings import Settings, SettingsError, load_settings
 from adpipe.stream import cli as stream_cli
 from adpipe.tools import cli as tools_cli
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     lakehouse_cli.add_parsers(sub)
     budget_cli.add_parsers(sub)
     tools_cli.add_check_parsers(sub)
+    tools_cli.add_chaos_parser(sub)
     return parser
 
 
@@ -65,4 +66,24 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one clear line, details at debug level
         log.debug("failure", exc_info=True)
         log.error("%s: %s", type(exc).__name__, exc)
+        _explain_kafka_refusal(exc, settings)
         return 1
+
+
+def _explain_kafka_refusal(exc: Exception, settings: Settings) -> None:
+    """After a Kafka failure, one more line when the cluster refuses this
+    client (wrong password, no credentials for a SASL_SSL listener, an
+    unverified certificate): librdkafka reports those only beside a request
+    that then fails as "Broker transport failure"."""
+    text = f"{type(exc).__name__} {exc}"
+    if not any(word in text for word in ("KafkaError", "KafkaException", "Kafka", "SaslAuthentication")):
+        return
+    from adpipe import kafka_io
+
+    try:
+        reason = kafka_io.refusal(settings.kafka)
+    except Exception as probe_exc:  # noqa: BLE001 - a diagnosis must never hide the failure itself
+        log.debug("the Kafka probe failed: %s", probe_exc)
+        return
+    if reason:
+        log.error("%s", reason)
