@@ -59,6 +59,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT, FaultPlan
 from adpipe.kafka_io import committed_offsets
+from adpipe.stream.deadline import call_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ MAX_BATCH_ATTEMPTS = 4
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
 # Attempts of one retriable call (send_offsets_to_transaction, commit_transaction).
 MAX_CALL_ATTEMPTS = 3
+# Each such call's own timeout is 60 s; past this the process ends itself.
+CALL_DEADLINE_S = 90.0
 
 
 class _BatchAborted(Exception):
@@ -125,10 +128,12 @@ def _fenced(exc: KafkaException) -> bool:
 
 def _retrying(call: Callable[[], None], what: str) -> None:
     """``call`` again on a retriable error (librdkafka allows it for
-    ``send_offsets_to_transaction`` and ``commit_transaction``)."""
+    ``send_offsets_to_transaction`` and ``commit_transaction``). Each call
+    has a hard deadline beyond its own 60 s timeout, which librdkafka does
+    not always keep (adpipe.stream.deadline)."""
     for attempt in range(1, MAX_CALL_ATTEMPTS + 1):
         try:
-            call()
+            call_with_deadline(call, CALL_DEADLINE_S, what)
             return
         except KafkaException as exc:
             if not exc.args[0].retriable() or attempt == MAX_CALL_ATTEMPTS:
