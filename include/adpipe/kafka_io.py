@@ -1,6 +1,12 @@
 """Kafka clients as adpipe uses them: topic creation, client configs, a
 bounded read of a whole topic (for verify and tests), and where a stream
-job's committed input offsets are (its ledger group)."""
+job's committed input offsets are (its ledger group).
+
+Every function here takes the cluster as a :class:`KafkaAccess`
+(``settings.kafka``, ``region.kafka``: bootstrap and credentials, so the
+same call works on a SASL/SCRAM over TLS cluster) or as a bare
+``host:port[,host:port]`` string, which means a cluster without
+credentials (tests, local tools)."""
 
 from __future__ import annotations
 
@@ -13,9 +19,24 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from adpipe.settings import Region, Settings
+from adpipe.settings import KafkaAccess, Region, Settings
 
 log = logging.getLogger(__name__)
+
+# The consumer groups of adpipe's short-lived probes and readers (offsets,
+# times, retention, whole-topic reads): each only assigns partitions and
+# never commits, but on a cluster with ACLs a principal needs Read on them.
+PROBE_GROUPS = ("adpipe-offsets-probe", "adpipe-time-probe", "adpipe-retention-probe", "adpipe-reader")
+
+
+def access(kafka: KafkaAccess | str) -> KafkaAccess:
+    """The cluster as clients reach it (a bare bootstrap string: no credentials)."""
+    return kafka if isinstance(kafka, KafkaAccess) else KafkaAccess(kafka)
+
+
+def client_config(kafka: KafkaAccess | str, extra: dict | None = None) -> dict:
+    """A confluent-kafka client's settings: bootstrap and credentials, then ``extra``."""
+    return {**access(kafka).client_config(), **(extra or {})}
 
 
 @dataclass(frozen=True)
@@ -35,15 +56,30 @@ class Record:
         return None if raw is None else raw.decode()
 
 
-def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+def admin(kafka: KafkaAccess | str) -> AdminClient:
+    return AdminClient(client_config(kafka))
 
 
-def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeout_s: float = 30.0) -> list[str]:
+# Kafka's answer to a client whose principal the ACLs do not allow an operation.
+_NOT_AUTHORIZED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+}
+
+
+def ensure_topics(
+    kafka: KafkaAccess | str, topics: Sequence[str], partitions: int, timeout_s: float = 30.0
+) -> list[str]:
     """Create the topics that do not exist yet; return the ones created. Each
     gets three replicas where the cluster has three brokers or more (one
-    per broker below that), and then needs two in sync to take a write."""
-    client = admin(bootstrap)
+    per broker below that), and then needs two in sync to take a write.
+
+    On a cluster with ACLs a principal sees only the topics it may use, and
+    creating the others is refused: those are left to the administrator who
+    made them (``adpipe kafka up --secure`` creates every topic), logged,
+    and a later use of a topic that really is missing fails there."""
+    client = admin(kafka)
     metadata = client.list_topics(timeout=timeout_s)
     existing = set(metadata.topics)
     factor = min(3, max(1, len(metadata.brokers)))
@@ -55,27 +91,36 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int, timeou
     ]
     if not wanted:
         return []
+    created = []
     for topic, future in client.create_topics(wanted, operation_timeout=timeout_s).items():
         try:
             future.result()
         except KafkaException as exc:
+            if exc.args[0].code() in _NOT_AUTHORIZED:
+                log.info(
+                    "topic %s: not visible to or creatable by %s; left to the cluster's administrator",
+                    topic,
+                    access(kafka).describe(),
+                )
+                continue
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
         log.info("created topic %s (%d partitions, %d replicas)", topic, partitions, factor)
-    return [t.topic for t in wanted]
+        created.append(topic)
+    return [t.topic for t in wanted if t.topic in created]
 
 
 # Kafka's default max.message.bytes of a topic (the broker's message.max.bytes).
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
 
-def max_message_bytes(bootstrap: str, topics: Sequence[str], timeout_s: float = 30.0) -> dict[str, int]:
+def max_message_bytes(kafka: KafkaAccess | str, topics: Sequence[str], timeout_s: float = 30.0) -> dict[str, int]:
     """Each topic's ``max.message.bytes``: the largest record batch the broker
     takes for it (compressed size, headers included)."""
     from confluent_kafka.admin import ConfigResource
 
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
-    client = admin(bootstrap)  # held until the futures resolve: a collected client fails them
+    client = admin(kafka)  # held until the futures resolve: a collected client fails them
     limits = {}
     for resource, future in client.describe_configs(resources, request_timeout=timeout_s).items():
         entry = future.result().get("max.message.bytes")
@@ -110,17 +155,16 @@ def committed_offsets(
             time.sleep(0.5)
 
 
-def offset_bounds(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, tuple[int, int]]:
+def offset_bounds(
+    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed"
+) -> dict[int, tuple[int, int]]:
     """Per partition: (the first offset still kept, the offset after the
     last readable record). With read_committed the latter is the last
     stable offset: records of open transactions lie beyond it."""
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "adpipe-offsets-probe",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
+        client_config(
+            kafka, {"group.id": "adpipe-offsets-probe", "isolation.level": isolation, "enable.auto.commit": False}
+        )
     )
     try:
         md = consumer.list_topics(topic, timeout=30)
@@ -134,11 +178,11 @@ def offset_bounds(bootstrap: str, topic: str, isolation: str = "read_committed")
         consumer.close()
 
 
-def offsets_for_times(bootstrap: str, topic: str, timestamp_ms: int) -> dict[int, int | None]:
+def offsets_for_times(kafka: KafkaAccess | str, topic: str, timestamp_ms: int) -> dict[int, int | None]:
     """Per partition: the first offset whose record timestamp is at or after
     ``timestamp_ms`` (every record before it is older); None when there is no
     such record yet."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "adpipe-time-probe", "enable.auto.commit": False})
+    consumer = Consumer(client_config(kafka, {"group.id": "adpipe-time-probe", "enable.auto.commit": False}))
     try:
         md = consumer.list_topics(topic, timeout=30)
         if md.topics[topic].error is not None:
@@ -150,21 +194,19 @@ def offsets_for_times(bootstrap: str, topic: str, timestamp_ms: int) -> dict[int
         consumer.close()
 
 
-def first_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, tuple[int, int | None]]:
+def first_retained(kafka: KafkaAccess | str, topic: str, timeout_s: float = 30.0) -> dict[int, tuple[int, int | None]]:
     """Per partition: the first offset the broker still keeps, and the
     timestamp (ms) of the first record there (None for an empty partition)."""
-    bounds = offset_bounds(bootstrap, topic, "read_uncommitted")
+    bounds = offset_bounds(kafka, topic, "read_uncommitted")
     first: dict[int, tuple[int, int | None]] = {p: (low, None) for p, (low, _high) in bounds.items()}
     pending = {p for p, (low, high) in bounds.items() if high > low}
     if not pending:
         return first
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "adpipe-retention-probe",
-            "enable.auto.commit": False,
-            "isolation.level": "read_uncommitted",
-        }
+        client_config(
+            kafka,
+            {"group.id": "adpipe-retention-probe", "enable.auto.commit": False, "isolation.level": "read_uncommitted"},
+        )
     )
     try:
         consumer.assign([TopicPartition(topic, p, bounds[p][0]) for p in sorted(pending)])
@@ -181,26 +223,21 @@ def first_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[
     return first
 
 
-def start_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+def start_offsets(kafka: KafkaAccess | str, topic: str) -> dict[int, int]:
     """The log start offset of each partition (what retention has not deleted)."""
-    return {p: low for p, (low, _high) in offset_bounds(bootstrap, topic).items()}
+    return {p: low for p, (low, _high) in offset_bounds(kafka, topic).items()}
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
+def end_offsets(kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
     """The offset after the last readable record of each partition."""
-    return {p: high for p, (_low, high) in offset_bounds(bootstrap, topic, isolation).items()}
+    return {p: high for p, (_low, high) in offset_bounds(kafka, topic, isolation).items()}
 
 
-def group_commits(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, str]]:
+def group_commits(kafka: KafkaAccess | str, group: str, topic: str) -> dict[int, tuple[int, str]]:
     """A consumer group's committed (offset, metadata) per partition of
     ``topic``; partitions it never committed are left out."""
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
+        client_config(kafka, {"group.id": group, "isolation.level": "read_committed", "enable.auto.commit": False})
     )
     try:
         md = consumer.list_topics(topic, timeout=30)
@@ -232,34 +269,36 @@ def committed_watermark(commits: dict[int, tuple[int, str]]) -> int | None:
 def stream_commits(region: Settings | Region) -> dict[int, tuple[int, str]]:
     """A region's stream job's committed (offset, metadata) per raw-topic
     partition (see :func:`ledger_group`)."""
-    return group_commits(region.kafka_bootstrap, ledger_group(region.job_id), region.topics.events)
+    return group_commits(region.kafka, ledger_group(region.job_id), region.topics.events)
 
 
 def stream_lag(region: Settings | Region, commits: dict[int, tuple[int, str]] | None = None) -> dict[int, int]:
     """Per partition of a region's raw topic: records its stream job has not
     committed yet (a partition it never committed counts from zero).
     ``commits``: its :func:`stream_commits`, when the caller has read them."""
-    ends = end_offsets(region.kafka_bootstrap, region.topics.events)
+    ends = end_offsets(region.kafka, region.topics.events)
     done = stream_commits(region) if commits is None else commits
     return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
 
 
 def read_topic(
-    bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0
+    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0
 ) -> Iterator[Record]:
     """Every readable record of ``topic`` from the beginning to its current end.
 
     Stops at the end offsets taken at the start, so it always terminates."""
-    ends = end_offsets(bootstrap, topic, isolation)
+    ends = end_offsets(kafka, topic, isolation)
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "adpipe-reader",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
+        client_config(
+            kafka,
+            {
+                "group.id": "adpipe-reader",
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            },
+        )
     )
     try:
         pending = {p for p, end in ends.items() if end > 0}
@@ -292,3 +331,39 @@ def read_topic(
                 pending.discard(msg.partition())
     finally:
         consumer.close()
+
+
+def refusal(kafka: KafkaAccess | str, timeout_s: float = 5.0) -> str | None:
+    """Why the cluster does not let this client in, in one line (None: it
+    answers): wrong credentials, a certificate the CA file does not verify,
+    or a listener that wants TLS and SASL from a client that brings none.
+    librdkafka reports these only as errors beside a request that then
+    times out ("Broker transport failure"); the CLI adds this line."""
+    acc = access(kafka)
+    errors: list[KafkaError] = []
+    consumer = Consumer(client_config(acc, {"group.id": PROBE_GROUPS[0], "error_cb": errors.append, "log_level": 0}))
+    try:
+        consumer.list_topics(timeout=timeout_s)
+        return None
+    except KafkaException:
+        pass
+    finally:
+        consumer.poll(0)
+        consumer.close()
+    found = {e.code(): e.str() for e in errors}
+    if KafkaError._AUTHENTICATION in found:
+        return (
+            f"Kafka at {acc.describe()} refused the credentials (wrong user name or password): "
+            + found[KafkaError._AUTHENTICATION]
+        )
+    if KafkaError._SSL in found:
+        return (
+            f"TLS with Kafka at {acc.bootstrap} failed (is ADPIPE_KAFKA_CA_FILE the CA of its certificate?): "
+            + found[KafkaError._SSL]
+        )
+    if not acc.secure:
+        return (
+            f"Kafka at {acc.bootstrap} did not answer a client without credentials: down, or a listener that "
+            "wants SASL over TLS (ADPIPE_KAFKA_SECURITY=sasl_ssl, ADPIPE_KAFKA_USERNAME, ADPIPE_KAFKA_PASSWORD_FILE)"
+        )
+    return f"Kafka at {acc.describe()} did not answer: down, or not a SASL_SSL listener"

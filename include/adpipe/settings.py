@@ -131,14 +131,136 @@ class Topics:
         return (self.events, self.aggregates, self.dlq, self.late, self.budget_events)
 
 
+# How clients reach Kafka (ADPIPE_KAFKA_SECURITY): without credentials, or
+# SASL/SCRAM-SHA-512 over TLS.
+KAFKA_SECURITY = ("plaintext", "sasl_ssl")
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+def local_kafka_password_file(home: Path, username: str) -> Path:
+    """Where ``adpipe kafka up --secure`` keeps a user's password (0600)."""
+    return home / "kafka" / "secrets" / f"{username}.password"
+
+
+def local_kafka_ca_file(home: Path) -> Path:
+    """The PEM certificate of the local secure broker's own CA."""
+    return home / "kafka" / "tls" / "ca.pem"
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class KafkaCredentials:
+    """Who a client is to a Kafka cluster: nobody (``plaintext``), or a
+    SASL/SCRAM-SHA-512 user over TLS (``sasl_ssl``), its password given
+    inline or, better, in a file read when a client is configured, and the
+    PEM file of the CA that signed the brokers' certificates (empty: the
+    system's trust store). The password never shows in ``repr``."""
+
+    security: str = "plaintext"
+    username: str = ""
+    password: str = field(default="", repr=False)
+    password_file: str = ""
+    ca_file: str = ""
+
+    @property
+    def secure(self) -> bool:
+        return self.security == "sasl_ssl"
+
+    def secret(self) -> str:
+        """The password (from the file, read now, when not given inline)."""
+        if self.password:
+            return self.password
+        if not self.password_file:
+            raise SettingsError(
+                f"Kafka user {self.username!r} has no password: set ADPIPE_KAFKA_PASSWORD_FILE "
+                "(or ADPIPE_KAFKA_PASSWORD)"
+            )
+        try:
+            value = Path(self.password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise SettingsError(f"the Kafka password file {self.password_file} cannot be read: {exc.strerror}") from exc
+        if not value:
+            raise SettingsError(f"the Kafka password file {self.password_file} is empty")
+        return value
+
+
+@dataclass(frozen=True)
+class KafkaAccess:
+    """One Kafka cluster as a client reaches it: its bootstrap addresses and
+    the credentials. Every adpipe client is configured from one of these:
+    :meth:`client_config` (confluent-kafka / librdkafka) and
+    :meth:`spark_options` (Spark's Kafka source, the Java client)."""
+
+    bootstrap: str
+    credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
+
+    @property
+    def secure(self) -> bool:
+        return self.credentials.secure
+
+    def describe(self) -> str:
+        """Where and as whom, never the password."""
+        c = self.credentials
+        return f"{self.bootstrap} (SASL_SSL, {SCRAM_MECHANISM} as {c.username})" if c.secure else self.bootstrap
+
+    def client_config(self) -> dict[str, str]:
+        """``bootstrap.servers`` and, on a secured cluster, the librdkafka
+        security settings; a client adds its own settings to these."""
+        config = {"bootstrap.servers": self.bootstrap}
+        c = self.credentials
+        if c.secure:
+            config.update(
+                {
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanisms": SCRAM_MECHANISM,
+                    "sasl.username": c.username,
+                    "sasl.password": c.secret(),
+                }
+            )
+            if c.ca_file:
+                config["ssl.ca.location"] = c.ca_file
+        return config
+
+    def spark_options(self) -> dict[str, str]:
+        """The same for Spark's Kafka source (``kafka.``-prefixed Java client
+        settings). Spark redacts an option whose value names a password from
+        its plans and logs; the Java client logs ``sasl.jaas.config`` hidden."""
+        options = {"kafka.bootstrap.servers": self.bootstrap}
+        c = self.credentials
+        if c.secure:
+            jaas = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f"username={_jaas_quoted(c.username)} password={_jaas_quoted(c.secret())};"
+            )
+            options.update(
+                {
+                    "kafka.security.protocol": "SASL_SSL",
+                    "kafka.sasl.mechanism": SCRAM_MECHANISM,
+                    "kafka.sasl.jaas.config": jaas,
+                }
+            )
+            if c.ca_file:
+                options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": c.ca_file})
+        return options
+
+
 @dataclass(frozen=True)
 class Region:
     """One region's stream job as Union & Load sees it: its job id (which
-    names its ledger group and record_uuid namespace), broker and topics."""
+    names its ledger group and record_uuid namespace), broker, topics and
+    the credentials this process uses on that broker."""
 
     job_id: str
     kafka_bootstrap: str
     topics: Topics
+    kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
+
+    @property
+    def kafka(self) -> KafkaAccess:
+        return KafkaAccess(self.kafka_bootstrap, self.kafka_credentials)
 
 
 @dataclass(frozen=True)
@@ -147,6 +269,9 @@ class Settings:
 
     home: Path
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # Who this process is on Kafka (ADPIPE_KAFKA_SECURITY, _USERNAME,
+    # _PASSWORD_FILE or _PASSWORD, _CA_FILE); clients use self.kafka.
+    kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
     kafka_controller_port: int = 9093
     spark_master: str = "local[2]"
     # Extra options for the JVMs adpipe starts (Spark driver, Kafka broker).
@@ -327,22 +452,60 @@ class Settings:
         return self.max_future_skew_s * 1000
 
     @property
+    def kafka(self) -> KafkaAccess:
+        """This process's Kafka cluster and credentials, for every client."""
+        return KafkaAccess(self.kafka_bootstrap, self.kafka_credentials)
+
+    @property
     def regions(self) -> tuple[Region, ...]:
         """Every region to union: the configured ones, else this job's own."""
-        return self.extra_regions or (Region(self.job_id, self.kafka_bootstrap, self.topics),)
+        return self.extra_regions or (Region(self.job_id, self.kafka_bootstrap, self.topics, self.kafka_credentials),)
 
     def for_region(self, region: Region) -> Settings:
         """These settings as that region's stream job has them."""
-        return replace(self, job_id=region.job_id, kafka_bootstrap=region.kafka_bootstrap, topics=region.topics)
+        return replace(
+            self,
+            job_id=region.job_id,
+            kafka_bootstrap=region.kafka_bootstrap,
+            topics=region.topics,
+            kafka_credentials=region.kafka_credentials,
+        )
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def _regions(raw: str, bootstrap: str, topics: Topics) -> tuple[Region, ...]:
+def _kafka_credentials(
+    home: Path,
+    security: str,
+    username: str,
+    password: str,
+    password_file: str,
+    ca_file: str,
+    names: tuple[str, str] = ("ADPIPE_KAFKA_SECURITY", "ADPIPE_KAFKA_USERNAME"),
+) -> KafkaCredentials:
+    """Credentials with the local defaults: the password file of
+    ``adpipe kafka up --secure`` for the user, and its CA when it exists."""
+    if security not in KAFKA_SECURITY:
+        raise SettingsError(f"{names[0]}={security!r} must be one of {', '.join(KAFKA_SECURITY)}")
+    if security == "plaintext":
+        return KafkaCredentials()
+    if not username:
+        raise SettingsError(f"{names[0]}=sasl_ssl needs {names[1]}")
+    if not password and not password_file:
+        password_file = str(local_kafka_password_file(home, username))
+    if not ca_file and local_kafka_ca_file(home).exists():
+        ca_file = str(local_kafka_ca_file(home))
+    return KafkaCredentials(security, username, password, password_file, ca_file)
+
+
+def _regions(raw: str, bootstrap: str, topics: Topics, credentials: KafkaCredentials, home: Path) -> tuple[Region, ...]:
     """``ADPIPE_REGIONS``: a JSON list (or ``@file`` holding one) of objects
     with ``job_id`` and optionally ``kafka_bootstrap``, ``events``,
-    ``aggregates``, ``dlq``, ``late`` (defaults: this process's values)."""
+    ``aggregates``, ``dlq``, ``late``, and the credentials on that region's
+    broker: ``kafka_security``, ``kafka_username``, ``kafka_password_file``,
+    ``kafka_ca_file`` (defaults: this process's values; a password only in a
+    file)."""
     if not raw.strip():
         return ()
     try:
@@ -352,14 +515,32 @@ def _regions(raw: str, bootstrap: str, topics: Topics) -> tuple[Region, ...]:
         raise SettingsError(f"ADPIPE_REGIONS is not a JSON list or @file of one: {exc}") from exc
     if not isinstance(items, list) or not all(isinstance(i, dict) and i.get("job_id") for i in items):
         raise SettingsError('ADPIPE_REGIONS must be a list of objects, each with a "job_id"')
-    known = {"job_id", "kafka_bootstrap", "events", "aggregates", "dlq", "late"}
+    security_keys = {"kafka_security", "kafka_username", "kafka_password_file", "kafka_ca_file"}
+    known = {"job_id", "kafka_bootstrap", "events", "aggregates", "dlq", "late"} | security_keys
     regions = []
     for item in items:
         unknown = set(item) - known
         if unknown:
             raise SettingsError(f"ADPIPE_REGIONS: unknown keys {sorted(unknown)} (known: {sorted(known)})")
         region_topics = replace(topics, **{k: item[k] for k in ("events", "aggregates", "dlq", "late") if k in item})
-        regions.append(Region(str(item["job_id"]), item.get("kafka_bootstrap", bootstrap), region_topics))
+        region_credentials = credentials
+        if security_keys & set(item):
+            # Another user on that broker: its own password file (never an
+            # inline password in the list); the same user: the same password.
+            username = item.get("kafka_username", credentials.username)
+            same_user = username == credentials.username and "kafka_password_file" not in item
+            region_credentials = _kafka_credentials(
+                home,
+                item.get("kafka_security", credentials.security),
+                username,
+                credentials.password if same_user else "",
+                item.get("kafka_password_file", credentials.password_file if same_user else ""),
+                item.get("kafka_ca_file", credentials.ca_file),
+                ("ADPIPE_REGIONS: kafka_security", "kafka_username"),
+            )
+        regions.append(
+            Region(str(item["job_id"]), item.get("kafka_bootstrap", bootstrap), region_topics, region_credentials)
+        )
     if len({r.job_id for r in regions}) != len(regions):
         raise SettingsError("ADPIPE_REGIONS: job_id values must be distinct")
     return tuple(regions)
@@ -379,6 +560,14 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     bootstrap = env.get("ADPIPE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     if not all(_HOST_PORT.match(part.strip()) for part in bootstrap.split(",")):
         raise SettingsError(f"ADPIPE_KAFKA_BOOTSTRAP={bootstrap!r} must be host:port[,host:port]")
+    credentials = _kafka_credentials(
+        home,
+        env.get("ADPIPE_KAFKA_SECURITY") or "plaintext",
+        env.get("ADPIPE_KAFKA_USERNAME", ""),
+        env.get("ADPIPE_KAFKA_PASSWORD", ""),
+        env.get("ADPIPE_KAFKA_PASSWORD_FILE", ""),
+        env.get("ADPIPE_KAFKA_CA_FILE", ""),
+    )
     metastore = env.get("ADPIPE_METASTORE", "postgres")
     if metastore not in ("postgres", "derby"):
         raise SettingsError(f"ADPIPE_METASTORE={metastore!r} must be 'postgres' or 'derby'")
@@ -390,6 +579,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     return Settings(
         home=home,
         kafka_bootstrap=bootstrap,
+        kafka_credentials=credentials,
         kafka_controller_port=_int(env, "ADPIPE_KAFKA_CONTROLLER_PORT", 9093, 1),
         spark_master=env.get("ADPIPE_SPARK_MASTER", "local[2]"),
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
@@ -435,7 +625,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_ledger_margin_h=_int(env, "ADPIPE_BUDGET_LEDGER_MARGIN_H", 168, 0),
         metastore=metastore,
         metastore_database=metastore_database,
-        extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics),
+        extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics, credentials, home),
         alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
         alert_webhook_timeout_s=_int(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", 5, 1),
         stream_max_restarts=_int(env, "ADPIPE_STREAM_MAX_RESTARTS", 3),

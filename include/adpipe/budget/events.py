@@ -214,10 +214,10 @@ class EventPublisher:
     def _open_clients(self) -> None:
         """A fresh transactional producer (its ``init_transactions`` is the
         fence of Step 2) and a consumer of the ledger group (Steps 3 and 5)."""
-        bootstrap = self.settings.kafka_bootstrap
+        kafka = self.settings.kafka.client_config()
         producer = Producer(
             {
-                "bootstrap.servers": bootstrap,
+                **kafka,
                 "transactional.id": self.transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
@@ -230,7 +230,7 @@ class EventPublisher:
         self.producer = producer
         self.ledger_consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **kafka,
                 "group.id": self.ledger_group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,

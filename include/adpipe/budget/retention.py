@@ -29,7 +29,7 @@ log = logging.getLogger("adpipe.budget")
 
 def topic_retention_ms(settings: Settings, topic: str) -> int:
     """The topic's ``retention.ms`` as the broker reports it (-1: forever)."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(settings.kafka.client_config())
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(30)
     return int(configs["retention.ms"].value)

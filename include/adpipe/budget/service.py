@@ -477,7 +477,7 @@ class BudgetService:
         s = self.settings
         return Consumer(
             {
-                "bootstrap.servers": s.kafka_bootstrap,
+                **s.kafka.client_config(),
                 "group.id": s.budget_group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
@@ -507,7 +507,7 @@ class BudgetService:
     def run(self, once_timeout_s: float = 300.0) -> int:
         s = self.settings
         self._install_signals()
-        kafka_io.ensure_topics(s.kafka_bootstrap, [self.topic, s.topics.budget_events], s.topic_partitions)
+        kafka_io.ensure_topics(s.kafka, [self.topic, s.topics.budget_events], s.topic_partitions)
         try:
             publisher_id = self._with_db("start-up", lambda: db.ensure_schema(self.engine, s))
         except StopRequested:

@@ -96,7 +96,7 @@ def _check(settings: Settings, conn: sa.Connection) -> dict:
     malformed: set[tuple[int, int]] = set()
     lag = 0
     records_read = 0
-    for rec in kafka_io.read_topic(settings.kafka_bootstrap, topic):
+    for rec in kafka_io.read_topic(settings.kafka, topic):
         if rec.offset >= consumed.get(rec.partition, 0):
             lag += 1
             continue
@@ -105,7 +105,7 @@ def _check(settings: Settings, conn: sa.Connection) -> dict:
             copies[(agg := parse_aggregate(rec.value)).record_uuid].append((agg, rec.partition, rec.offset))
         except BadAggregate:
             malformed.add((rec.partition, rec.offset))
-    log_start = kafka_io.start_offsets(settings.kafka_bootstrap, topic)
+    log_start = kafka_io.start_offsets(settings.kafka, topic)
 
     ledger = {r.record_uuid: r for r in conn.execute(sa.select(db.ledger).where(db.ledger.c.kafka_topic == topic))}
     quarantine = {
@@ -231,7 +231,7 @@ def _check_states(
     seen: Counter[str] = Counter()
     by_key: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
     try:
-        for rec in kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.budget_events):
+        for rec in kafka_io.read_topic(settings.kafka, settings.topics.budget_events):
             try:
                 body = json.loads(rec.value or b"")
                 seen[body["event_id"]] += 1

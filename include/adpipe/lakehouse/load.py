@@ -79,7 +79,7 @@ from adpipe.lakehouse.ranges import (
     retention_gaps,
     stream_watermarks,
 )
-from adpipe.settings import Settings
+from adpipe.settings import KafkaAccess, Settings
 
 __all__ = [
     "ONE_HOUR",
@@ -314,12 +314,22 @@ def quarantine_table_rows(
 # --- I/O at the edges ---------------------------------------------------------------------
 
 
-def _read(spark: SparkSession, bootstrap: str, rng: TopicRange) -> DataFrame | None:
+def _region_kafka(settings: Settings, rr: RegionRanges) -> KafkaAccess:
+    """The broker ranges were planned on, with this process's credentials
+    for that region (the ranges, kept in the loads' ledger, hold only the
+    address)."""
+    for region in settings.regions:
+        if region.job_id == rr.region:
+            return KafkaAccess(rr.bootstrap, region.kafka_credentials)
+    return KafkaAccess(rr.bootstrap, settings.kafka_credentials)
+
+
+def _read(spark: SparkSession, kafka: KafkaAccess, rng: TopicRange) -> DataFrame | None:
     if not rng.partitions():
         return None
     reader = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**kafka.spark_options())
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
     )
@@ -466,10 +476,11 @@ def table_rows(
     parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
     for rr in ranges:
         empty = _empty_kafka_df(spark)
-        raw_df = _read(spark, rr.bootstrap, rr.raw) or empty
-        agg_df = _read(spark, rr.bootstrap, rr.aggregates) or empty
-        late_df = _read(spark, rr.bootstrap, rr.late) or empty
-        dlq_df = _read(spark, rr.bootstrap, rr.dlq) or empty
+        kafka = _region_kafka(settings, rr)
+        raw_df = _read(spark, kafka, rr.raw) or empty
+        agg_df = _read(spark, kafka, rr.aggregates) or empty
+        late_df = _read(spark, kafka, rr.late) or empty
+        dlq_df = _read(spark, kafka, rr.dlq) or empty
         parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
         parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
         parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
@@ -511,15 +522,15 @@ def regions_with_events(settings: Settings, spark: SparkSession, hour: datetime)
         rs = settings.for_region(region)
         topic = rs.topics.events
         committed = kafka_io.stream_commits(rs)
-        firsts = kafka_io.offsets_for_times(rs.kafka_bootstrap, topic, start_ms)
-        afters = kafka_io.offsets_for_times(rs.kafka_bootstrap, topic, end_ms)
+        firsts = kafka_io.offsets_for_times(rs.kafka, topic, start_ms)
+        afters = kafka_io.offsets_for_times(rs.kafka, topic, end_ms)
         start, end = {}, {}
         for p, first in firsts.items():
             if first is None:
                 continue
             stop = afters.get(p) if afters.get(p) is not None else committed.get(p, (first, ""))[0]
             start[p], end[p] = first, min(stop, committed.get(p, (first, ""))[0])
-        df = _read(spark, rs.kafka_bootstrap, TopicRange(topic, start, end))
+        df = _read(spark, rs.kafka, TopicRange(topic, start, end))
         if df is not None and not raw_table_rows(
             df, region.job_id, hour, loaded_at, settings.max_future_skew_ms
         ).isEmpty():

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from adpipe import kafka_io
-from adpipe.settings import Region, Settings
+from adpipe.settings import KafkaAccess, Region, Settings
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,15 @@ def read_since_ms(settings: Settings, hour: datetime) -> int:
 
 
 def _plan_topic(
-    bootstrap: str, topic: str, end: dict[int, int], low: dict[int, int], since_ms: int, covered: dict[str, list[int]]
+    kafka: KafkaAccess,
+    topic: str,
+    end: dict[int, int],
+    low: dict[int, int],
+    since_ms: int,
+    covered: dict[str, list[int]],
 ) -> TopicRange:
     """From the coverage's end (or the hour's first record) to ``end``."""
-    firsts = kafka_io.offsets_for_times(bootstrap, topic, since_ms)
+    firsts = kafka_io.offsets_for_times(kafka, topic, since_ms)
     start: dict[int, int] = {}
     lost: dict[int, int] = {}
     for p, stop in end.items():
@@ -179,12 +184,12 @@ def region_ranges(
             end = {p: max(lo, commits[p][0]) if p in commits else lo for p, (lo, _hi) in end_of.items()}
         else:
             end = {p: hi for p, (_lo, hi) in end_of.items()}
-        return _plan_topic(rs.kafka_bootstrap, topic, end, low, since_ms, coverage.get(topic, {}))
+        return _plan_topic(rs.kafka, topic, end, low, since_ms, coverage.get(topic, {}))
 
-    raw = plan(rs.topics.events, kafka_io.offset_bounds(rs.kafka_bootstrap, rs.topics.events), raw=True)
+    raw = plan(rs.topics.events, kafka_io.offset_bounds(rs.kafka, rs.topics.events), raw=True)
     # Read after the ledger: every output of the committed batches is below these.
     outputs = [
-        plan(topic, kafka_io.offset_bounds(rs.kafka_bootstrap, topic))
+        plan(topic, kafka_io.offset_bounds(rs.kafka, topic))
         for topic in (rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
     ]
     return RegionRanges(region.job_id, rs.kafka_bootstrap, kafka_io.committed_watermark(commits), raw, *outputs)
@@ -229,7 +234,7 @@ def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None)
         if watermark is not None and watermark >= end_ms:
             continue
         lag = sum(kafka_io.stream_lag(rs, commits).values())
-        arrived_since = kafka_io.offsets_for_times(rs.kafka_bootstrap, rs.topics.events, end_ms)
+        arrived_since = kafka_io.offsets_for_times(rs.kafka, rs.topics.events, end_ms)
         quiet = lag == 0 and all(offset is None for offset in arrived_since.values())
         if quiet and now >= end + timedelta(milliseconds=settings.lateness_ms):
             log.info(
@@ -277,7 +282,7 @@ def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
     for region in settings.regions:
         rs = settings.for_region(region)
         for topic in (rs.topics.events, rs.topics.aggregates, rs.topics.late, rs.topics.dlq):
-            for partition, (low, first_ms) in sorted(kafka_io.first_retained(rs.kafka_bootstrap, topic).items()):
+            for partition, (low, first_ms) in sorted(kafka_io.first_retained(rs.kafka, topic).items()):
                 if low > 0 and (first_ms is None or first_ms > earliest_ms):
                     gaps.append(
                         {"region": region.job_id, "topic": topic, "partition": partition, "first_offset": low,

@@ -13,9 +13,12 @@ settings the jobs read.
    LocalExecutor) with the Connections ``adpipe_spark``, ``adpipe_kafka``,
    ``adpipe_budget_db`` given as ``AIRFLOW_CONN_*`` variables built from
    :class:`adpipe.settings.Settings`, so Airflow and the jobs cannot disagree.
-5. Once the UI answers, print its address and the login (Airflow's simple
-   auth manager: user ``admin``, generated password kept in
-   ``$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated``).
+5. Once the UI answers, print its address and where the login is (Airflow's
+   simple auth manager: user ``admin``, its password generated here before
+   Airflow starts, so Airflow never prints it, and kept in
+   ``$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated``, mode 0600).
+   Nothing printed holds a password: the metadata URL is shown without it,
+   and the Kafka connection's password is in its extra only.
 
 DAGs start paused (Airflow's default): unpause them in the UI or with
 ``airflow dags unpause``."""
@@ -26,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -72,9 +76,9 @@ def connections_env(settings: Settings) -> dict[str, str]:
     return {
         # The provider reads a master without "://" from the host field.
         "AIRFLOW_CONN_ADPIPE_SPARK": json.dumps({"conn_type": "spark", "host": settings.spark_master}),
-        "AIRFLOW_CONN_ADPIPE_KAFKA": json.dumps(
-            {"conn_type": "kafka", "extra": {"bootstrap.servers": settings.kafka_bootstrap}}
-        ),
+        # librdkafka settings, credentials included on a secured cluster
+        # (Airflow masks an extra key naming a password in its logs).
+        "AIRFLOW_CONN_ADPIPE_KAFKA": json.dumps({"conn_type": "kafka", "extra": settings.kafka.client_config()}),
         "AIRFLOW_CONN_ADPIPE_BUDGET_DB": json.dumps(_db_connection(settings.budget_db)),
     }
 
@@ -133,12 +137,29 @@ def ui_answers(port: int, timeout_s: float = 3.0) -> bool:
         return False
 
 
+def admin_password_file(settings: Settings) -> Path:
+    return airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
+
+
 def admin_password(settings: Settings) -> str | None:
-    path = airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
     try:
-        return json.loads(path.read_text()).get(ADMIN_USER)
+        return json.loads(admin_password_file(settings).read_text()).get(ADMIN_USER)
     except (OSError, ValueError):
         return None
+
+
+def ensure_admin_password(settings: Settings) -> Path:
+    """The UI login's password file, made (0600) before Airflow starts: the
+    simple auth manager prints a password it generates itself, and never one
+    it finds in this file."""
+    path = admin_password_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if admin_password(settings) is None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps({ADMIN_USER: secrets.token_urlsafe(12)}) + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         from adpipe.local import kafka_broker
 
         kafka_broker.up(settings)
-        kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+        kafka_io.ensure_topics(settings.kafka, settings.topics.all(), settings.topic_partitions)
     env = airflow_env(settings, database_url)
     airflow_home(settings).mkdir(parents=True, exist_ok=True)
+    password_file = ensure_admin_password(settings)
     log.info("airflow db migrate (%s)", database_url.split("@")[-1])
     migrate(env)  # Step 3
 
@@ -179,11 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                 log.error("the Airflow UI did not answer within %.0fs", args.ready_timeout)
                 return 1
             time.sleep(2)
-        password = admin_password(settings) or "(see the standalone output above)"
         print(
             "\n"
             f"  Airflow UI:  http://127.0.0.1:{settings.airflow_port}\n"
-            f"  login:       {ADMIN_USER} / {password}\n"
+            f"  login:       {ADMIN_USER}, password in {password_file}\n"
             f"  metadata:    {database_url.split('@')[-1]}\n"
             f"  DAGs:        {DAGS_FOLDER} (paused at creation: unpause in the UI)\n"
             f"  AIRFLOW_HOME={airflow_home(settings)}\n",

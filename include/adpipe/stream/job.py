@@ -236,7 +236,7 @@ class BatchHandler:
     def _raw_range(self, offsets: BatchOffsets) -> DataFrame:
         return (
             self.spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", self.settings.kafka_bootstrap)
+            .options(**self.settings.kafka.spark_options())
             .option("kafka.isolation.level", "read_committed")
             .option("assign", offsets.kafka_assign())
             .option("startingOffsets", offsets.kafka_json("start"))
@@ -385,7 +385,7 @@ class _DropCheck(StreamingQueryListener):
 def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .options(**settings.kafka.spark_options())
         .option("subscribe", settings.topics.events)
         .option("kafka.isolation.level", "read_committed")
         .option("startingOffsets", "earliest")
@@ -407,10 +407,10 @@ def _sink(
     """The transactional sink, sized to the output topics, and the largest
     value a DLQ or late copy is written with whole, per topic."""
     topic_limits = kafka_io.max_message_bytes(
-        settings.kafka_bootstrap, [settings.topics.aggregates, settings.topics.dlq, settings.topics.late]
+        settings.kafka, [settings.topics.aggregates, settings.topics.dlq, settings.topics.late]
     )
     sink = TransactionalSink(
-        settings.kafka_bootstrap,
+        settings.kafka,
         transactional_id(settings),
         kafka_io.ledger_group(settings.job_id),
         settings.topics.events,
@@ -483,7 +483,7 @@ def run(
     checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
     that must not run fails before any batch."""
     with checkpoint_lock(settings):
-        kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+        kafka_io.ensure_topics(settings.kafka, settings.topics.all(), settings.topic_partitions)
         spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
         try:
             checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)

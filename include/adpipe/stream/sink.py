@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT, FaultPlan
-from adpipe.kafka_io import committed_offsets
+from adpipe.kafka_io import client_config, committed_offsets
+from adpipe.settings import KafkaAccess
 from adpipe.stream.deadline import call_with_deadline
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class TransactionalSink:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaAccess | str,
         transactional_id: str,
         ledger_group: str,
         input_topic: str,
@@ -160,7 +161,7 @@ class TransactionalSink:
         self.input_topic = input_topic
         self.query_id = query_id
         self.fault = fault
-        self._bootstrap = bootstrap
+        self._kafka = kafka
         self._timeout_ms = transaction_timeout_ms
         self._message_max_bytes = message_max_bytes
         self._producer: Producer | None = None
@@ -171,7 +172,7 @@ class TransactionalSink:
         if self._producer is None:
             producer = Producer(
                 {
-                    "bootstrap.servers": self._bootstrap,
+                    **client_config(self._kafka),
                     "transactional.id": self.transactional_id,
                     "enable.idempotence": True,
                     "acks": "all",
@@ -198,7 +199,7 @@ class TransactionalSink:
             )
             self._ledger_consumer = Consumer(
                 {
-                    "bootstrap.servers": self._bootstrap,
+                    **client_config(self._kafka),
                     "group.id": self.ledger_group,
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,

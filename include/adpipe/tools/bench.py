@@ -23,7 +23,7 @@ from adpipe import kafka_io, pg
 from adpipe.lakehouse import load
 from adpipe.local import kafka_broker, postgres
 from adpipe.money import format_micros
-from adpipe.settings import Settings, load_settings
+from adpipe.settings import KafkaAccess, Settings, load_settings
 from adpipe.tools import demo, produce
 
 
@@ -66,10 +66,10 @@ def stream_caps(settings: Settings, caps: list[int], events: int = 200_000, seed
     work = settings.home / "bench" / run_id
     work.mkdir(parents=True, exist_ok=True)
     kafka_broker.up(settings)
-    kafka_io.ensure_topics(settings.kafka_bootstrap, bench_settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_topics(settings.kafka, bench_settings.topics.all(), settings.topic_partitions)
     spec = produce.ProduceSpec(events=events, seed=seed, ads=50, minutes=30, duplicate_rate=0.02, malformed_rate=0.01)
     plan = produce.plan(spec)
-    produce.send(settings.kafka_bootstrap, bench_settings.topics.events, plan)
+    produce.send(settings.kafka, bench_settings.topics.events, plan)
     rows = []
     for cap in caps:
         cap_env = {**env, "ADPIPE_JOB_ID": f"{env['ADPIPE_JOB_ID']}-cap{cap}"}
@@ -242,7 +242,7 @@ def expected_spend(aggregates: list[dict], cpm_micros: int, cpc_micros: int) -> 
 
 
 def produce_transactionally(
-    bootstrap: str, topic: str, aggregates: list[dict], transactional_id: str, per_transaction: int = 10_000
+    kafka: KafkaAccess | str, topic: str, aggregates: list[dict], transactional_id: str, per_transaction: int = 10_000
 ) -> None:
     """The aggregates into ``topic`` (key ad_id), in a few large Kafka
     transactions, as the stream job writes them."""
@@ -250,7 +250,7 @@ def produce_transactionally(
 
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **kafka_io.client_config(kafka),
             "transactional.id": transactional_id,
             "linger.ms": 20,
             "compression.type": "lz4",
@@ -320,11 +320,11 @@ def budget_batch_sizes(
     kafka_broker.up(settings)
     postgres.up(settings)
     topic = f"bench-{run_id}-aggregates"
-    kafka_io.ensure_topics(settings.kafka_bootstrap, [topic], 4)
+    kafka_io.ensure_topics(settings.kafka, [topic], 4)
     values = synthetic_aggregates(aggregates, ads=ads, seed=seed)
     distinct, spend = expected_spend(values, settings.budget_default_cpm_micros, settings.budget_default_cpc_micros)
     started = time.monotonic()
-    produce_transactionally(settings.kafka_bootstrap, topic, values, f"adpipe-bench-{run_id}")
+    produce_transactionally(settings.kafka, topic, values, f"adpipe-bench-{run_id}")
     produce_s = time.monotonic() - started
     print(json.dumps({"topic": topic, "messages": len(values), "distinct": distinct, "produce_s": round(produce_s, 1)}))
 
@@ -403,16 +403,16 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7) -> dict:
     budget_database = _database_name(run_id)
     pg.ensure_databases(settings, (budget_database,))
     env["ADPIPE_BUDGET_DB"] = settings.pg_url(budget_database)
-    kafka_io.ensure_topics(settings.kafka_bootstrap, bench_settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_topics(settings.kafka, bench_settings.topics.all(), settings.topic_partitions)
 
     spec = produce.ProduceSpec(events=events, seed=seed, ads=50, minutes=30, duplicate_rate=0.02, malformed_rate=0.01)
     started = time.monotonic()
     plan = produce.plan(spec)
-    produce.send(settings.kafka_bootstrap, bench_settings.topics.events, plan)
+    produce.send(settings.kafka, bench_settings.topics.events, plan)
     produce_s = time.monotonic() - started
     # Close the hour: a few events of the next one.
     closing = produce.ProduceSpec(events=10, seed=seed + 1, minutes=1, start=spec.start + timedelta(hours=1, minutes=1))
-    produce.send(settings.kafka_bootstrap, bench_settings.topics.events, produce.plan(closing))
+    produce.send(settings.kafka, bench_settings.topics.events, produce.plan(closing))
 
     hour = load.hour_label(spec.start)
     result = {

@@ -93,14 +93,14 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
 
     print(f"1. Kafka broker on {settings.kafka_bootstrap}")
     print("   " + kafka_broker.up(settings).describe())
-    kafka_io.ensure_topics(settings.kafka_bootstrap, demo_settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_topics(settings.kafka, demo_settings.topics.all(), settings.topic_partitions)
     print(f"   topics: {', '.join(demo_settings.topics.all())}")
 
     spec = produce.ProduceSpec(
         events=events, seed=seed, minutes=5, start=start, duplicate_rate=0.05, malformed_rate=0.01
     )
     plan = produce.plan(spec)
-    produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan)
+    produce.send(settings.kafka, demo_settings.topics.events, plan)
     produce.write_summary(plan.summary, work / "produce-1.json")
     print(
         f"2. produced {plan.summary['messages']} messages: {plan.summary['distinct_on_time']} events over 5 minutes, "
@@ -123,7 +123,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
         late_by_minutes=3,
     )
     plan2 = produce.plan(spec2)
-    produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan2)
+    produce.send(settings.kafka, demo_settings.topics.events, plan2)
     produce.write_summary(plan2.summary, work / "produce-2.json")
     # A few events of the next hour: time moves on, the watermark passes the
     # end of the demo's hour and closes it for Union & Load.
@@ -131,7 +131,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
         events=20, seed=seed + 2, minutes=1, start=spec.start.replace(minute=0) + timedelta(hours=1, minutes=1)
     )
     plan3 = produce.plan(spec3)
-    produce.send(settings.kafka_bootstrap, demo_settings.topics.events, plan3)
+    produce.send(settings.kafka, demo_settings.topics.events, plan3)
     print(
         f"5. produced {plan2.summary['messages']} more: {plan2.summary['distinct_on_time']} events of the next "
         f"minutes and {plan2.summary['late']} late ones for windows already closed, and "

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from adpipe import kafka_io
+from adpipe.settings import KafkaAccess
+
 log = logging.getLogger(__name__)
 
 DEFAULT_START = "2026-11-22T12:00:00Z"
@@ -217,12 +220,12 @@ def plan(spec: ProduceSpec) -> Plan:
     return Plan(messages, summary)
 
 
-def send(bootstrap: str, topic: str, the_plan: Plan, events_per_second: float = 0.0) -> int:
+def send(kafka: KafkaAccess | str, topic: str, the_plan: Plan, events_per_second: float = 0.0) -> int:
     """Send the plan's messages through an idempotent producer; return the
     number acknowledged. Raises if any message could not be delivered."""
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **kafka_io.client_config(kafka),
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,

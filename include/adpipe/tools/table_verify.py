@@ -47,14 +47,14 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
         committed = kafka_io.stream_commits(rs)
         watermark = kafka_io.committed_watermark(committed)
         events: dict[str, object] = {}
-        for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.events):
+        for rec in kafka_io.read_topic(rs.kafka, rs.topics.events):
             if rec.offset >= committed.get(rec.partition, (0, ""))[0]:
                 continue  # not processed by the stream job yet: not loadable yet
             event = classify_record(rec.value, rec.timestamp_ms, rs.max_future_skew_ms)
             if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
                 raw.add(event.event_id)
                 events.setdefault(event.event_id, event)
-        for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.aggregates):
+        for rec in kafka_io.read_topic(rs.kafka, rs.topics.aggregates):
             body = json.loads(rec.value)
             start = datetime.fromisoformat(body["window_start"].replace("Z", "+00:00"))
             if start.replace(minute=0, second=0) == hour:
@@ -62,7 +62,7 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
                     body["record_uuid"], (body["ad_id"], body["window_start"], body["impressions"], body["clicks"])
                 )
         region_late: set[str] = set()
-        for rec in kafka_io.read_topic(rs.kafka_bootstrap, rs.topics.late):
+        for rec in kafka_io.read_topic(rs.kafka, rs.topics.late):
             event = classify(rec.value)
             if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
                 region_late.add(event.event_id)

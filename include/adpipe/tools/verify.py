@@ -110,7 +110,7 @@ def _late_copy(rec: kafka_io.Record, valid: dict[str, RawEvent]) -> RawEvent | s
 
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
-    return kafka_io.committed_watermark(kafka_io.group_commits(settings.kafka_bootstrap, group, settings.topics.events))
+    return kafka_io.committed_watermark(kafka_io.group_commits(settings.kafka, group, settings.topics.events))
 
 
 def _limited(items: list) -> list:
@@ -119,13 +119,13 @@ def _limited(items: list) -> list:
 
 def reconcile(settings: Settings, ledger_group: str) -> dict:
     topics = settings.topics
-    bootstrap = settings.kafka_bootstrap
+    kafka = settings.kafka
 
     # Raw events: distinct valid events and malformed messages.
     valid: dict[str, RawEvent] = {}
     malformed: dict[str, str] = {}  # "topic/partition/offset" -> reason
     raw_records = 0
-    for rec in kafka_io.read_topic(bootstrap, topics.events):
+    for rec in kafka_io.read_topic(kafka, topics.events):
         raw_records += 1
         verdict = classify_record(rec.value, rec.timestamp_ms, settings.max_future_skew_ms)
         if isinstance(verdict, str):
@@ -138,7 +138,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     # Late events listed by the job.
     late_counts: Counter[str] = Counter()
     not_late: list[dict] = []
-    for rec in kafka_io.read_topic(bootstrap, topics.late):
+    for rec in kafka_io.read_topic(kafka, topics.late):
         verdict = _late_copy(rec, valid)
         if isinstance(verdict, str):
             not_late.append({"source": rec.header(S.HEADER_SOURCE), "why": f"malformed: {verdict}"})
@@ -152,7 +152,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     # DLQ: exactly the malformed messages, once each.
     dlq_counts: Counter[str] = Counter()
     dlq_reason_mismatch: list[dict] = []
-    for rec in kafka_io.read_topic(bootstrap, topics.dlq):
+    for rec in kafka_io.read_topic(kafka, topics.dlq):
         source = rec.header(S.HEADER_SOURCE) or "?"
         dlq_counts[source] += 1
         expected_reason = malformed.get(source)
@@ -179,7 +179,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     uuid_seen: Counter[str] = Counter()
     actual: dict[tuple[str, str], dict] = {}
     agg_records = 0
-    for rec in kafka_io.read_topic(bootstrap, topics.aggregates):
+    for rec in kafka_io.read_topic(kafka, topics.aggregates):
         agg_records += 1
         body = json.loads(rec.value)
         key = (body["ad_id"], body["window_start"])
