@@ -4,18 +4,19 @@ Spark configurations built from them, and secrets kept out of reprs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
-from adpipe.settings import KafkaAccess, KafkaCredentials, SettingsError, load_settings
+from adpipe.settings import PROJECT_ROOT, KafkaAccess, KafkaCredentials, SettingsError, load_settings
 
 SECURE = {"ADPIPE_KAFKA_SECURITY": "sasl_ssl", "ADPIPE_KAFKA_USERNAME": "stream"}
 
 
 def _secure(tmp_path: Path, **extra: str) -> dict[str, str]:
     secret = tmp_path / "stream.password"
-    secret.write_text("pa ss\"w\\rd-1\n")
+    secret.write_text('pa ss"w\\rd-1\n')
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     return {
@@ -118,3 +119,15 @@ def test_regions_take_this_process_credentials_or_their_own(tmp_path: Path) -> N
     with pytest.raises(SettingsError, match="unknown keys \\['kafka_password'\\]"):
         load_settings({"ADPIPE_REGIONS": json.dumps([{"job_id": "x", "kafka_password": "inline"}])})
 
+
+def test_only_the_settings_build_kafka_client_configurations() -> None:
+    """Every client takes its configuration from KafkaAccess (bootstrap and
+    credentials together): no module sets bootstrap.servers by itself."""
+    offenders = []
+    for path in sorted((PROJECT_ROOT / "include" / "adpipe").rglob("*.py")):
+        if path.name == "settings.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"""["'](kafka\.)?bootstrap\.servers["']""", line):
+                offenders.append(f"{path.relative_to(PROJECT_ROOT)}:{number}: {line.strip()}")
+    assert offenders == []

@@ -29,16 +29,33 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.action != "up":
         return _serve(args, settings, "kafka", kafka_broker)
-    cluster = kafka_broker.up(settings, brokers=args.brokers)
+    cluster = kafka_broker.up(settings, brokers=args.brokers, secure=args.secure or None)
     print(cluster.describe())
     # Clients must know every node: any one of them may be down when they start.
     bootstrap = cluster.bootstrap
-    created = kafka_io.ensure_topics(bootstrap, settings.topics.all(), settings.topic_partitions)
+    # Topics are made by the admin user on a secure cluster (no other may).
+    admin = kafka_broker.admin_access(settings, bootstrap)
+    created = kafka_io.ensure_topics(admin, settings.topics.all(), settings.topic_partitions)
     if created:
         print(f"created topics: {', '.join(created)}")
     if bootstrap != settings.kafka_bootstrap:
         print(f"clients: export ADPIPE_KAFKA_BOOTSTRAP={bootstrap}")
+    if cluster.secure:
+        _print_secure_clients(settings)
     return 0
+
+
+def _print_secure_clients(settings: Settings) -> None:
+    """Who may do what, and the environment each client needs (never a
+    password: where its file is)."""
+    from adpipe.local import kafka_security
+
+    print(
+        f"users (SCRAM-SHA-512; passwords in {kafka_security.secrets_dir(settings)}/<user>.password, mode 0600): "
+        f"{', '.join(kafka_security.USERS)}; ACLs for topics {', '.join(settings.topics.all())}, "
+        f"stream job {settings.job_id}, budget group {settings.budget_group}"
+    )
+    print(f"clients, e.g. the stream job: {kafka_security.client_exports(settings, 'stream')}")
 
 
 def cmd_pg(args: argparse.Namespace, settings: Settings) -> int:
@@ -106,6 +123,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         choices=range(1, 6),
         default=None,
         help="nodes of the local cluster (up only; default: as made before under ADPIPE_HOME, else 1)",
+    )
+    kafka.add_argument(
+        "--secure",
+        action="store_true",
+        help="up only: every listener SASL_SSL (TLS from a CA made here with keytool), SCRAM-SHA-512 users "
+        "admin, producer, stream, budget, reader, airflow with generated passwords in 0600 files under "
+        "$ADPIPE_HOME/kafka/secrets, and ACLs: each user may do only its part's work (default: as made before "
+        "under ADPIPE_HOME, else as ADPIPE_KAFKA_SECURITY says); clients then set ADPIPE_KAFKA_SECURITY=sasl_ssl "
+        "and ADPIPE_KAFKA_USERNAME",
     )
     _add_server_parser(
         sub,

@@ -8,7 +8,12 @@ quorum of three: any one node may die), replication factor 3 and
 ``min.insync.replicas=2`` for the topics and for Kafka's own transaction-state
 and offsets logs. Node 1 listens on ``ADPIPE_KAFKA_BOOTSTRAP`` and
 ``ADPIPE_KAFKA_CONTROLLER_PORT``; node *k* on those ports plus ``100·(k-1)``,
-unless the bootstrap lists one address per node."""
+unless the bootstrap lists one address per node.
+
+With ``--secure`` (or ``ADPIPE_KAFKA_SECURITY=sasl_ssl``) every listener is
+SASL_SSL, users authenticate with SCRAM-SHA-512 and ACLs decide what each may
+do (:mod:`adpipe.local.kafka_security`); the home records that it is secure,
+and later ``up``/``status`` talk to it as its admin user."""
 
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adpipe.jars import ensure_classpath
-from adpipe.settings import Settings
+from adpipe.local import kafka_security
+from adpipe.settings import KafkaAccess, Settings
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +79,12 @@ class BrokerStatus:
     pid: int | None
     answering: bool
     bootstrap: str
+    secure: bool = False
 
     def describe(self) -> str:
         if self.running and self.answering:
-            return f"kafka up: pid {self.pid}, answering on {self.bootstrap}"
+            how = " (SASL_SSL, SCRAM-SHA-512 users, ACLs)" if self.secure else ""
+            return f"kafka up: pid {self.pid}, answering on {self.bootstrap}{how}"
         if self.running:
             return f"kafka starting or unhealthy: pid {self.pid}, not answering on {self.bootstrap}"
         return f"kafka down (nothing of ours runs; {self.bootstrap} answering={self.answering})"
@@ -99,6 +107,10 @@ class ClusterStatus:
     @property
     def pid(self) -> int | None:
         return self.nodes[0].pid
+
+    @property
+    def secure(self) -> bool:
+        return self.nodes[0].secure
 
     @property
     def bootstrap(self) -> str:
@@ -130,6 +142,23 @@ def recorded_size(settings: Settings) -> int:
         return int(json.loads(_cluster_file(settings).read_text())["brokers"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return 1
+
+
+def recorded_secure(settings: Settings) -> bool:
+    """Whether the local cluster under ADPIPE_HOME was made secure."""
+    try:
+        return bool(json.loads(_cluster_file(settings).read_text()).get("secure", False))
+    except (FileNotFoundError, ValueError, AttributeError):
+        return False
+
+
+def admin_access(settings: Settings, bootstrap: str | None = None) -> KafkaAccess | str:
+    """How adpipe's own tools (``up``, ``status``, topic creation) reach the
+    local cluster: as its admin user when it is secure."""
+    bootstrap = bootstrap or cluster_bootstrap(settings)
+    if recorded_secure(settings):
+        return kafka_security.access(settings, kafka_security.ADMIN, bootstrap)
+    return bootstrap
 
 
 def nodes(settings: Settings, count: int | None = None) -> list[Node]:
@@ -181,23 +210,34 @@ def replication(count: int) -> tuple[int, int]:
     return factor, 2 if factor >= 3 else 1
 
 
-def server_properties(settings: Settings, node: Node | None = None, cluster: list[Node] | None = None) -> str:
-    """One node's server.properties (default: the single broker)."""
+def server_properties(
+    settings: Settings, node: Node | None = None, cluster: list[Node] | None = None, secure: bool = False
+) -> str:
+    """One node's server.properties (default: the single broker). Secure:
+    SASL_SSL listeners, TLS and ACLs, with the admin and keystore passwords
+    (:func:`adpipe.local.kafka_security.listener_properties`)."""
     cluster = cluster or nodes(settings, 1)
     node = node or cluster[0]
     factor, min_isr = replication(len(cluster))
     voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in cluster)
     data = node.directory / "data"
-    return "\n".join(
-        [
-            "process.roles=broker,controller",
-            f"node.id={node.node_id}",
-            f"controller.quorum.voters={voters}",
+    listeners = (
+        kafka_security.listener_properties(settings, node.host, node.port, node.controller_port)
+        if secure
+        else [
             f"listeners=PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
             f"advertised.listeners=PLAINTEXT://{node.host}:{node.port}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        ]
+    )
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            f"node.id={node.node_id}",
+            f"controller.quorum.voters={voters}",
+            *listeners,
             f"log.dirs={data}",
             f"num.partitions={settings.topic_partitions}",
             "auto.create.topics.enable=false",
@@ -251,10 +291,20 @@ def _log4j_config(node: Node) -> Path:
     return path
 
 
-def _java(settings: Settings, main: str, *args: str, node: Node | None = None) -> list[str]:
+def _java(
+    settings: Settings, main: str, *args: str, node: Node | None = None, argfile: Path | None = None
+) -> list[str]:
+    """The JVM command line; with ``argfile``, the main class and its
+    arguments go into that file (0600) instead: a secret among them is then
+    on no command line another user could read."""
     node = node or nodes(settings, 1)[0]
     jars = ensure_classpath(settings.jar_cache, "kafka")
     classpath = os.pathsep.join(str(j) for j in jars)
+    tail = [main, *args]
+    if argfile is not None:
+        quoted = ['"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"' for a in tail]
+        kafka_security.write_secret(argfile, "\n".join(quoted))
+        tail = [f"@{argfile}"]
     return [
         "java",
         "-Xms256m",
@@ -265,8 +315,7 @@ def _java(settings: Settings, main: str, *args: str, node: Node | None = None) -
         f"-Dkafka.logs.dir={node.directory}",
         "-cp",
         classpath,
-        main,
-        *args,
+        *tail,
     ]
 
 
@@ -280,49 +329,72 @@ def _cluster_id() -> str:
             return cluster_id
 
 
-def _format_storage(settings: Settings, node: Node, cluster_id: str) -> None:
+def _format_storage(settings: Settings, node: Node, cluster_id: str, secure: bool = False) -> None:
     data = node.directory / "data"
     if (data / "meta.properties").exists():
         return
     log.info("formatting KRaft storage of node %d in %s", node.node_id, data)
-    cmd = _java(settings, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.config), node=node)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+    args = ["format", "-t", cluster_id, "-c", str(node.config)]
+    # Secure: the admin user the brokers authenticate to each other as is in
+    # the first metadata, its password passed in an argument file.
+    argfile = node.directory / "format.args" if secure else None
+    extra = kafka_security.format_scram_args(settings) if secure else []
+    cmd = _java(settings, "kafka.tools.StorageTool", *args, *extra, node=node, argfile=argfile)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+    finally:
+        if argfile is not None:
+            argfile.unlink(missing_ok=True)
     if proc.returncode != 0:
         raise BrokerError(f"formatting Kafka storage of node {node.node_id} failed:\n{proc.stdout}{proc.stderr}")
 
 
-def answering(bootstrap: str, timeout_s: float = 3.0) -> bool:
+def answering(bootstrap: str | KafkaAccess, timeout_s: float = 3.0) -> bool:
     """True when a broker answers a metadata request at ``bootstrap`` (its
-    first address: each node is asked on its own)."""
+    first address: each node is asked on its own), with the credentials a
+    :class:`KafkaAccess` carries."""
     from confluent_kafka.admin import AdminClient
 
-    host, port = _host_port(bootstrap)
+    kafka = bootstrap if isinstance(bootstrap, KafkaAccess) else KafkaAccess(bootstrap)
+    host, port = _host_port(kafka.bootstrap)
     try:  # a closed port answers at once; spare librdkafka's retry noise
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError:
         return False
-    admin = AdminClient(
-        {"bootstrap.servers": f"{host}:{port}", "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0}
-    )
-    try:
+    first = KafkaAccess(f"{host}:{port}", kafka.credentials)
+    try:  # (a secure home whose password files were removed: not answering us either)
+        admin = AdminClient({**first.client_config(), "socket.timeout.ms": int(timeout_s * 1000), "log_level": 0})
         md = admin.list_topics(timeout=timeout_s)
     except Exception:  # noqa: BLE001 - any failure means "not answering"
         return False
     return bool(md.brokers)
 
 
-def _node_status(node: Node) -> BrokerStatus:
+def _node_access(settings: Settings, node: Node) -> KafkaAccess | str:
+    return admin_access(settings, node.bootstrap)
+
+
+def _node_status(settings: Settings, node: Node) -> BrokerStatus:
     pid = _read_pid(node)
-    return BrokerStatus(node.node_id, pid is not None, pid, answering(node.bootstrap), node.bootstrap)
+    up_and_answering = answering(_node_access(settings, node))
+    return BrokerStatus(node.node_id, pid is not None, pid, up_and_answering, node.bootstrap, recorded_secure(settings))
 
 
 def status(settings: Settings) -> ClusterStatus:
-    return ClusterStatus(tuple(_node_status(n) for n in nodes(settings)))
+    return ClusterStatus(tuple(_node_status(settings, n) for n in nodes(settings)))
 
 
-def _prepare(settings: Settings, count: int) -> list[Node]:
+def _write_private(path: Path, text: str) -> None:
+    """A node's configuration: 0600 (a secure one holds passwords)."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(text)
+
+
+def _prepare(settings: Settings, count: int, secure: bool = False) -> list[Node]:
     """The cluster's nodes, with their storage formatted (one cluster id);
-    refuses a home made with another number of nodes."""
+    refuses a home made with another number of nodes, or made secure when
+    ``secure`` is not asked for (or the other way round)."""
     recorded = recorded_size(settings)
     formatted = (settings.kafka_dir / "data" / "meta.properties").exists()
     if formatted and recorded != count:
@@ -330,16 +402,26 @@ def _prepare(settings: Settings, count: int) -> list[Node]:
             f"the local Kafka under {settings.kafka_dir} was made with {recorded} broker(s), not {count}: "
             f"run `adpipe kafka up --brokers {recorded}`, or `adpipe kafka down` and remove {settings.kafka_dir}"
         )
+    if formatted and recorded_secure(settings) != secure:
+        made = "with --secure" if recorded_secure(settings) else "without --secure"
+        raise BrokerError(
+            f"the local Kafka under {settings.kafka_dir} was made {made}: its data and users stay as made; "
+            f"`adpipe kafka down` and remove {settings.kafka_dir} to make it again"
+        )
     cluster = nodes(settings, count)
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)
     info = {"brokers": count, "cluster_id": _cluster_id()}
     if _cluster_file(settings).exists():
         info = {**info, **json.loads(_cluster_file(settings).read_text()), "brokers": count}
+    info["secure"] = secure
     _cluster_file(settings).write_text(json.dumps(info) + "\n")
+    if secure:
+        kafka_security.ensure_passwords(settings)
+        kafka_security.ensure_tls(settings, sorted({n.host for n in cluster}))
     for node in cluster:
         node.directory.mkdir(parents=True, exist_ok=True)
-        node.config.write_text(server_properties(settings, node, cluster))
-        _format_storage(settings, node, info["cluster_id"])
+        _write_private(node.config, server_properties(settings, node, cluster, secure))
+        _format_storage(settings, node, info["cluster_id"], secure)
     return cluster
 
 
@@ -357,36 +439,52 @@ def _spawn(settings: Settings, node: Node) -> subprocess.Popen:
     return proc
 
 
-def _wait_answering(node: Node, started: subprocess.Popen | None, deadline: float) -> None:
+def _wait_answering(
+    node: Node, started: subprocess.Popen | None, deadline: float, kafka: KafkaAccess | str | None = None
+) -> None:
     while time.monotonic() < deadline:
         # The child we started: ask it (its /proc cmdline is empty for a few
         # milliseconds after fork, so _read_pid cannot tell yet).
         gone = started.poll() is not None if started is not None else _read_pid(node) is None
         if gone:
             raise BrokerError(f"Kafka node {node.node_id} exited during start-up; see {node.directory / 'broker.out'}")
-        if answering(node.bootstrap, timeout_s=2.0):
+        if answering(kafka or node.bootstrap, timeout_s=2.0):
             return
         time.sleep(0.5)
     raise BrokerError(f"Kafka node {node.node_id} did not answer on {node.bootstrap}; see {node.log_file}")
 
 
-def up(settings: Settings, brokers: int | None = None, timeout_s: float = 90.0) -> ClusterStatus:
+def up(
+    settings: Settings, brokers: int | None = None, timeout_s: float = 90.0, secure: bool | None = None
+) -> ClusterStatus:
     """Start the node(s) of ours that do not run yet; wait until all answer.
-    ``brokers``: the cluster's size (default: as made before, else 1)."""
+    ``brokers``: the cluster's size (default: as made before, else 1).
+    ``secure``: SASL_SSL, SCRAM users and ACLs (default: as made before,
+    else as ``ADPIPE_KAFKA_SECURITY`` says); then the users and the ACLs of
+    these settings' topics, job id and budget group are (re)applied."""
     count = brokers or recorded_size(settings)
+    made = (settings.kafka_dir / "data" / "meta.properties").exists()
+    if secure is None:
+        secure = recorded_secure(settings) if made else settings.kafka.secure
     cluster = nodes(settings, count)
     for node in cluster:
         if _read_pid(node) is None and answering(node.bootstrap, timeout_s=1.0):
             raise BrokerError(
                 f"something else already answers on {node.bootstrap}; stop it or point ADPIPE_KAFKA_BOOTSTRAP elsewhere"
             )
-    cluster = _prepare(settings, count)
+    cluster = _prepare(settings, count, secure)
     # A quorum of three elects no leader until two controllers run: start
     # every node first, then wait for each to answer.
     started = {n.node_id: _spawn(settings, n) for n in cluster if _read_pid(n) is None}
     deadline = time.monotonic() + timeout_s
     for node in cluster:
-        _wait_answering(node, started.get(node.node_id), deadline)
+        _wait_answering(node, started.get(node.node_id), deadline, _node_access(settings, node))
+    if secure:
+        admin = admin_access(settings)
+        assert isinstance(admin, KafkaAccess)
+        kafka_security.ensure_users(settings, admin)
+        rules = kafka_security.ensure_acls(settings, admin)
+        log.info("Kafka users %s and %d ACLs in place", ", ".join(kafka_security.USERS), rules)
     return status(settings)
 
 
@@ -394,8 +492,8 @@ def start_node(settings: Settings, node_id: int, timeout_s: float = 90.0) -> Bro
     """Start one node of the recorded cluster again (after a fault killed it)."""
     node = nodes(settings)[node_id - 1]
     started = _spawn(settings, node) if _read_pid(node) is None else None
-    _wait_answering(node, started, time.monotonic() + timeout_s)
-    return _node_status(node)
+    _wait_answering(node, started, time.monotonic() + timeout_s, _node_access(settings, node))
+    return _node_status(settings, node)
 
 
 def stop_node(settings: Settings, node_id: int, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> bool:
