@@ -297,7 +297,9 @@ class Settings:
     spark_master_ui_port: int = 8091
     spark_worker_cores: int = 1
     spark_worker_memory: str = "2g"
-    budget_db: str = ""
+    # A URL that may hold a password: kept out of repr() (as the other
+    # secrets below: pg_password, alert_webhook, the Kafka password).
+    budget_db: str = field(default="", repr=False)
     topics: Topics = field(default_factory=Topics)
     topic_partitions: int = 4
     # Fixed for the life of a checkpoint: Spark cannot change the number of
@@ -337,7 +339,7 @@ class Settings:
     pg_host: str = "127.0.0.1"
     pg_port: int = 5433
     pg_user: str = "adpipe"
-    pg_password: str = "adpipe"  # noqa: S105 - loopback-only local default
+    pg_password: str = field(default="adpipe", repr=False)  # loopback-only local default
     # The budget service (adpipe.budget.service): its consumer group, the
     # records per database transaction, the budget period (from each
     # aggregate's window_start: day, hour, month or total), the default price
@@ -374,7 +376,7 @@ class Settings:
     extra_regions: tuple[Region, ...] = ()
     # Airflow (adpipe.orchestration). Alerts go to a JSON-lines file under
     # home/alerts and, when set, are POSTed to this webhook.
-    alert_webhook: str = ""
+    alert_webhook: str = field(default="", repr=False)  # a webhook URL often holds its token
     alert_webhook_timeout_s: int = 5
     # Stream supervision: alert when the stream was restarted more than
     # stream_max_restarts times within stream_restart_window_s, or when its

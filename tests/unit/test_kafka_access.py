@@ -74,6 +74,18 @@ def test_the_password_is_in_no_repr_and_no_description(tmp_path: Path) -> None:
     assert from_file.kafka.describe() == "127.0.0.1:9092 (SASL_SSL, SCRAM-SHA-512 as stream)"
 
 
+def test_no_other_secret_of_the_settings_is_in_their_repr() -> None:
+    settings = load_settings(
+        {
+            "ADPIPE_PG_PASSWORD": "pg-S3cret",
+            "ADPIPE_BUDGET_DB": "postgresql+psycopg2://u:db-S3cret@h:5432/b",
+            "ADPIPE_ALERT_WEBHOOK": "https://hooks.example/T0/hook-S3cret",
+        }
+    )
+    assert settings.pg_password == "pg-S3cret" and "db-S3cret" in settings.budget_db
+    assert "S3cret" not in repr(settings)
+
+
 def test_local_defaults_password_file_of_the_user_and_the_local_ca_when_it_exists(tmp_path: Path) -> None:
     env = {"ADPIPE_HOME": str(tmp_path), **SECURE}
     settings = load_settings(env)

@@ -147,24 +147,31 @@ def _initdb(settings: Settings) -> Path:
     data.parent.mkdir(parents=True, exist_ok=True)
     _chown(data.parent)
     pwfile = data.parent / "pwfile"
-    pwfile.write_text(settings.pg_password + "\n")
+    # Readable by its owner only, from the first byte (initdb reads it once;
+    # it is removed right after).
+    pwfile.unlink(missing_ok=True)
+    fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(settings.pg_password + "\n")
     _chown(pwfile)
     log.info("initialising a PostgreSQL cluster in %s", data)
-    _run(
-        [
-            str(bin_dir() / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            settings.pg_user,
-            f"--pwfile={pwfile}",
-            "--auth=scram-sha-256",
-            "--encoding=UTF8",
-            "--locale=C",
-        ],
-        "initdb",
-    )
-    pwfile.unlink()
+    try:
+        _run(
+            [
+                str(bin_dir() / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                settings.pg_user,
+                f"--pwfile={pwfile}",
+                "--auth=scram-sha-256",
+                "--encoding=UTF8",
+                "--locale=C",
+            ],
+            "initdb",
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
     with (data / "postgresql.conf").open("a") as conf:
         conf.write(
             "\n# adpipe: loopback only, no Unix socket (paths under ADPIPE_HOME can be too long)\n"

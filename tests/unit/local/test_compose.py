@@ -42,6 +42,18 @@ def test_compose_services_and_stream_configuration() -> None:
         assert settings.budget_db.startswith("postgresql+psycopg2://") and "@postgres:5432/" in settings.budget_db
     airflow = compose["services"]["airflow"]
     port = load_settings({k: str(v) for k, v in airflow["environment"].items()}).airflow_port
-    assert f"{port}:{port}" in airflow["ports"]
+    assert f"127.0.0.1:{port}:{port}" in airflow["ports"]
     assert compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
     assert set(compose["volumes"]) == {"kafka-data", "pg-data", "adpipe-home"}
+
+
+def test_compose_publishes_ports_on_the_hosts_loopback_only() -> None:
+    published = {
+        name: [str(p) for p in service.get("ports", [])] for name, service in _compose()["services"].items()
+    }
+    assert published["kafka"] == ["127.0.0.1:9092:9092"]
+    assert published["postgres"] == ["127.0.0.1:5433:5432"]
+    for name, ports in published.items():
+        for entry in ports:
+            # HOST_IP:HOST_PORT:CONTAINER_PORT; "9092:9092" would listen on every interface.
+            assert entry.count(":") == 2 and entry.startswith("127.0.0.1:"), f"{name} publishes {entry!r}"
