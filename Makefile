@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-slow test-unit lint bench kafka-up kafka-down pg-up pg-down spark-up spark-down airflow clean
+.PHONY: help deps venv jars demo test test-slow test-unit lint bench kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -37,6 +37,20 @@ test-slow: jars ## the long scenarios kept out of make test's 30 minutes (CI run
 bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
 	$(BIN)/adpipe bench $(ARGS)
 
+# `make chaos`: its own home and ports, beside a demo broker or a test run.
+CHAOS_ENV := ADPIPE_HOME=$(CURDIR)/.adpipe-chaos ADPIPE_KAFKA_BOOTSTRAP=127.0.0.1:39092 \
+  ADPIPE_KAFKA_CONTROLLER_PORT=39093 ADPIPE_PG_PORT=39094 ADPIPE_SPARK_MASTER_PORT=39095 \
+  ADPIPE_SPARK_MASTER_UI_PORT=39096 ADPIPE_SPARK_MASTER=spark://127.0.0.1:39095 \
+  ADPIPE_SPARK_WORKER_CORES=2 ADPIPE_SPARK_CORES_MAX=2
+
+chaos: jars ## the pipeline under random faults on three brokers and a 2-worker Spark cluster, then the check (ARGS="--events N --duration S --seed S")
+	env $(CHAOS_ENV) $(BIN)/adpipe kafka up --brokers 3
+	env $(CHAOS_ENV) $(BIN)/adpipe pg up
+	env $(CHAOS_ENV) $(BIN)/adpipe spark up --workers 2
+	env $(CHAOS_ENV) $(BIN)/adpipe chaos $(ARGS); rc=$$?; \
+	  env $(CHAOS_ENV) $(BIN)/adpipe spark down; env $(CHAOS_ENV) $(BIN)/adpipe kafka down; \
+	  env $(CHAOS_ENV) $(BIN)/adpipe pg down; exit $$rc
+
 test-unit: jars ## unit tests only
 	$(BIN)/pytest tests/unit
 
@@ -68,4 +82,7 @@ clean: ## remove local state (broker data, checkpoints), keep the caches
 	-$(BIN)/adpipe kafka down
 	-$(BIN)/adpipe pg down
 	-$(BIN)/adpipe spark down
-	rm -rf .adpipe .adpipe-test
+	-env $(CHAOS_ENV) $(BIN)/adpipe spark down
+	-env $(CHAOS_ENV) $(BIN)/adpipe kafka down
+	-env $(CHAOS_ENV) $(BIN)/adpipe pg down
+	rm -rf .adpipe .adpipe-test .adpipe-chaos

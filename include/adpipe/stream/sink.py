@@ -82,8 +82,10 @@ MAX_BATCH_ATTEMPTS = 4
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
 # Attempts of one retriable call (send_offsets_to_transaction, commit_transaction).
 MAX_CALL_ATTEMPTS = 3
-# Each such call's own timeout is 60 s; past this the process ends itself.
-CALL_DEADLINE_S = 90.0
+# Each such call's own timeout; past the deadline the process ends itself.
+# Normally these calls take milliseconds, and a broker restart seconds.
+CALL_TIMEOUT_S = 30
+CALL_DEADLINE_S = 45.0
 
 
 class _BatchAborted(Exception):
@@ -130,7 +132,7 @@ def _fenced(exc: KafkaException) -> bool:
 def _retrying(call: Callable[[], None], what: str) -> None:
     """``call`` again on a retriable error (librdkafka allows it for
     ``send_offsets_to_transaction`` and ``commit_transaction``). Each call
-    has a hard deadline beyond its own 60 s timeout, which librdkafka does
+    has a hard deadline beyond its own timeout, which librdkafka does
     not always keep (adpipe.stream.deadline)."""
     for attempt in range(1, MAX_CALL_ATTEMPTS + 1):
         try:
@@ -392,13 +394,15 @@ class TransactionalSink:
         meta = json.dumps({"batch_id": batch_id, "query_id": self.query_id, "watermark_ms": watermark_ms})
         offsets = [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())]
         group = self._ledger_consumer.consumer_group_metadata()
-        _retrying(lambda: producer.send_offsets_to_transaction(offsets, group, 60), f"batch {batch_id}: offsets")
+        _retrying(
+            lambda: producer.send_offsets_to_transaction(offsets, group, CALL_TIMEOUT_S), f"batch {batch_id}: offsets"
+        )
 
     # Step 5
     def _commit(self, producer: Producer, batch_id: int, aggregates: int, records: int) -> None:
         if self.fault and self.fault.armed(DURING_COMMIT, batch_id, aggregates, records):
             self.fault.run_and_kill(lambda: producer.commit_transaction(60))
-        _retrying(lambda: producer.commit_transaction(60), f"batch {batch_id}: commit")
+        _retrying(lambda: producer.commit_transaction(CALL_TIMEOUT_S), f"batch {batch_id}: commit")
 
     @staticmethod
     def _produce(producer: Producer, rec: OutRecord) -> None:

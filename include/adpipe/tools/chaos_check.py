@@ -230,7 +230,8 @@ def render_table(report: dict) -> str:
         f"{'total':<22}{total:>9}",
         "",
         "restarts: " + ", ".join(f"{k} {v}" for k, v in sorted(report["restarts"].items())),
-        f"max stream lag: {report['max_stream_lag']} records; drain: {secs(report['drain_s'])} s",
+        f"max stream lag: {report['max_stream_lag']} records; stalled stream jobs killed: "
+        f"{report['stream_stalls_killed']}; drain: {secs(report['drain_s'])} s",
         f"events: lost {report['check']['lost']}, duplicated {report['check']['duplicated']}; "
         f"{report['check']['aggregates']} aggregates, {report['check']['late_listed']} late, "
         f"{report['check']['dlq']} in the DLQ",
