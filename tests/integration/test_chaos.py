@@ -1,8 +1,8 @@
-"""`adpipe chaos`, the short version: a few thousand events and nine faults
+"""`adpipe chaos`, the short version: a few thousand events and eight faults
 (SIGKILL and SIGSTOP of the stream driver, SIGKILL of a budget instance and
-of a load, SIGTERM and SIGKILL of the broker and of the transaction
-coordinator) on a broker of its own, then the independent check. The
-three-broker, standalone-Spark run of the README is `make chaos`."""
+of a load, SIGKILL of the broker and of the transaction coordinator) on a
+broker of its own, then the independent check. The three-broker,
+standalone-Spark run of the README is `make chaos`."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ CHAOS_ENV = {
     "ADPIPE_JVM_OPTIONS": JVM_OPTIONS,
     "ADPIPE_SPARK_MASTER": "local[2]",
 }
-# A seed whose schedule of nine faults holds every kind this set-up can take.
-SEED = 65
+# A seed whose schedule of eight faults holds every kind of part this set-up
+# has, and two broker faults (each one, with a single broker, stops all).
+SEED = 10
 
 
 @pytest.fixture
@@ -64,20 +65,18 @@ def test_short_chaos_run_loses_and_doubles_nothing(own_broker: Settings) -> None
     assert proc.returncode == 0, json.dumps({k: report[k] for k in ("check", "spend", "tables", "exits")})[:3000]
     assert f"seed {SEED} (replay: --seed {SEED})" in out and "verdict: PASS" in out
 
-    # The faults happened: every kind, nine in all, each one recovered from.
+    # The faults happened, all eight of the schedule, and each was recovered from.
     faults = report["faults"]
-    assert set(faults) == {
-        "stream_kill",
-        "stream_pause",
-        "budget_kill",
-        "load_kill",
-        "broker_sigterm",
-        "broker_sigkill",
-        "txn_coordinator_kill",
+    assert {kind: row["injected"] for kind, row in faults.items()} == {
+        "budget_kill": 1,
+        "broker_sigkill": 1,
+        "stream_pause": 2,
+        "stream_kill": 2,
+        "load_kill": 1,
+        "txn_coordinator_kill": 1,
     }, report["fault_log"]
-    assert sum(k["injected"] for k in faults.values()) + len(report["faults_skipped"]) == 9
-    assert sum(k["injected"] for k in faults.values()) >= 8
-    assert report["restarts"]["stream"] >= 2 and report["restarts"]["broker"] >= 3
+    assert all(row["recovered"] == row["injected"] for row in faults.values()), report["fault_log"]
+    assert report["restarts"]["stream"] >= 2 and report["restarts"]["broker"] == 2
     assert report["stream_stalls_killed"] == 0  # every hang ended by the job itself
 
     # The check compared against what the producer recorded sending.

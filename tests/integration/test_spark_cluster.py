@@ -182,6 +182,9 @@ def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> K
     return KilledRun(pipeline, summary, run, killed, sorted(logs), in_flight, finished, batches_before_kill, listening)
 
 
+# About 2 minutes: in make test-slow, so that make test stays within its 30
+# (make chaos kills workers too, and the short chaos run is in make test).
+@pytest.mark.slow
 def test_a_worker_sigkilled_mid_batch_is_survived_exactly_once(killed_run: KilledRun, cluster: Settings) -> None:
     run, pipeline = killed_run.run, killed_run.pipeline
     assert run.returncode == 0, run.log[-4000:]

@@ -267,6 +267,22 @@ def closed_hours(settings: Settings, hours: list[datetime], now: datetime | None
     return []
 
 
+def closed_through(settings: Settings, first: datetime, last: datetime) -> datetime | None:
+    """The latest closed hour from ``first`` to ``last`` (every earlier hour
+    is closed too: closing is monotonic), found by bisection; None when
+    ``first`` is open."""
+    if last < first or not hour_closed(settings, first):
+        return None
+    low, high = 0, int((last - first) / ONE_HOUR)  # hour ``low`` is closed
+    while low < high:
+        middle = (low + high + 1) // 2
+        if hour_closed(settings, first + middle * ONE_HOUR):
+            low = middle
+        else:
+            high = middle - 1
+    return first + low * ONE_HOUR
+
+
 # --- what Kafka can prove ----------------------------------------------------------------------
 
 

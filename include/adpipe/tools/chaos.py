@@ -417,10 +417,10 @@ class ChaosRun:
         seconds = spec.events / spec.events_per_second
         minutes = max(2, math.ceil(seconds / 60))
         # Two days back (an event time ahead of its record is malformed), and
-        # across an hour: the first hour closes halfway through the run, so
+        # across an hour: the first hour closes a quarter into the run, so
         # loads (and their faults) happen while it goes on.
         start = (datetime.now(UTC) - timedelta(days=2)).replace(minute=0, second=0, microsecond=0)
-        start -= timedelta(minutes=max(1, minutes // 2))
+        start -= timedelta(minutes=max(1, minutes // 4))
         main = produce.plan(
             produce.ProduceSpec(
                 events=spec.events,
@@ -762,6 +762,7 @@ class ChaosRun:
             if rc == 0:
                 for hour in self.hour_labels:
                     self.loads_done[hour] = self.loads_done.get(hour, 0) + 1
+                self._recovered_load()
                 break
             log.warning("final load of %s..%s exited %d; again", first, last, rc)
         # Every aggregate charged: the service's offsets past the last

@@ -287,3 +287,28 @@ def test_a_staged_run_survives_xcom() -> None:
     again = load.StagedRun.from_dict(json.loads(json.dumps(run.to_dict())))
     assert again == run
     assert again.hour_list() == [HOUR - load.ONE_HOUR, HOUR]
+
+
+def test_closed_through_finds_the_latest_closed_hour_by_bisection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    first = datetime(2026, 11, 22, 0, tzinfo=UTC)
+    asked: list[datetime] = []
+
+    def closed_until(horizon: datetime | None):  # noqa: ANN202
+        def hour_closed(_settings: object, hour: datetime, _now: object = None) -> bool:
+            asked.append(hour)
+            return horizon is not None and hour <= horizon
+
+        return hour_closed
+
+    settings = load_settings({})
+    last = first + timedelta(hours=47)
+    for horizon in (first, first + timedelta(hours=11), last):
+        asked.clear()
+        monkeypatch.setattr(ranges, "hour_closed", closed_until(horizon))
+        assert ranges.closed_through(settings, first, last) == horizon
+        assert len(asked) <= 8  # log2(48) + 2, not 48
+    monkeypatch.setattr(ranges, "hour_closed", closed_until(None))
+    assert ranges.closed_through(settings, first, last) is None
+    assert ranges.closed_through(settings, last, first) is None
