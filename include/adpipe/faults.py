@@ -117,3 +117,19 @@ class FaultPlan:
         threading.Thread(target=action, daemon=True).start()
         time.sleep(self.delay_ms / 1000)
         kill_now(self.point)
+
+
+def wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:
+    """Wait until a killed process group is gone (a stream driver's JVM must
+    be before its successor takes the checkpoint); SIGKILL what is left."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

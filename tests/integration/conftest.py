@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
+from adpipe.faults import wait_group_gone as _wait_group_gone
 from adpipe.local import kafka_broker, postgres
 from adpipe.settings import Settings, load_settings
 from adpipe.tools import produce, verify
@@ -138,20 +139,6 @@ def _reaped(proc: subprocess.Popen) -> Iterator[None]:
             os.killpg(proc.pid, 9)
             proc.wait()
         _wait_group_gone(proc.pid)
-
-
-def _wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:
-    """Spark's JVM must be gone before the next run uses the checkpoint."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.killpg(pgid, 9)
 
 
 @pytest.fixture

@@ -74,3 +74,28 @@ def test_hit_does_nothing_when_not_armed() -> None:
 )
 def test_artifact_name(jar: str, artifact: str) -> None:
     assert artifact_name(jar) == artifact
+
+
+def test_wait_group_gone_waits_for_a_killed_group_and_kills_a_lingering_one() -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from adpipe.faults import wait_group_gone
+
+    # A group whose leader ignores SIGTERM: "gone" only after the SIGKILL.
+    stubborn = subprocess.Popen(
+        ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
+        start_new_session=True,
+    )
+    time.sleep(0.5)
+    os.killpg(stubborn.pid, signal.SIGTERM)
+    started = time.monotonic()
+    wait_group_gone(stubborn.pid, timeout_s=1.0)
+    assert stubborn.wait(timeout=10) == -signal.SIGKILL
+    assert time.monotonic() - started < 5
+    quick = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    os.killpg(quick.pid, signal.SIGKILL)
+    quick.wait()
+    wait_group_gone(quick.pid, timeout_s=5.0)  # returns at once: nothing left

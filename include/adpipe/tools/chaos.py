@@ -36,6 +36,7 @@ from pathlib import Path
 
 from adpipe import kafka_io, pg
 from adpipe import schemas as S
+from adpipe.faults import wait_group_gone
 from adpipe.local import kafka_broker
 from adpipe.settings import KafkaAccess, Settings, Topics, load_settings
 from adpipe.tools import chaos_check, produce
@@ -172,7 +173,7 @@ class Part:
         """Note how a finished process ended (once)."""
         if self.proc is not None and self.proc.poll() is not None:
             self.exits[self.proc.returncode] += 1
-            _wait_group_gone(self.proc.pid)
+            wait_group_gone(self.proc.pid)
             self.proc = None
 
     def stop(self, timeout_s: float = 60.0) -> None:
@@ -183,21 +184,6 @@ class Part:
                 self.signal(signal.SIGKILL)
                 self.proc.wait()  # type: ignore[union-attr]
         self.reap()
-
-
-def _wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:
-    """A killed driver's JVM must be gone before its successor takes the checkpoint."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def java_string_hash(text: str) -> int:
