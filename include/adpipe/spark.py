@@ -53,10 +53,6 @@ def cluster_conf(settings: Settings) -> dict[str, str]:
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.executor.memory": settings.spark_executor_memory,
         "spark.executor.extraJavaOptions": shlex.join(settings.jvm_options),
-        # Executors connect back to the driver (tasks, results, the jars):
-        # it listens on this address only (loopback for the local cluster).
-        "spark.driver.host": settings.spark_driver_host,
-        "spark.driver.bindAddress": settings.spark_driver_host,
     }
     if settings.spark_cores_max:
         conf["spark.cores.max"] = str(settings.spark_cores_max)
@@ -84,6 +80,11 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
         "spark.sql.adaptive.enabled": "false",
+        # The driver listens on this address only: loopback by default, in
+        # local mode too (Spark would bind the host's own address, reachable
+        # from the network); on a cluster, the one executors connect back to.
+        "spark.driver.host": settings.spark_driver_host,
+        "spark.driver.bindAddress": settings.spark_driver_host,
         # Only where pyspark launches the JVM (not under spark-submit).
         "spark.driver.extraJavaOptions": shlex.join(
             [f"-Dderby.system.home={settings.home / 'derby'}", *settings.jvm_options]

@@ -13,9 +13,10 @@ the producer's summary, the tables' rows from plain Kafka reads."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -114,13 +115,35 @@ class KilledRun:
 
 def _listening(settings: Settings, driver: int) -> list[str]:
     """The local addresses our processes listen on: the master, the workers,
-    their executors and Python workers, the driver and its JVM."""
-    if shutil.which("ss") is None:
-        pytest.skip("no ss (iproute2) to list listening sockets")
+    their executors and Python workers, the driver and its JVM (from /proc:
+    each process's socket inodes, matched with the kernel's TCP tables)."""
     roots = [spark_cluster.master_pid(settings), *spark_cluster.worker_pids(settings).values(), driver]
     pids = {p for root in roots if root for p in (root, *spark_cluster.descendants(root))}
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout  # noqa: S607
-    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:  # gone meanwhile
+            continue
+        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                listening.append(_address(fields[1]))
+    return listening
+
+
+def _address(hex_address: str) -> str:
+    """A /proc/net/tcp[6] local address (little-endian hex) as host:port."""
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        return f"{ipaddress.IPv4Address(raw[::-1])}:{int(port, 16)}"
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    address = ipaddress.IPv6Address(words)
+    return f"[{address.ipv4_mapped or address}]:{int(port, 16)}"
 
 
 def _wait_for(condition, proc: subprocess.Popen, log_path: Path, what: str, timeout_s: float = 300) -> None:  # noqa: ANN001

@@ -86,7 +86,7 @@ def test_wait_group_gone_waits_for_a_killed_group_and_kills_a_lingering_one() ->
 
     # A group whose leader ignores SIGTERM: "gone" only after the SIGKILL.
     stubborn = subprocess.Popen(
-        ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
+        ["python3", "-c", "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.pause()"],
         start_new_session=True,
     )
     time.sleep(0.5)

@@ -15,8 +15,6 @@ CLUSTER_ONLY = (
     "spark.executorEnv.PYSPARK_PYTHON",
     "spark.executor.memory",
     "spark.executor.extraJavaOptions",
-    "spark.driver.host",
-    "spark.driver.bindAddress",
     "spark.cores.max",
 )
 
@@ -73,11 +71,13 @@ def test_bad_spark_values_raise_settings_error(env: dict[str, str], message: str
     assert str(info.value).startswith(message)
 
 
-def test_a_local_master_gets_no_executor_settings(tmp_path: Path) -> None:
+def test_a_local_master_gets_no_executor_settings_and_a_driver_on_loopback(tmp_path: Path) -> None:
     conf = spark_conf(load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_DRIVER_MEMORY": "1g"}), "t")
     assert conf["spark.master"] == "local[2]"
     assert conf["spark.driver.memory"] == "1g"
     assert [k for k in CLUSTER_ONLY if k in conf] == []
+    # Not the host's own address, which Spark binds by default.
+    assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "127.0.0.1"
 
 
 def test_a_spark_master_tells_executors_the_python_heap_driver_address_and_jvm_options(tmp_path: Path) -> None:

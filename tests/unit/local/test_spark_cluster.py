@@ -107,10 +107,10 @@ def fake_worker(settings: Settings) -> Iterator[subprocess.Popen]:
     directory = settings.home / "spark-cluster"
     directory.mkdir(parents=True)
     script = (
-        "import subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', "
+        "import signal, subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()', "
         "'org.apache.spark.executor.CoarseGrainedExecutorBackend'])\n"
-        "time.sleep(120)\n"
+        "signal.pause()\n"
     )
     proc = subprocess.Popen(  # noqa: S603
         [sys.executable, "-c", script, sc.WORKER_CLASS, "--work-dir", str(sc.worker_dir(settings, 1))],
