@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -112,5 +113,13 @@ def test_transactions_commit_while_a_node_is_killed_and_back(cluster: Settings) 
         kafka_broker.start_node(cluster, victim)
     commit(2)
     producer.flush(30)
-    seen = [r.value for r in kafka_io.read_topic(cluster.kafka_bootstrap, topic, "read_committed")]
+    # The coordinator writes a transaction's commit markers after
+    # commit_transaction returns: a reader sees the last one a moment later
+    # (more so while the restarted node takes its partitions back).
+    deadline = time.monotonic() + 60
+    while True:
+        seen = [r.value for r in kafka_io.read_topic(cluster.kafka_bootstrap, topic, "read_committed")]
+        if len(seen) >= len(sent) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert sorted(seen) == sorted(sent) and len(seen) == 150
