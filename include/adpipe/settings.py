@@ -501,6 +501,20 @@ def _kafka_credentials(
     return KafkaCredentials(security, username, password, password_file, ca_file)
 
 
+def isolated_env(prefix: str) -> dict[str, str]:
+    """The variables that give one run (a demo, a chaos run, a test) topics
+    and a job id of its own, all named ``<prefix>-...``: runs side by side on
+    one broker never see each other's records or ledger."""
+    return {
+        "ADPIPE_TOPIC_EVENTS": f"{prefix}-{Topics.events}",
+        "ADPIPE_TOPIC_AGGREGATES": f"{prefix}-{Topics.aggregates}",
+        "ADPIPE_TOPIC_DLQ": f"{prefix}-{Topics.dlq}",
+        "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
+        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{prefix}-{Topics.budget_events}",
+        "ADPIPE_JOB_ID": prefix,
+    }
+
+
 def _regions(raw: str, bootstrap: str, topics: Topics, credentials: KafkaCredentials, home: Path) -> tuple[Region, ...]:
     """``ADPIPE_REGIONS``: a JSON list (or ``@file`` holding one) of objects
     with ``job_id`` and optionally ``kafka_bootstrap``, ``events``,

@@ -18,7 +18,7 @@ import pytest
 from adpipe import kafka_io
 from adpipe.faults import wait_group_gone as _wait_group_gone
 from adpipe.local import kafka_broker, postgres
-from adpipe.settings import Settings, load_settings
+from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce, verify
 
 from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
@@ -152,12 +152,7 @@ def make_pipeline(workdir: Path, extra_env: dict[str, str] | None = None) -> Pip
     env = {
         **os.environ,
         **BROKER_ENV,
-        "ADPIPE_TOPIC_EVENTS": f"{name}-ad-events",
-        "ADPIPE_TOPIC_AGGREGATES": f"{name}-ad-aggregates",
-        "ADPIPE_TOPIC_DLQ": f"{name}-ad-events-dlq",
-        "ADPIPE_TOPIC_LATE": f"{name}-ad-events-late",
-        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
-        "ADPIPE_JOB_ID": name,
+        **isolated_env(name),
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
         # Two state partitions instead of four: each stateful operator runs a
         # task per partition and batch; the same semantics at half the tasks.

@@ -22,7 +22,7 @@ import pytest
 from adpipe import kafka_io
 from adpipe import pg as pg_client
 from adpipe.local import kafka_broker, kafka_security
-from adpipe.settings import KafkaAccess, KafkaCredentials, Settings, load_settings
+from adpipe.settings import KafkaAccess, KafkaCredentials, Settings, isolated_env, load_settings
 from confluent_kafka import KafkaError, Producer
 
 from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
@@ -68,12 +68,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         "ADPIPE_KAFKA_CONTROLLER_PORT": str(PORT_BASE + 51),
         "ADPIPE_JVM_OPTIONS": JVM_OPTIONS,
         "ADPIPE_PG_PORT": str(PORT_BASE + 2),  # the session's PostgreSQL (the pg fixture)
-        "ADPIPE_TOPIC_EVENTS": f"{name}-ad-events",
-        "ADPIPE_TOPIC_AGGREGATES": f"{name}-ad-aggregates",
-        "ADPIPE_TOPIC_DLQ": f"{name}-ad-events-dlq",
-        "ADPIPE_TOPIC_LATE": f"{name}-ad-events-late",
-        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
-        "ADPIPE_JOB_ID": name,
+        **isolated_env(name),
         "ADPIPE_BUDGET_GROUP": f"{name}-budget",
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
         "ADPIPE_SHUFFLE_PARTITIONS": "2",

@@ -38,7 +38,7 @@ from adpipe import kafka_io, pg
 from adpipe import schemas as S
 from adpipe.faults import wait_group_gone
 from adpipe.local import kafka_broker
-from adpipe.settings import KafkaAccess, Settings, Topics, load_settings
+from adpipe.settings import KafkaAccess, Settings, isolated_env, load_settings
 from adpipe.tools import chaos_check, produce
 
 log = logging.getLogger(__name__)
@@ -226,12 +226,7 @@ def run_env(settings: Settings, run_id: str, run_home: Path) -> dict[str, str]:
         **os.environ,
         "ADPIPE_HOME": str(run_home),
         "ADPIPE_KAFKA_BOOTSTRAP": kafka_broker.cluster_bootstrap(settings),
-        "ADPIPE_TOPIC_EVENTS": f"{prefix}-{Topics.events}",
-        "ADPIPE_TOPIC_AGGREGATES": f"{prefix}-{Topics.aggregates}",
-        "ADPIPE_TOPIC_DLQ": f"{prefix}-{Topics.dlq}",
-        "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
-        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{prefix}-{Topics.budget_events}",
-        "ADPIPE_JOB_ID": prefix,
+        **isolated_env(prefix),
         "ADPIPE_CHECKPOINT_URI": f"file://{run_home / 'checkpoints'}",
         "ADPIPE_BUDGET_DB": settings.pg_url(_db_name(run_id, "budget")),
         "ADPIPE_BUDGET_GROUP": f"{prefix}-budget",

@@ -17,7 +17,7 @@ from adpipe.budget import report as budget_report
 from adpipe.lakehouse import load, quality
 from adpipe.lakehouse.metastore import metastore_session
 from adpipe.local import kafka_broker, postgres
-from adpipe.settings import Settings, Topics
+from adpipe.settings import Settings, isolated_env
 from adpipe.tools import produce, table_verify, verify
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,7 @@ def demo_env(settings: Settings, run_id: str) -> dict[str, str]:
         {
             "ADPIPE_HOME": str(settings.home),
             "ADPIPE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "ADPIPE_TOPIC_EVENTS": f"{prefix}-{Topics.events}",
-            "ADPIPE_TOPIC_AGGREGATES": f"{prefix}-{Topics.aggregates}",
-            "ADPIPE_TOPIC_DLQ": f"{prefix}-{Topics.dlq}",
-            "ADPIPE_TOPIC_LATE": f"{prefix}-{Topics.late}",
-            "ADPIPE_TOPIC_BUDGET_EVENTS": f"{prefix}-{Topics.budget_events}",
-            "ADPIPE_JOB_ID": prefix,
+            **isolated_env(prefix),
             # The budget service's embedded default (SQLite), one per demo run,
             # so the spend verify expects is this run's alone.
             "ADPIPE_BUDGET_DB": f"sqlite:///{settings.home / 'demo' / run_id / 'budget.db'}",
