@@ -244,12 +244,21 @@ def _in_hour(ms: int) -> bool:
 
 
 @pytest.mark.slow  # about 2 minutes (the load, then the tables read back): make test-slow
-def test_union_and_load_on_the_cluster_loads_the_hour_once(killed_run: KilledRun, pg: Settings) -> None:
+def test_union_and_load_on_the_cluster_loads_the_hour_once(
+    killed_run: KilledRun, pg: Settings, tmp_path: Path
+) -> None:
     pipeline = killed_run.pipeline
     assert killed_run.run.returncode == 0
+    # Tables of its own (a warehouse and a metastore database): the shared
+    # test home's warehouse may hold another metastore's tables (a demo's).
+    tables_env = {
+        **pipeline.env,
+        "ADPIPE_HOME": str(tmp_path / "tables"),
+        "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{pipeline.settings.job_id}".lower().replace("-", "_"),
+    }
     load = subprocess.run(
         [sys.executable, "-m", "adpipe", "load", "--hour", HOUR],
-        env={**pipeline.env, "ADPIPE_MAX_LATE_SHARE": "0.1"},
+        env={**tables_env, "ADPIPE_MAX_LATE_SHARE": "0.1"},
         capture_output=True,
         text=True,
         check=False,
@@ -276,7 +285,7 @@ def test_union_and_load_on_the_cluster_loads_the_hour_once(killed_run: KilledRun
     # Read back on the local master: the check does not run on what it checks.
     dump = subprocess.run(
         [sys.executable, str(DUMP), HOUR],
-        env={**pipeline.env, "ADPIPE_SPARK_MASTER": "local[2]"},
+        env={**tables_env, "ADPIPE_SPARK_MASTER": "local[2]"},
         capture_output=True,
         text=True,
         check=False,

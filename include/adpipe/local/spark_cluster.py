@@ -425,7 +425,16 @@ def _spawn(settings: Settings, name: str, command: list[str]) -> subprocess.Pope
     return proc
 
 
+# How long a port may stay taken after its process was seen gone: a killed
+# JVM's leader thread is reaped first, and its sockets close only when its
+# last thread has exited (after unmapping its heap).
+PORT_RELEASE_S = 15.0
+
+
 def _check_free(settings: Settings, port: int, what: str, variable: str) -> None:
+    deadline = time.monotonic() + PORT_RELEASE_S
+    while _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
     if _listening(port):
         raise SparkClusterError(f"something else already listens on {HOST}:{port} ({what}): stop it or set {variable}")
 
