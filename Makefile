@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-slow test-unit lint bench kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
+.PHONY: help deps venv jars demo test test-slow test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,7 +34,11 @@ test: jars ## the suite: real broker + Spark + SIGKILL tests on one worker, unit
 test-slow: jars ## the long scenarios kept out of make test's 30 minutes (CI runs both)
 	$(BIN)/pytest -m slow
 
-bench: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
+bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b")
+	$(BIN)/adpipe bench --peers --install-only
+	$(BIN)/adpipe bench --peers $(ARGS)
+
+bench-stages: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
 	$(BIN)/adpipe bench $(ARGS)
 
 # `make chaos`: its own home and ports, beside a demo broker or a test run.

@@ -96,7 +96,7 @@ _BUDGET_BATCH = re.compile(r"adpipe\.budget: batch (\d+): (.*)$")
 _MS = re.compile(r"(\d+(?:\.\d+)?)\s*ms\b")
 
 
-def _log_time(line: str) -> datetime | None:
+def log_time(line: str) -> datetime | None:
     """The time a log line starts with (``%(asctime)s``), or None."""
     m = _LOG_TIME.match(line)
     if not m:
@@ -137,14 +137,14 @@ def budget_log_stats(log_text: str) -> dict:
             published[1] += events
             continue
         if "budget service stopped" in line:
-            stopped_at = _log_time(line)
+            stopped_at = log_time(line)
             rest = line.split("budget service stopped", 1)[1]
             stopped_batches = _int_in(r"(\d+) batches", rest)
             found = re.findall(r"([a-z_]+) (\d+)\b", rest.split("batches", 1)[-1])
             totals = {k: int(v) for k, v in found} or None
             continue
         if "adpipe.budget: budget service" in line:
-            started_at = _log_time(line)
+            started_at = log_time(line)
             batch_size = _int_in(r"batch size (\d+)", line)
             continue
         m = _BUDGET_BATCH.search(line)
@@ -156,7 +156,7 @@ def budget_log_stats(log_text: str) -> dict:
             continue
         durations = _MS.findall(rest)
         duration = float(durations[-1]) if durations else None
-        batches.append((records, _int_in(r"(\d+) applied", rest), duration, _log_time(line)))
+        batches.append((records, _int_in(r"(\d+) applied", rest), duration, log_time(line)))
 
     stats: dict = {
         "batches": len(batches) or None,

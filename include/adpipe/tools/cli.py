@@ -75,9 +75,39 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_bench_peers(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.tools import bench_peers
+
+    try:
+        engines = bench_peers.parse_only(args.only)
+    except ValueError as exc:
+        raise SystemExit(f"adpipe bench --only: {exc}") from exc
+    if args.install_only:
+        for name, path in bench_peers.ensure_peers(settings, engines).items():
+            print(f"{name}: {path}")
+        return 0
+    result = bench_peers.run(
+        settings,
+        events=args.events or 1_000_000,
+        ads=args.ads,
+        engines=engines,
+        seed=args.seed,
+        latency=args.latency,
+        rate=args.rate,
+        latency_duration_s=args.latency_duration,
+    )
+    print()
+    print(bench_peers.render_table(result))
+    print(f"\nJSON: {result['files']}/peers.json")
+    failed = [r["engine"] for r in result["rows"] if r["counts"] in ("WRONG", "FAILED")]
+    return 1 if failed else 0
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.tools import bench
 
+    if args.peers:
+        return cmd_bench_peers(args, settings)
     if args.stream_caps:
         caps = [int(c) for c in args.stream_caps.split(",")]
         print(json.dumps(bench.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
@@ -200,17 +230,55 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "bench",
-        help="time each stage (produce, stream, budget, load, rerun, validate) for N events",
-        description="Runs every stage as the real command on fresh topics and prints the seconds each took "
-        "(also kept under $ADPIPE_HOME/bench/). Speed targets live here, not in the tests.",
+        help="time each stage for N events; --peers: adpipe side by side with Spark, quixstreams and PyFlink",
+        description="Without a mode: runs every stage (produce, stream, budget, load, rerun, validate) as the real "
+        "command on fresh topics and prints the seconds each took. --peers (what `make bench` runs): on one topic "
+        "(1,000,000 events over 50 ads and 30 minutes, 2 % retries, 1 % malformed), the I/O floor "
+        "(confluent-kafka read + json.loads), Spark's batch ceiling (adpipe's transforms as a batch query), "
+        "Spark's at-least-once Kafka sink (the same streaming query), adpipe's exactly-once job, quixstreams "
+        "(exactly-once) and PyFlink SQL (exactly-once sink), each a process of its own; prints steady-state "
+        "events/s, start-up, CPU s per million, peak memory and the ratio to Spark's batch ceiling, with every "
+        "output checked against the producer's summary (a row that counts wrong is reported, not ranked; exit 1). "
+        "The peers are installed on first use into .cache/bench/<peer> (and the Flink Kafka connector jar from "
+        "Maven Central). Results are kept under $ADPIPE_HOME/bench/. Speed targets live here, not in the tests.",
     )
     p.add_argument(
         "--events",
         type=int,
         default=None,
-        help="events to send (20,000; 200,000 with --stream-caps); with --budget-batch-sizes: aggregates (50,000)",
+        help="events to send (20,000; 200,000 with --stream-caps; 1,000,000 with --peers); with "
+        "--budget-batch-sizes: aggregates (50,000)",
     )
     sweep = p.add_mutually_exclusive_group()
+    sweep.add_argument(
+        "--peers",
+        action="store_true",
+        help="instead: the side-by-side comparison above (make bench)",
+    )
+    peers = p.add_argument_group("with --peers")
+    peers.add_argument("--ads", type=int, default=50, help="distinct ads (default 50; 10000 for the wide variant)")
+    peers.add_argument(
+        "--only",
+        metavar="ROW,ROW",
+        help="these rows only: io_floor, spark_batch, spark_alo, adpipe, quixstreams, pyflink (default: all)",
+    )
+    peers.add_argument("--seed", type=int, default=7, help="the producer's seed (default 7)")
+    peers.add_argument(
+        "--latency",
+        action="store_true",
+        help="then, for adpipe, spark_alo, quixstreams and pyflink in turn: each running continuously while a "
+        "producer sends at --rate for --latency-duration; p50/p99 seconds from a window's close (end + watermark "
+        "delay) to its aggregate being visible to a read_committed consumer",
+    )
+    peers.add_argument(
+        "--rate", type=float, default=None, help="messages/s for --latency (default: half of adpipe's measured rate)"
+    )
+    peers.add_argument(
+        "--latency-duration", type=float, default=300.0, help="seconds of production per --latency row (default 300)"
+    )
+    peers.add_argument(
+        "--install-only", action="store_true", help="install the peers' environments and jar, then stop"
+    )
     sweep.add_argument(
         "--stream-caps",
         metavar="N,N,...",
