@@ -333,6 +333,72 @@ def read_topic(
         consumer.close()
 
 
+class MissingRecordError(RuntimeError):
+    """A record asked for by position was not there (deleted, or aborted)."""
+
+
+def read_positions(
+    kafka: KafkaAccess | str, topic: str, wanted: dict[int, Sequence[int]], timeout_s: float = 300.0
+) -> Iterator[Record]:
+    """The records of ``topic`` at the given offsets (per partition, sorted),
+    read_committed, in partition order and then offset order.
+
+    Each partition is read once, from its first wanted offset to its last,
+    keeping only the wanted ones; a wanted offset that is not there raises
+    :class:`MissingRecordError` rather than being skipped."""
+    consumer = Consumer(
+        client_config(
+            kafka,
+            {
+                "group.id": "adpipe-position-reader",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+        )
+    )
+    try:
+        for partition in sorted(wanted):
+            offsets = wanted[partition]
+            if not offsets:
+                continue
+            consumer.assign([TopicPartition(topic, partition, offsets[0])])
+            deadline = time.monotonic() + timeout_s
+            index = 0
+            while index < len(offsets):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic}[{partition}] to offset {offsets[-1]} took over {timeout_s}s")
+                for msg in consumer.consume(1000, 1.0):
+                    if msg.error():
+                        if msg.error().code() == KafkaError._PARTITION_EOF and msg.partition() != partition:
+                            continue
+                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                            raise MissingRecordError(
+                                f"{topic}[{partition}] ends before offset {offsets[index]} (read_committed)"
+                            )
+                        raise KafkaException(msg.error())
+                    if msg.partition() != partition:
+                        continue  # fetched before the previous partition was unassigned
+                    if offsets[index] < msg.offset():
+                        raise MissingRecordError(f"{topic}[{partition}] has no readable record at {offsets[index]}")
+                    if msg.offset() == offsets[index]:
+                        index += 1
+                        yield Record(
+                            topic,
+                            partition,
+                            msg.offset(),
+                            msg.key(),
+                            msg.value(),
+                            dict(msg.headers() or []),
+                            msg.timestamp()[1],
+                        )
+                    if index == len(offsets):
+                        break
+            consumer.unassign()
+    finally:
+        consumer.close()
+
+
 def refusal(kafka: KafkaAccess | str, timeout_s: float = 5.0) -> str | None:
     """Why the cluster does not let this client in, in one line (None: it
     answers): wrong credentials, a certificate the CA file does not verify,

@@ -4,26 +4,28 @@ per ad -> ``ad-aggregates``, exactly once, through the transactional sink.
 Routing late events. Spark's stateful operators drop input rows older than
 the watermark silently. We need those rows in ``ad-events-late``, in the same
 transaction as the batch's aggregates, and a replayed batch must route
-exactly the same rows. We re-derive them from the checkpoint rather than
-using an arbitrary-state operator: for batch N Spark records in
-``offsets/N`` the batch's end offsets and watermark, before running it, and
-a replay reads the very same entries. The first stateful operator
-(dedupe by event_id) drops rows whose event time is <= the watermark of the
-previous batch (``offsets/N-1``), which is the late-event watermark of
-batch N. So the sink re-reads batch N's exact offset range from Kafka and
-routes the rows that satisfy that same predicate, plus every malformed one.
-A listener compares our late count with Spark's own
-``numRowsDroppedByWatermark`` for every batch and logs an error on any
-difference. This keeps Spark's tested window/state machinery for the counts
-and adds one deterministic read per batch.
+exactly the same rows. For batch N Spark records in ``offsets/N`` the
+batch's end offsets and watermark, before running it, and a replay reads the
+very same entries. The first stateful operator (dedupe by event_id) drops
+rows whose event time is <= the watermark of the previous batch
+(``offsets/N-1``), which is the late-event watermark of batch N. A second
+stateful operator of the same query (adpipe.stream.late_dedupe) sees every
+row, late and malformed ones included, and names the rows at or before its
+own watermark (batch N's, never behind N-1's) and every malformed one; the
+driver keeps those at or before the late-event watermark, then fetches just
+their payloads from Kafka by position. A listener compares our late count
+with Spark's own ``numRowsDroppedByWatermark`` for every batch and logs an
+error on any difference. This keeps Spark's tested window/state machinery
+for the counts and reads the input once.
 
 Listing each late event once. A late row is listed only if its ``event_id``
 was never seen before it: not in an earlier batch (on time or late), not
 earlier in this batch. That memory is Spark state too, a second stateful
 operator in the same query (adpipe.stream.late_dedupe), so a replayed batch
 decides from the same state version as the first run. The query's output is
-the union of the closed windows and the (partition, offset) of the batch's
-repeated rows; the late rows whose position is among them are skipped."""
+the union of the closed windows and that operator's rows (repeats,
+malformed, maybe late); the late rows whose position is a repeat are
+skipped."""
 
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
@@ -212,6 +214,34 @@ class ExceptionCopies:
             yield _copy(topic, row["ad_id"].encode(), value, "late", "late", headers, self.limits.get(topic))
 
 
+@dataclass
+class BatchOutput:
+    """What one micro-batch's query gave the driver."""
+
+    aggregates: list[OutRecord] = field(default_factory=list)
+    # (partition, offset) of the rows whose event_id came before them
+    repeats: set[tuple[int, int]] = field(default_factory=set)
+    # malformed and late rows, by position, without their payload
+    exceptions: list[dict] = field(default_factory=list)
+
+
+def _position(row: Mapping | Row) -> tuple[int, int]:
+    return row["partition"], row["offset"]
+
+
+def _with_records(settings: Settings, topic: str, rows: list[dict]) -> Iterator[dict]:
+    """``rows`` (sorted by position) each with its record's ``key``, ``value``
+    and ``topic``, fetched from Kafka."""
+    wanted: dict[int, list[int]] = collections.defaultdict(list)
+    for row in rows:
+        wanted[row["partition"]].append(row["offset"])
+    for row, record in zip(rows, kafka_io.read_positions(settings.kafka, topic, wanted), strict=True):
+        if (record.partition, record.offset) != _position(row):
+            got = (record.partition, record.offset)
+            raise kafka_io.MissingRecordError(f"expected {topic} {_position(row)}, read {got}")
+        yield {**row, "topic": topic, "key": record.key, "value": record.value}
+
+
 class BatchHandler:
     """The foreachBatch function: gather the batch's output, commit it."""
 
@@ -233,17 +263,6 @@ class BatchHandler:
         self.batches = 0
         self.fatal: Exception | None = None
 
-    def _raw_range(self, offsets: BatchOffsets) -> DataFrame:
-        return (
-            self.spark.read.format("kafka")
-            .options(**self.settings.kafka.spark_options())
-            .option("kafka.isolation.level", "read_committed")
-            .option("assign", offsets.kafka_assign())
-            .option("startingOffsets", offsets.kafka_json("start"))
-            .option("endingOffsets", offsets.kafka_json("end"))
-            .load()
-        )
-
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.in_batch.set()
         try:
@@ -254,13 +273,13 @@ class BatchHandler:
         finally:
             self.in_batch.clear()
 
-    def _aggregates_and_repeats(
-        self, batch_df: DataFrame, batch_id: int
-    ) -> tuple[list[OutRecord], frozenset[tuple[int, int]]]:
-        """The records of the windows the batch closed, and the positions of
-        its repeated rows: one action, so Spark runs the batch's stateful
-        operators once. Both are small (a row per window, a pair per
-        repeated row of one bounded batch)."""
+    def _batch_output(self, batch_df: DataFrame, batch_id: int, offsets: BatchOffsets) -> BatchOutput:
+        """The records of the windows the batch closed, the positions of its
+        repeated rows and its exception rows (malformed, or at or before the
+        late-event watermark), from one action: Spark runs the batch's
+        stateful operators once and the input is read once. All are small (a
+        row per window, a row per repeat or exception of one bounded batch,
+        no payload)."""
         # Window bounds leave Spark as epoch milliseconds: host-zone independent (see iso_utc).
         rows = batch_df.select(
             "kind",
@@ -271,40 +290,54 @@ class BatchHandler:
             "clicks",
             "partition",
             "offset",
+            "reject_reason",
+            "event_id",
+            "event_us",
+            "watermark_ms",
         ).collect()
-        aggregates = [
-            aggregate_record(self.settings, r.asDict(), batch_id) for r in rows if r["kind"] == T.KIND_AGGREGATE
-        ]
-        repeats = frozenset((r["partition"], r["offset"]) for r in rows if r["kind"] == T.KIND_REPEAT)
-        return aggregates, repeats
-
-    def _exception_rows(self, offsets: BatchOffsets) -> Iterator[dict]:
-        """The batch's malformed rows and the rows Spark drops as late, in
-        (partition, offset) order, streamed a Spark partition at a time."""
-        if not offsets.has_input():
-            return iter(())
-        parsed_df = raw_events.parse_raw_events(self._raw_range(offsets), self.settings.max_future_skew_ms)
-        late_cut = F.timestamp_millis(F.lit(offsets.late_watermark_ms))
-        rows = (
-            parsed_df.where(F.col("reject_reason").isNotNull() | (F.col("event_time") <= late_cut))
-            .withColumn("event_ms", F.unix_millis("event_time"))
-            .drop("campaign_id", "event_type", "event_time")
-            .orderBy("partition", "offset")
-        )
-        return (r.asDict() for r in rows.toLocalIterator())
+        output = BatchOutput()
+        late_cut_us = offsets.late_watermark_ms * 1000
+        for row in rows:
+            kind = row["kind"]
+            if kind == T.KIND_AGGREGATE:
+                output.aggregates.append(aggregate_record(self.settings, row.asDict(), batch_id))
+                continue
+            if row["watermark_ms"] < offsets.late_watermark_ms:
+                # Never expected: the operator would have missed late rows.
+                raise RuntimeError(
+                    f"batch {batch_id}: the late-event operator ran with watermark {row['watermark_ms']}, "
+                    f"behind the batch's late-event watermark {offsets.late_watermark_ms}"
+                )
+            if kind == T.KIND_REPEAT:
+                output.repeats.add(_position(row))
+            elif kind == T.KIND_MALFORMED or row["event_us"] <= late_cut_us:
+                output.exceptions.append(
+                    {
+                        "partition": row["partition"],
+                        "offset": row["offset"],
+                        "reject_reason": row["reject_reason"],
+                        "event_id": row["event_id"],
+                        "ad_id": row["ad_id"],
+                        "event_ms": None if row["event_us"] is None else row["event_us"] // 1000,
+                    }
+                )
+        output.exceptions.sort(key=_position)
+        return output
 
     def _handle(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = batch_offsets(self.checkpoint, batch_id)
-        aggregates, repeats = self._aggregates_and_repeats(batch_df, batch_id)
+        output = self._batch_output(batch_df, batch_id, offsets)
+        aggregates = output.aggregates
         attempts: list[ExceptionCopies] = []
 
         def batch_records() -> Iterator[OutRecord]:
-            """The batch's records, streamed again on each attempt (with fresh counts)."""
-            copies = ExceptionCopies(self.settings, offsets, self.limits, repeats)
+            """The batch's records, streamed again on each attempt (with fresh
+            counts); the exception rows' payloads are fetched as they go."""
+            copies = ExceptionCopies(self.settings, offsets, self.limits, frozenset(output.repeats))
             attempts.append(copies)
             yield from aggregates
-            yield from copies.records(self._exception_rows(offsets))
+            yield from copies.records(_with_records(self.settings, offsets.topic, output.exceptions))
 
         if self.sink.query_id is None:  # written by Spark before the first batch
             self.sink.query_id = query_id(self.checkpoint)
@@ -396,7 +429,6 @@ def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
     return (
         reader.load()
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
-        .transform(raw_events.valid_events)
         .transform(T.aggregates_and_repeats, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
     )
 

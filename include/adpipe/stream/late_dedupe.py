@@ -28,6 +28,13 @@ ones included, and remembers the ids per event-time minute:
 
 Copies of one ``event_id`` are expected to carry one event time; copies that
 differ fall in different minutes and are not compared.
+
+The same operator names the rows the batch must copy out, so that the job
+never reads its input twice: every malformed row (they all come under one
+key of their own, :data:`MALFORMED_KEY`, and leave no state), and every
+valid row whose event time is at or before the watermark the operator runs
+with (the current batch's, which is never behind the late-event watermark
+Spark drops rows with: the driver keeps those at or before that one).
 """
 
 from __future__ import annotations
@@ -43,7 +50,18 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 MINUTE_MS = 60_000
 DIGEST_BYTES = 16
 DIGEST_DTYPE = f"S{DIGEST_BYTES}"
-REPEATS_SCHEMA = "partition int, offset long"
+# What the operator emits: a row per repeat, per malformed row and per
+# possibly late row (a row can be both a repeat and possibly late).
+REPEATS_SCHEMA = (
+    "kind string, partition int, offset long, reject_reason string, event_id string, ad_id string, "
+    "event_us long, watermark_ms long"
+)
+KIND_REPEAT = "repeat"
+KIND_MALFORMED = "malformed"
+KIND_MAYBE_LATE = "maybe_late"
+# The key of malformed rows: no event minute is this far from 1970 (year 0001 is about -1e9).
+MALFORMED_KEY = -(2**62)
+_OUT_COLUMNS = ["kind", "partition", "offset", "reject_reason", "event_id", "ad_id", "event_us", "watermark_ms"]
 
 
 def digests(event_ids: Sequence[str]) -> np.ndarray:
@@ -77,9 +95,16 @@ class RepeatedEventIds(StatefulProcessor):
         self.seen = handle.getValueState("seen_digests", "digests binary")
 
     def handleInputRows(  # noqa: N802 - Spark's name
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any  # noqa: ANN401, N803
+        self,
+        key: Any,
+        rows: Iterator[pd.DataFrame],
+        timerValues: Any,  # noqa: ANN401, N803
     ) -> Iterator[pd.DataFrame]:
         batch = pd.concat(list(rows), ignore_index=True).sort_values(["partition", "offset"], kind="stable")
+        watermark_ms = max(int(timerValues.getCurrentWatermarkInMs()), 0)
+        if int(key[0]) == MALFORMED_KEY:
+            yield _out(batch, KIND_MALFORMED, watermark_ms)
+            return
         known = self.seen.exists()
         seen = np.frombuffer(self.seen.get()[0], dtype=DIGEST_DTYPE) if known else np.zeros(0, DIGEST_DTYPE)
         repeats, after = find_repeats(seen, batch["event_id"].tolist())
@@ -87,13 +112,45 @@ class RepeatedEventIds(StatefulProcessor):
             self.seen.update((after.tobytes(),))
         if not known:
             self.handle.registerTimer((int(key[0]) + 1) * MINUTE_MS + self.retention_ms)
-        yield batch.loc[repeats, ["partition", "offset"]].reset_index(drop=True)
+        maybe_late = (batch["event_us"] <= watermark_ms * 1000).to_numpy()
+        yield pd.concat(
+            [
+                _out(batch.loc[repeats], KIND_REPEAT, watermark_ms),
+                _out(batch.loc[maybe_late], KIND_MAYBE_LATE, watermark_ms),
+            ],
+            ignore_index=True,
+        )
 
     def handleExpiredTimer(  # noqa: N802 - Spark's name
-        self, key: Any, timerValues: Any, expiredTimerInfo: Any  # noqa: ANN401, N803
+        self,
+        key: Any,
+        timerValues: Any,
+        expiredTimerInfo: Any,  # noqa: ANN401, N803
     ) -> Iterator[pd.DataFrame]:
         self.seen.clear()
         return iter(())
 
     def close(self) -> None:
         pass
+
+
+def _out(rows: pd.DataFrame, kind: str, watermark_ms: int) -> pd.DataFrame:
+    """The output rows, as plain numpy and object columns (Arrow-backed
+    input columns would reach Spark's serializer as chunked arrays)."""
+
+    def objects(name: str) -> pd.Series:
+        return pd.Series([None if pd.isna(v) else v for v in rows[name].tolist()], dtype=object)
+
+    return pd.DataFrame(
+        {
+            "kind": pd.Series([kind] * len(rows), dtype=object),
+            "partition": rows["partition"].to_numpy(dtype=np.int32),
+            "offset": rows["offset"].to_numpy(dtype=np.int64),
+            "reject_reason": objects("reject_reason"),
+            "event_id": objects("event_id"),
+            "ad_id": objects("ad_id"),
+            "event_us": pd.Series([None if pd.isna(v) else int(v) for v in rows["event_us"].tolist()], dtype=object),
+            "watermark_ms": np.full(len(rows), watermark_ms, dtype=np.int64),
+        },
+        columns=_OUT_COLUMNS,
+    )

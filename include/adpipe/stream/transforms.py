@@ -1,6 +1,6 @@
 """Pure DataFrame -> DataFrame steps of the aggregation stream job.
 
-Each but :func:`repeated_events` (a stateful operator of its own, streaming
+Each but :func:`exception_rows` (a stateful operator of its own, streaming
 only) works the same on a streaming and on a batch DataFrame, so the unit
 tests run them on small local batch frames with explicit UTC times."""
 
@@ -9,10 +9,30 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from adpipe.stream.late_dedupe import MINUTE_MS, REPEATS_SCHEMA, RepeatedEventIds
+from adpipe.stream.late_dedupe import (
+    KIND_MALFORMED,
+    KIND_MAYBE_LATE,
+    KIND_REPEAT,
+    MALFORMED_KEY,
+    MINUTE_MS,
+    REPEATS_SCHEMA,
+    RepeatedEventIds,
+)
 
 KIND_AGGREGATE = "aggregate"
-KIND_REPEAT = "repeat"
+# The kinds of the query's output rows, all importable from here.
+__all__ = [
+    "KIND_AGGREGATE",
+    "KIND_MALFORMED",
+    "KIND_MAYBE_LATE",
+    "KIND_REPEAT",
+    "aggregates_and_repeats",
+    "count_minute_windows",
+    "event_time_watermark",
+    "exception_rows",
+    "late_events",
+    "minute_windows",
+]
 
 
 def late_events(valid_df: DataFrame, late_watermark_ms: int) -> DataFrame:
@@ -59,30 +79,46 @@ def minute_windows(watermarked_df: DataFrame) -> DataFrame:
     )
 
 
-def repeated_events(watermarked_df: DataFrame, retention_ms: int) -> DataFrame:
-    """(``partition``, ``offset``) of every valid row whose ``event_id`` came
-    before, late rows included (adpipe.stream.late_dedupe). Streaming only.
+def exception_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
+    """What the batch must copy out, without reading its input again
+    (adpipe.stream.late_dedupe): the (``partition``, ``offset``) of every
+    valid row whose ``event_id`` came before (``kind`` repeat), of every
+    malformed row (malformed, with its ``reject_reason``) and of every valid
+    row at or before the operator's watermark (maybe_late, with ``event_id``,
+    ``ad_id`` and ``event_us``). Streaming only.
 
-    The event time is dropped from the operator's input so that Spark hands
-    it the late rows too, while the watermark above still drives its timers."""
+    Malformed rows go through the watermark at the epoch, which never moves
+    it (Spark takes the largest event time). The event time is dropped from
+    the operator's input so that Spark hands it the late rows too, while the
+    watermark above still drives its timers."""
+    valid = F.col("reject_reason").isNull()
     return (
-        watermarked_df.select(
-            F.floor(F.unix_millis("event_time") / MINUTE_MS).alias("event_minute"), "event_id", "partition", "offset"
+        parsed_df.withColumn(
+            "__watermark_time", F.when(valid, F.col("event_time")).otherwise(F.timestamp_millis(F.lit(0)))
+        )
+        .withWatermark("__watermark_time", f"{lateness_ms} milliseconds")
+        .select(
+            F.when(valid, F.floor(F.unix_millis("event_time") / MINUTE_MS))
+            .otherwise(F.lit(MALFORMED_KEY))
+            .alias("event_minute"),
+            F.col("partition").cast("int").alias("partition"),
+            F.col("offset").cast("long").alias("offset"),
+            "reject_reason",
+            F.when(valid, F.col("event_id")).alias("event_id"),
+            F.when(valid, F.col("ad_id")).alias("ad_id"),
+            F.when(valid, F.unix_micros("event_time")).alias("event_us"),
         )
         .groupBy("event_minute")
         .transformWithStateInPandas(RepeatedEventIds(retention_ms), REPEATS_SCHEMA, "Append", "EventTime")
     )
 
 
-def aggregates_and_repeats(valid_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
-    """The stream job's one query: closed windows (``kind`` aggregate) and
-    repeated rows (``kind`` repeat) of each micro-batch, under one watermark."""
-    watermarked_df = event_time_watermark(valid_df, lateness_ms)
+def aggregates_and_repeats(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
+    """The stream job's one query over parsed rows (adpipe.raw_events): the
+    closed windows of the valid ones (``kind`` aggregate) and the
+    :func:`exception_rows` of each micro-batch, under one watermark."""
     return (
-        minute_windows(watermarked_df)
+        count_minute_windows(parsed_df.where(F.col("reject_reason").isNull()), lateness_ms)
         .withColumn("kind", F.lit(KIND_AGGREGATE))
-        .unionByName(
-            repeated_events(watermarked_df, retention_ms).withColumn("kind", F.lit(KIND_REPEAT)),
-            allowMissingColumns=True,
-        )
+        .unionByName(exception_rows(parsed_df, lateness_ms, retention_ms), allowMissingColumns=True)
     )

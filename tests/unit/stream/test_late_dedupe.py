@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest.mock import ANY
 
 import numpy as np
 from adpipe.stream import transforms as T
@@ -57,6 +58,7 @@ ROWS = StructType(
         StructField("event_time", TimestampType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
+        StructField("reject_reason", StringType()),
     ]
 )
 
@@ -68,11 +70,14 @@ def at(minute: int, second: int = 0) -> datetime:
 def run_batches(
     spark: SparkSession, tmp: Path, files: list[list[tuple]], lateness_ms: int, retention_ms: int
 ) -> dict[int, dict[str, list]]:
-    """aggregates_and_repeats over ``files`` (one micro-batch each): per batch
-    the (ad_id, window minute, impressions, clicks) emitted and the sorted
-    (partition, offset) of the repeats."""
+    """aggregates_and_repeats over ``files`` (one micro-batch each; a row
+    without a reject reason is valid): per batch the (ad_id, window minute,
+    impressions, clicks) emitted and the sorted (partition, offset) of the
+    repeats, of the malformed rows and of the rows at or before the
+    operator's watermark (with that watermark)."""
     for i, rows in enumerate(files):
-        spark.createDataFrame(rows, ROWS).coalesce(1).write.parquet(str(tmp / "in" / f"{i:03d}"))
+        with_reasons = [r if len(r) == 7 else (*r, None) for r in rows]
+        spark.createDataFrame(with_reasons, ROWS).coalesce(1).write.parquet(str(tmp / "in" / f"{i:03d}"))
     source = spark.readStream.option("maxFilesPerTrigger", 1).schema(ROWS).parquet(str(tmp / "in" / "*"))
     out: dict[int, dict[str, list]] = {}
 
@@ -85,6 +90,14 @@ def run_batches(
                 if r["kind"] == T.KIND_AGGREGATE
             ),
             "repeats": sorted((r["partition"], r["offset"]) for r in rows if r["kind"] == T.KIND_REPEAT),
+            "malformed": sorted(
+                (r["partition"], r["offset"], r["reject_reason"]) for r in rows if r["kind"] == T.KIND_MALFORMED
+            ),
+            "maybe_late": sorted(
+                (r["partition"], r["offset"], r["event_id"], r["watermark_ms"])
+                for r in rows
+                if r["kind"] == T.KIND_MAYBE_LATE
+            ),
         }
 
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
@@ -126,8 +139,14 @@ def test_late_copies_of_counted_or_listed_events_are_repeats_until_the_retention
         # batch 2: "x" re-sent again, now late; "y" late and new
         [("x", "ad-1", "impression", at(1), 1, 3), ("y", "ad-1", "click", at(2), 1, 4)],
         # batch 3: the watermark moves to 12:13:10, past every minute up to
-        # 12:05 plus 5 minutes' retention; their timers fire in batch 4
-        [("far", "ad-2", "impression", at(13, 40), 1, 5)],
+        # 12:05 plus 5 minutes' retention; their timers fire in batch 4. Two
+        # malformed rows: one with no event time, one timed 12:59 (which
+        # must not move the watermark: "far" would be forgotten in batch 5)
+        [
+            ("far", "ad-2", "impression", at(13, 40), 1, 5),
+            ("m1", "ad-9", "impression", at(59), 0, 4, "future_event_time"),
+            (None, None, None, None, 1, 6, "not_json"),
+        ],
         [("filler", "ad-3", "impression", at(13, 30), 0, 5)],
         # batch 5: "a", "y" and "b" are forgotten; "far" (12:13) is not
         [
@@ -145,6 +164,19 @@ def test_late_copies_of_counted_or_listed_events_are_repeats_until_the_retention
         3: [],
         4: [],
         5: [(1, 9)],
+    }
+    assert {b: out[b]["malformed"] for b in out if out[b]["malformed"]} == {
+        3: [(0, 4, "future_event_time"), (1, 6, "not_json")]
+    }
+    # Rows at or before the operator's watermark (the batch's own, 12:04:30
+    # from batch 1 on): the driver keeps those at or before the previous
+    # batch's (none in batch 1, whose late-event watermark is 0).
+    wm = int(at(4, 30).timestamp() * 1000)
+    maybe_late = {b: out[b]["maybe_late"] for b in out if out[b]["maybe_late"]}
+    assert maybe_late == {
+        1: [(0, 2, "a", wm), (0, 3, "x", wm), (1, 2, "x", wm)],
+        2: [(1, 3, "x", wm), (1, 4, "y", wm)],
+        5: [(0, 6, "a", ANY), (0, 7, "y", ANY), (0, 8, "b", ANY)],
     }
     # The windows are Spark's own on-time dedupe, untouched: "a" and "dup"
     # once, "x" on time in batch 1 (batch 0's watermark is 0), late rows not.
