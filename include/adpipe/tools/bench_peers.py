@@ -599,18 +599,18 @@ def throughput(ctx: Context, engines: Sequence[str], events: int, ads: int, seed
 # --- Latency ----------------------------------------------------------------
 
 
-def latency_stats(arrivals: dict[str, float], lateness_ms: int, until_ms: float) -> dict:
+def latency_stats(arrivals: Iterable[tuple[str, float]], lateness_ms: int, until_ms: float) -> dict:
     """Seconds from each window's close (its end plus the watermark delay)
     to its aggregate being visible, for the windows that closed by
     ``until_ms`` (when the producer stopped: later ones never close).
-    ``arrivals``: window_end (ISO) -> epoch ms first seen."""
+    ``arrivals``: (window_end ISO, epoch ms first seen) per aggregate."""
     delays = []
-    for window_end, seen_ms in arrivals.items():
+    for window_end, seen_ms in arrivals:
         close_ms = datetime.fromisoformat(window_end).timestamp() * 1000 + lateness_ms
         if close_ms <= until_ms:
             delays.append((seen_ms - close_ms) / 1000)
     return {
-        "windows": len(delays),
+        "windows": len(delays),  # aggregates: (ad, window) pairs
         "p50_s": chaos_check.percentile(delays, 0.5),
         "p99_s": chaos_check.percentile(delays, 0.99),
         "max_s": max(delays) if delays else None,
@@ -661,12 +661,9 @@ class Watcher:
         self._stop.set()
         self._thread.join()
 
-    def by_window(self) -> dict[str, float]:
-        """Per window end, when the last ad's aggregate of it became visible."""
-        latest: dict[str, float] = {}
-        for (_, window_end), seen in self.first_seen.items():
-            latest[window_end] = max(seen, latest.get(window_end, 0.0))
-        return latest
+    def arrivals(self) -> list[tuple[str, float]]:
+        """(window_end, epoch ms first visible) of each aggregate."""
+        return [(window_end, seen) for (_, window_end), seen in self.first_seen.items()]
 
 
 def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: int, seed: int) -> dict:
@@ -692,25 +689,30 @@ def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: 
     watcher = Watcher(settings, how.aggregates)
     # Events timed from now, spread over the duration; retries and malformed
     # ones among them, so that messages, not only events, arrive at ``rate``.
+    # The send is paced so that it takes as long as the event times span
+    # (whole minutes): event time then keeps to the wall clock.
     share = 1 + 0.02 + 0.01
+    minutes = max(1, round(duration_s / 60))
     start = datetime.now(UTC)
     spec = produce.ProduceSpec(
-        events=max(1, round(rate * duration_s / share)),
+        events=max(1, round(rate * minutes * 60 / share)),
         seed=seed,
         ads=ads,
-        minutes=max(1, round(duration_s / 60)),
+        minutes=minutes,
         start=start,
         duplicate_rate=0.02,
         malformed_rate=0.01,
     )
-    print(f"   {engine}: producing {rate:,.0f} messages/s for {duration_s:.0f} s", flush=True)
-    produce.send(settings.kafka, source, produce.plan(spec), events_per_second=rate)
-    until_ms = min(time.time() * 1000, (start + timedelta(minutes=spec.minutes)).timestamp() * 1000)
+    plan = produce.plan(spec)
+    paced = len(plan.messages) / (minutes * 60)
+    print(f"   {engine}: producing {paced:,.0f} messages/s for {minutes * 60} s", flush=True)
+    produce.send(settings.kafka, source, plan, events_per_second=paced)
+    until_ms = min(time.time() * 1000, (start + timedelta(minutes=minutes)).timestamp() * 1000)
     time.sleep(settings.lateness_ms / 1000 + settings.trigger_interval_s + 30)  # the last closed windows' output
     watcher.stop()
     running.terminate()
     measured = running.finish(120)
-    stats = latency_stats(watcher.by_window(), settings.lateness_ms, until_ms)
+    stats = latency_stats(watcher.arrivals(), settings.lateness_ms, until_ms)
     return {
         "engine": engine,
         **stats,

@@ -148,7 +148,7 @@ def test_rows_ratios_and_table() -> None:
 def test_latency_from_window_close_only_for_closed_windows() -> None:
     end = "2026-11-22T12:01:00Z"
     end_ms = datetime.fromisoformat(end).timestamp() * 1000
-    arrivals = {end: end_ms + 30_000 + 4_000, "2026-11-22T12:02:00Z": end_ms + 60_000 + 30_000 + 8_000}
+    arrivals = [(end, end_ms + 30_000 + 4_000), ("2026-11-22T12:02:00Z", end_ms + 60_000 + 30_000 + 8_000)]
     stats = B.latency_stats(arrivals, 30_000, until_ms=end_ms + 60_000 + 30_000)
     assert stats == {"windows": 2, "p50_s": 4.0, "p99_s": 8.0, "max_s": 8.0}
     assert B.latency_stats(arrivals, 30_000, until_ms=end_ms + 31_000)["windows"] == 1
