@@ -503,6 +503,7 @@ def launch(ctx: Context, engine: str, source: str, messages: int, continuous: bo
         )
     if engine == "pyflink":
         flink = ["--jar", str(ctx.pythons["flink_jar"]), *(["--continuous"] if continuous else [])]
+        env["FLINK_LOG_DIR"] = str(folder)  # the JobManager's log (checkpoints, commits) with the run's files
         return Launch(
             [str(ctx.pythons[engine]), str(PEERS_DIR / "flink_peer.py"), *common, *bounded, *flink],
             env,

@@ -77,13 +77,16 @@ def kafka_options(args, topic: str, extra: dict[str, str]) -> str:  # noqa: ANN0
 
 
 def sink_options(args, topic: str, suffix: str) -> dict[str, str]:  # noqa: ANN001
-    return {
+    options = {
         "format": "json",
         "sink.delivery-guarantee": "exactly-once",
         "sink.transactional-id-prefix": f"{args.job_id}-{suffix}",
-        # Under the broker's transaction.max.timeout.ms (15 min here; Flink's default is 1 h).
-        "properties.transaction.timeout.ms": "600000",
     }
+    if args.transaction_timeout_ms:
+        # Under the broker's transaction.max.timeout.ms (15 min, Kafka's default): Flink's own
+        # default is 1 h, which the broker refuses.
+        options["properties.transaction.timeout.ms"] = str(args.transaction_timeout_ms)
+    return options
 
 
 def main() -> None:
@@ -92,6 +95,9 @@ def main() -> None:
     p.add_argument("--continuous", action="store_true", help="unbounded, until SIGTERM")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--checkpoint-s", type=int, default=5)
+    p.add_argument(
+        "--transaction-timeout-ms", type=int, default=600_000, help="the sink producers' (0: Flink's default, 1 h)"
+    )
     args = p.parse_args()
     clock = Clock()
     t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
