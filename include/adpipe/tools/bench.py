@@ -391,7 +391,11 @@ def budget_batch_sizes(
     return result
 
 
-def run(settings: Settings, events: int = 20_000, seed: int = 7) -> dict:
+def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, minutes: int = 30) -> dict:
+    """Each stage as the real command over ``events`` events of ``ads`` ads
+    spread over ``minutes`` minutes (2 % retries, 1 % malformed), timed from
+    the outside: produce, stream, budget, load of the first hour, its rerun,
+    validate."""
     run_id = "bench-" + time.strftime("%Y%m%d%H%M%S")
     env = demo.demo_env(settings, run_id)
     bench_settings = load_settings(env)
@@ -405,7 +409,9 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7) -> dict:
     env["ADPIPE_BUDGET_DB"] = settings.pg_url(budget_database)
     kafka_io.ensure_topics(settings.kafka, bench_settings.topics.all(), settings.topic_partitions)
 
-    spec = produce.ProduceSpec(events=events, seed=seed, ads=50, minutes=30, duplicate_rate=0.02, malformed_rate=0.01)
+    spec = produce.ProduceSpec(
+        events=events, seed=seed, ads=ads, minutes=minutes, duplicate_rate=0.02, malformed_rate=0.01
+    )
     started = time.monotonic()
     plan = produce.plan(spec)
     produce.send(settings.kafka, bench_settings.topics.events, plan)
@@ -417,6 +423,8 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7) -> dict:
     hour = load.hour_label(spec.start)
     result = {
         "events": events,
+        "ads": ads,
+        "minutes": minutes,
         "messages": plan.summary["messages"],
         "produce_s": round(produce_s, 1),
         "stream_available_now_s": round(_timed(env, work / "stream.log", "stream", "--available-now"), 1),

@@ -122,7 +122,8 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         result = bench.budget_batch_sizes(settings, sizes, aggregates=args.events or 50_000)
         print(json.dumps(result, indent=2))
         return 0 if all(r["exact"] for r in result["runs"]) else 1
-    print(json.dumps(bench.run(settings, events=args.events or 20_000), indent=2))
+    result = bench.run(settings, events=args.events or 20_000, seed=args.seed, ads=args.ads, minutes=args.minutes)
+    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -255,7 +256,14 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="instead: the side-by-side comparison above (make bench)",
     )
-    peers = p.add_argument_group("with --peers")
+    p.add_argument(
+        "--minutes",
+        type=int,
+        default=30,
+        help="per-stage timing: minutes of event time the events span (default 30); with --ads 10000 --minutes 60 "
+        "--events 1000000, Union & Load of one hour of 600,000 aggregates and the budget service over them",
+    )
+    peers = p.add_argument_group("with --peers (--ads and --seed also for the per-stage timing)")
     peers.add_argument("--ads", type=int, default=50, help="distinct ads (default 50; 10000 for the wide variant)")
     peers.add_argument(
         "--only",
