@@ -350,7 +350,7 @@ def read_positions(
         client_config(
             kafka,
             {
-                "group.id": "adpipe-position-reader",
+                "group.id": "adpipe-reader",  # a probe group: every principal may use it (kafka_security)
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
