@@ -10,7 +10,16 @@ same window: a per-window distinct is the dedupe).
 Bounded (``scan.bounded.mode=latest-offset``; Flink then ends the input
 with the final watermark, emitting every window, and commits the last
 transactions in the final checkpoint that runs after the tasks finish), or
-with ``--continuous`` until SIGTERM."""
+with ``--continuous`` until SIGTERM.
+
+Why a bounded run once "stalled, nothing committed": Flink's Kafka sink asks
+for a transaction timeout of 1 h, over the broker's
+``transaction.max.timeout.ms`` (15 min, Kafka's default); InitProducerId is
+refused, the sink's tasks fail while initializing, and with checkpointing on
+Flink's default restart strategy (exponential delay, no limit) restarts them
+again and again without a word to the client. Hence
+``properties.transaction.timeout.ms`` (``--transaction-timeout-ms``) and
+``restart-strategy.type: none`` (a failure ends the job, the bench reports it)."""
 
 # ruff: noqa: S608 - the SQL is this program's own; names come from the bench driver
 from __future__ import annotations
@@ -110,6 +119,9 @@ def main() -> None:
         "execution.checkpointing.mode": "EXACTLY_ONCE",
         "execution.checkpointing.dir": f"file://{args.work}/flink-checkpoints",
         "rest.port": "0",
+        # A failing task fails the job: with checkpointing on, Flink's default (exponential-delay
+        # restarts, unbounded) retries a refused sink forever, silently, committing nothing.
+        "restart-strategy.type": "none",
     }.items():
         conf.set(key, value)
     source = {
