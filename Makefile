@@ -34,9 +34,10 @@ test: jars ## the suite: real broker + Spark + SIGKILL tests on one worker, unit
 test-slow: jars ## the long scenarios kept out of make test's 30 minutes (CI runs both)
 	$(BIN)/pytest -m slow
 
-bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b")
+bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads
 	$(BIN)/adpipe bench --peers --install-only
 	$(BIN)/adpipe bench --peers $(ARGS)
+	$(BIN)/adpipe bench --events 1000000 --ads 10000 --minutes 60
 
 bench-stages: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
 	$(BIN)/adpipe bench $(ARGS)
