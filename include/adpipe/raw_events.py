@@ -14,7 +14,8 @@ from pyspark.sql import functions as F
 from adpipe import schemas as S
 
 _INTEGER_VARIANTS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
-# What parse_raw_events adds to the record's key, value and position.
+# What parse_raw_events keeps of the Kafka record, and what it adds.
+RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset")
 PARSED_FIELDS = ("event_id", "ad_id", "campaign_id", "event_type", "event_time", "reject_reason")
 
 
@@ -106,11 +107,7 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None) -> Dat
         )
         .withColumn("event_time", event_time)
         .select(
-            "key",
-            "value",
-            "topic",
-            "partition",
-            "offset",
+            *RECORD_COLUMNS,
             F.try_variant_get(v, "$.event_id", "string").alias("event_id"),
             F.try_variant_get(v, "$.ad_id", "string").alias("ad_id"),
             F.when(valid_campaign, F.try_variant_get(v, "$.campaign_id", "string")).alias("campaign_id"),
@@ -123,14 +120,7 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None) -> Dat
         # inline the JSON parse into the filter once per reference (measured:
         # three times the parse's cost); computed in the projection, repeated
         # parts of the fields are computed once.
-        .select(
-            "key",
-            "value",
-            "topic",
-            "partition",
-            "offset",
-            F.inline(F.array(F.struct(*PARSED_FIELDS))),
-        )
+        .select(*RECORD_COLUMNS, F.inline(F.array(F.struct(*PARSED_FIELDS))))
     )
 
 

@@ -231,7 +231,9 @@ def _position(row: Mapping | Row) -> tuple[int, int]:
 
 def _with_records(settings: Settings, topic: str, rows: list[dict]) -> Iterator[dict]:
     """``rows`` (sorted by position) each with its record's ``key``, ``value``
-    and ``topic``, fetched from Kafka."""
+    and ``topic``, fetched from Kafka (no consumer at all for none)."""
+    if not rows:
+        return
     wanted: dict[int, list[int]] = collections.defaultdict(list)
     for row in rows:
         wanted[row["partition"]].append(row["offset"])
