@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from adpipe.settings import KafkaAccess, Region, Settings
@@ -281,14 +281,11 @@ def stream_lag(region: Settings | Region, commits: dict[int, tuple[int, str]] | 
     return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
 
 
-def read_topic(
-    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0
-) -> Iterator[Record]:
-    """Every readable record of ``topic`` from the beginning to its current end.
-
-    Stops at the end offsets taken at the start, so it always terminates."""
-    ends = end_offsets(kafka, topic, isolation)
-    consumer = Consumer(
+def _reader(kafka: KafkaAccess | str, isolation: str) -> Consumer:
+    """A consumer that is assigned partitions (never joins its group) and
+    commits nothing; its group is a probe group, which the secure broker's
+    ACLs grant every principal (adpipe.local.kafka_security)."""
+    return Consumer(
         client_config(
             kafka,
             {
@@ -300,6 +297,28 @@ def read_topic(
             },
         )
     )
+
+
+def _record(topic: str, msg: Message) -> Record:
+    return Record(
+        topic,
+        msg.partition(),
+        msg.offset(),
+        msg.key(),
+        msg.value(),
+        dict(msg.headers() or []),
+        msg.timestamp()[1],
+    )
+
+
+def read_topic(
+    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0
+) -> Iterator[Record]:
+    """Every readable record of ``topic`` from the beginning to its current end.
+
+    Stops at the end offsets taken at the start, so it always terminates."""
+    ends = end_offsets(kafka, topic, isolation)
+    consumer = _reader(kafka, isolation)
     try:
         pending = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in pending])
@@ -318,15 +337,7 @@ def read_topic(
             if msg.offset() >= ends[msg.partition()]:
                 pending.discard(msg.partition())
                 continue
-            yield Record(
-                topic,
-                msg.partition(),
-                msg.offset(),
-                msg.key(),
-                msg.value(),
-                dict((k, v) for k, v in (msg.headers() or [])),
-                msg.timestamp()[1],
-            )
+            yield _record(topic, msg)
             if msg.offset() + 1 >= ends[msg.partition()]:
                 pending.discard(msg.partition())
     finally:
@@ -346,17 +357,7 @@ def read_positions(
     Each partition is read once, from its first wanted offset to its last,
     keeping only the wanted ones; a wanted offset that is not there raises
     :class:`MissingRecordError` rather than being skipped."""
-    consumer = Consumer(
-        client_config(
-            kafka,
-            {
-                "group.id": "adpipe-reader",  # a probe group: every principal may use it (kafka_security)
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            },
-        )
-    )
+    consumer = _reader(kafka, "read_committed")
     try:
         for partition in sorted(wanted):
             offsets = wanted[partition]
@@ -383,15 +384,7 @@ def read_positions(
                         raise MissingRecordError(f"{topic}[{partition}] has no readable record at {offsets[index]}")
                     if msg.offset() == offsets[index]:
                         index += 1
-                        yield Record(
-                            topic,
-                            partition,
-                            msg.offset(),
-                            msg.key(),
-                            msg.value(),
-                            dict(msg.headers() or []),
-                            msg.timestamp()[1],
-                        )
+                        yield _record(topic, msg)
                     if index == len(offsets):
                         break
             consumer.unassign()
