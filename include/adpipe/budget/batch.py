@@ -304,14 +304,7 @@ def _insert_ledger(
                 "kafka_offset": msg.offset(),
             }
         )
-    inserted: set[str] = set()
-    if rows:
-        stmt = (
-            db.insert(conn, db.ledger)
-            .on_conflict_do_nothing(index_elements=["record_uuid"])
-            .returning(db.ledger.c.record_uuid)
-        )
-        inserted = {r[0] for r in conn.execute(stmt, rows)}
+    inserted: set[str] = db.insert_new(conn, db.ledger, rows, "record_uuid")
     result.applied = len(inserted)
     seen_before = [row["record_uuid"] for row in rows if row["record_uuid"] not in inserted]
     if seen_before:

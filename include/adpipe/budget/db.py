@@ -290,6 +290,30 @@ def insert(conn: Connection, table: sa.Table):  # noqa: ANN201 - dialect-specifi
     raise RuntimeError(f"the budget database must be PostgreSQL or SQLite, not {conn.dialect.name}")
 
 
+def insert_new(conn: Connection, table: sa.Table, rows: list[dict], key: str) -> set:
+    """Insert-only by ``key`` (a unique column): a row whose key is already
+    there is skipped. Returns the keys actually inserted. On PostgreSQL the
+    rows go as one array per column through ``unnest``: one statement and a
+    few parameters, where a multi-row VALUES binds every cell (several times
+    slower for the budget ledger's thousands of rows per batch)."""
+    if not rows:
+        return set()
+    if conn.dialect.name != "postgresql":
+        stmt = insert(conn, table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
+        return {r[0] for r in conn.execute(stmt, rows)}
+    names = list(rows[0])
+    columns = sa.func.unnest(
+        *(sa.cast(sa.bindparam(n, [row[n] for row in rows]), postgresql.ARRAY(table.c[n].type)) for n in names)
+    ).table_valued(*names).render_derived(name="new_rows")
+    stmt = (
+        postgresql.insert(table)
+        .from_select(names, sa.select(columns))
+        .on_conflict_do_nothing(index_elements=[key])
+        .returning(table.c[key])
+    )
+    return {r[0] for r in conn.execute(stmt)}
+
+
 PRICING_SETTLED = "pricing_settled"  # budget_meta: the pricing the pause states were last settled against
 
 

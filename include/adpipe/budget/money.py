@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from adpipe.settings import BUDGET_PERIODS as PERIODS
 
@@ -56,6 +57,8 @@ def spend_micros(impressions: int, clicks: int, price: Price) -> int:
     return _div_round_half_even(impressions * price.cpm_micros, 1000) + clicks * price.cpc_micros
 
 
+# Cached: every aggregate of a batch asks it, for a few dozen distinct windows.
+@lru_cache(maxsize=65536)
 def period_of(window_start: str, period: str) -> str:
     """The budget period an aggregate counts in, from its event-time window
     (never the wall clock): ``day`` 2026-11-22, ``hour`` 2026-11-22T12,
