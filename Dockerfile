@@ -1,12 +1,37 @@
-# adpipe's jobs and CLI in a container (used by docker-compose.yaml).
-FROM python:3.11-slim-bookworm
-RUN apt-get update -q && apt-get install -y -q --no-install-recommends openjdk-17-jre-headless maven make \
-    && rm -rf /var/lib/apt/lists/*
+# adpipe on Airflow's own image (used by docker-compose.yaml): Airflow as Apache
+# releases it, extended the way its docs show (apt packages as root, Python
+# packages as the airflow user). Python 3.11, as the local venv.
+ARG AIRFLOW_VERSION=3.3.2
+ARG PYTHON_VERSION=3.11
+FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
+ARG AIRFLOW_VERSION
+ARG PYTHON_VERSION
+# Airflow's constraints for this release and Python: the versions it was tested with.
+ARG AIRFLOW_CONSTRAINTS=https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${PYTHON_VERSION}.txt
+
+USER root
+# Java for Spark and Maven for the jars: the Makefile's JVM_DEBIAN_PACKAGES;
+# make to run its install step. The image's Debian is bookworm, which has Java 17.
+RUN apt-get update -q \
+    && apt-get install -y -q --no-install-recommends openjdk-17-jre-headless maven make \
+    && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
+# The project, ADPIPE_HOME and Airflow's config and logs folders: the last
+# three are named volumes in the compose file, which Docker makes from these
+# folders, so they belong to the airflow user.
+RUN mkdir -p /opt/adpipe /opt/adpipe-home /opt/airflow/config /opt/airflow/logs \
+    && chown airflow:0 /opt/adpipe /opt/adpipe-home /opt/airflow/config /opt/airflow/logs
+USER airflow
 WORKDIR /opt/adpipe
-COPY requirements.txt pyproject.toml Makefile ./
-COPY include ./include
-RUN pip install -q -r requirements.txt && pip install -q --no-deps -e . && adpipe jars
-COPY jobs ./jobs
-COPY dags ./dags
-ENV ADPIPE_HOME=/var/lib/adpipe
-ENTRYPOINT ["adpipe"]
+
+COPY --chown=airflow:0 requirements.txt pyproject.toml Makefile ./
+COPY --chown=airflow:0 include ./include
+# The same install steps as `make venv` and `make jars`, into Airflow's own
+# environment: the Makefile's python-packages target (the pins of
+# requirements.txt, every other package held to Airflow's constraints), then
+# the JVM jars from Maven Central into .cache/jvm.
+RUN make python-packages PYTHON=python PIP=pip AIRFLOW_CONSTRAINTS=${AIRFLOW_CONSTRAINTS} \
+    && adpipe jars
+COPY --chown=airflow:0 jobs ./jobs
+COPY --chown=airflow:0 dags ./dags
+
+ENV ADPIPE_HOME=/opt/adpipe-home

@@ -4,21 +4,38 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv jars demo test test-slow test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
+.PHONY: help deps venv python-packages jars demo test test-slow test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# Java for Spark and Maven for the jars (the Dockerfile installs these too),
+# and the PostgreSQL server of the embedded default.
+JVM_DEBIAN_PACKAGES := openjdk-17-jre-headless maven
+
 deps: ## system packages (Java 17+, Maven, PostgreSQL server) if missing; needs root or sudo
 	@command -v java >/dev/null && command -v mvn >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q openjdk-17-jre-headless maven postgresql; }
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $(JVM_DEBIAN_PACKAGES) postgresql; }
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(MAKE) python-packages PYTHON=$(BIN)/python PIP=$(BIN)/pip
 	touch $(STAMP)
+
+# The one install step of the Python packages, for the venv above and for the
+# Dockerfile (PIP=pip AIRFLOW_CONSTRAINTS=<Airflow's constraints URL>): the pins
+# of requirements.txt win, every other package is held to Airflow's
+# constraints when given (adpipe.tools.constraints), then adpipe itself.
+PIP ?= $(BIN)/pip
+AIRFLOW_CONSTRAINTS ?=
+CONSTRAINTS_FILE := .cache/constraints.txt
+
+python-packages: ## requirements.txt (under AIRFLOW_CONSTRAINTS=URL|file when given) and adpipe into PIP's environment
+	PYTHONPATH=include $(PYTHON) -m adpipe.tools.constraints --requirements requirements.txt \
+	  --airflow-constraints "$(AIRFLOW_CONSTRAINTS)" --out $(CONSTRAINTS_FILE)
+	$(PIP) install -q -r requirements.txt --constraint $(CONSTRAINTS_FILE)
+	$(PIP) install -q --no-deps -e .
 
 venv: deps $(STAMP) ## Python environment with every pinned package
 

@@ -1,18 +1,222 @@
-"""docker-compose.yaml cannot run here (no Docker engine); keep it valid and
-in step with the local broker's configuration."""
+"""docker-compose.yaml and the Dockerfile cannot run here (no Docker engine):
+what can be checked without one is. The compose file is valid under the
+Compose specification's JSON schema; every environment variable it sets is
+one that reads it (adpipe's settings, Airflow's configuration, the Kafka and
+PostgreSQL images); it keeps the local broker's configuration, Airflow's
+shape and the loopback-only ports; and the image installs the project with
+the Makefile's own install steps."""
 
 from __future__ import annotations
 
+import ast
+import copy
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import jsonschema
 import yaml
+from adpipe.cli import build_parser
+from adpipe.local import postgres
+from adpipe.local.airflow import admin_password_file, connections_env
 from adpipe.local.kafka_broker import server_properties
 from adpipe.settings import PROJECT_ROOT, load_settings
+from adpipe.tools.produce import ProduceSpec, parse_start
+from check_jsonschema.builtin_schemas import get_builtin_schema
 
-# Properties whose value depends on the host (addresses, paths) differ on purpose.
-HOST_SPECIFIC = {"listeners", "advertised.listeners", "controller.quorum.voters", "log.dirs"}
+COMPOSE = PROJECT_ROOT / "docker-compose.yaml"
+DOCKERFILE = PROJECT_ROOT / "Dockerfile"
+MAKEFILE = PROJECT_ROOT / "Makefile"
+
+# Properties whose value depends on the host (addresses, paths, the names of
+# the two listeners) differ on purpose; the listeners are checked below.
+HOST_SPECIFIC = {
+    "listeners",
+    "advertised.listeners",
+    "controller.quorum.voters",
+    "log.dirs",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+}
+AIRFLOW_SERVICES = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+ADPIPE_SERVICES = {"stream", "budget", "producer"}
+# Run once and exit: Compose waits on their exit code, not on a health state.
+ONE_SHOT = {"airflow-init", "producer"}
 
 
 def _compose() -> dict:
-    return yaml.safe_load((PROJECT_ROOT / "docker-compose.yaml").read_text())
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _env(service: dict) -> dict[str, str]:
+    return {k: str(v) for k, v in service.get("environment", {}).items()}
+
+
+def _settings(service: dict):  # noqa: ANN202 - adpipe.settings.Settings
+    return load_settings(_env(service))
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def _dockerfile_args() -> dict[str, str]:
+    return dict(a.split("=", 1) for i, a in _dockerfile_instructions() if i == "ARG" and "=" in a)
+
+
+def _dockerfile_env() -> dict[str, str]:
+    return dict(a.split("=", 1) for i, a in _dockerfile_instructions() if i == "ENV")
+
+
+def _dockerfile_run_commands() -> list[str]:
+    """Each shell command of the RUN instructions (split on ``&&``)."""
+    return [c.strip() for i, a in _dockerfile_instructions() if i == "RUN" for c in a.split("&&")]
+
+
+# -- the Compose specification -------------------------------------------------
+
+
+def _schema_errors(document: dict) -> list[str]:
+    schema = get_builtin_schema("vendor.compose-spec")
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def test_compose_file_is_valid_under_the_compose_specification() -> None:
+    assert _schema_errors(_compose()) == []
+
+
+def test_the_schema_check_refuses_what_compose_refuses() -> None:
+    broken = copy.deepcopy(_compose())
+    broken["services"]["kafka"]["healthcheck"]["interval"] = 10  # a duration is a string: "10s"
+    broken["services"]["stream"]["depends_on"]["kafka"]["condition"] = "service_up"
+    broken["services"]["budget"]["restarts"] = "always"
+    errors = _schema_errors(broken)
+    assert any("10 is not of type 'string'" in e for e in errors), errors
+    assert any(e.startswith("services/stream/depends_on") for e in errors), errors
+    assert any("'restarts' was unexpected" in e or "restarts" in e for e in errors), errors
+
+
+# -- every variable set is one that is read -------------------------------------
+
+
+def _read_by_settings() -> set[str]:
+    """The ADPIPE_* variables include/adpipe/settings.py reads: the name in
+    ``env.get("ADPIPE_X", ...)`` or in a helper called as ``_int(env, "ADPIPE_X", ...)``."""
+    tree = ast.parse((PROJECT_ROOT / "include" / "adpipe" / "settings.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Name):
+            candidates = node.args[:1] if func.value.id == "env" else []
+        elif node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "env":
+            candidates = node.args[1:2]
+        else:
+            candidates = []
+        names |= {c.value for c in candidates if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return {n for n in names if n.startswith("ADPIPE_")}
+
+
+def test_settings_reads_are_found_in_the_source() -> None:
+    read = _read_by_settings()
+    # The reading of the source finds the variables the contract names, and
+    # no name that is only mentioned in a message.
+    assert {"ADPIPE_KAFKA_BOOTSTRAP", "ADPIPE_HOME", "ADPIPE_BUDGET_DB", "ADPIPE_SPARK_MASTER"} <= read
+    assert {"ADPIPE_PG_PORT", "ADPIPE_LOAD_START", "ADPIPE_MAX_FUTURE_SKEW_S"} <= read
+    assert "ADPIPE_TEST_HOME" not in read
+
+
+def test_every_adpipe_variable_set_is_one_settings_reads() -> None:
+    read = _read_by_settings()
+    compose = _compose()
+    set_where = {("Dockerfile ENV", name) for name in _dockerfile_env() if name.startswith("ADPIPE_")}
+    for name, service in compose["services"].items():
+        set_where |= {(name, var) for var in _env(service) if var.startswith("ADPIPE_")}
+    assert set_where, "no ADPIPE_ variable found: the file's shape changed"
+    unread = sorted((where, var) for where, var in set_where if var not in read)
+    assert unread == [], f"set but never read by adpipe.settings: {unread}"
+    for service in compose["services"].values():
+        if any(v.startswith("ADPIPE_") for v in _env(service)):
+            _settings(service)  # and each service's values load
+
+
+def _airflow_package() -> Path:
+    """Where Airflow is installed, found without importing it: importing
+    would configure Airflow in this process."""
+    spec = importlib.util.find_spec("airflow")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _airflow_options() -> dict[str, set[str]]:
+    """Every option of Airflow's configuration, by section, from the
+    description Airflow builds its configuration from."""
+    description = yaml.safe_load((_airflow_package() / "config_templates" / "config.yml").read_text())
+    return {section: set(body.get("options", {})) for section, body in description.items()}
+
+
+def _airflow_reads_variable(name: str) -> bool:
+    """An AIRFLOW_* variable (not an option) that Airflow's configuration reads."""
+    return f'os.environ.get("{name}")' in (_airflow_package() / "configuration.py").read_text()
+
+
+def test_every_airflow_variable_set_is_an_airflow_option() -> None:
+    options = _airflow_options()
+    assert "executor" in options["core"] and "not_an_option" not in options["core"]
+    for name, service in _compose()["services"].items():
+        for var in _env(service):
+            if not var.startswith("AIRFLOW__"):
+                continue
+            section, _, key = var.removeprefix("AIRFLOW__").lower().partition("__")
+            assert key in options.get(section, set()), f"{name}: {var} is no option of Airflow's configuration"
+
+
+def test_airflow_connections_are_built_from_the_same_settings() -> None:
+    for name, service in _compose()["services"].items():
+        env = _env(service)
+        conns = {k: json.loads(v) for k, v in env.items() if k.startswith("AIRFLOW_CONN_")}
+        if name in AIRFLOW_SERVICES | {"airflow-init"}:
+            expected = {k: json.loads(v) for k, v in connections_env(_settings(service)).items()}
+            assert conns == expected, name
+        else:
+            assert conns == {}, name
+
+
+def test_every_variable_of_every_service_has_a_reader() -> None:
+    """What is neither adpipe's nor Airflow's belongs to the image that reads it."""
+    image_variables = {
+        "kafka": lambda v: v.startswith("KAFKA_"),  # the apache/kafka image: KAFKA_X_Y -> x.y
+        "postgres": lambda v: v in {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"},
+    }
+    for name, service in _compose()["services"].items():
+        for var in _env(service):
+            known = (
+                var.startswith(("ADPIPE_", "AIRFLOW__", "AIRFLOW_CONN_"))
+                or (var.startswith("AIRFLOW_") and _airflow_reads_variable(var))
+                or image_variables.get(name, lambda _v: False)(var)
+            )
+            assert known, f"{name}: nothing reads {var}"
+
+
+# -- Kafka -------------------------------------------------------------------------
+
+
+def _listeners(value: str) -> dict[str, tuple[str, int]]:
+    found = {}
+    for entry in value.split(","):
+        name, address = entry.split("://", 1)
+        host, port = address.rsplit(":", 1)
+        found[name] = (host, int(port))
+    return found
 
 
 def test_compose_broker_matches_local_broker_settings() -> None:
@@ -30,30 +234,216 @@ def test_compose_broker_matches_local_broker_settings() -> None:
             assert from_compose.get(key) == value, f"{key}: compose {from_compose.get(key)!r} != local {value!r}"
 
 
-def test_compose_services_and_stream_configuration() -> None:
+def test_kafka_is_advertised_to_the_containers_and_to_the_host() -> None:
     compose = _compose()
-    assert set(compose["services"]) == {"kafka", "postgres", "init", "stream", "budget", "airflow"}
-    for name in ("init", "stream", "budget", "airflow"):
-        env = {k: str(v) for k, v in compose["services"][name]["environment"].items()}
-        # Every container reads the same settings, and they load cleanly.
-        settings = load_settings(env)
-        assert settings.kafka_bootstrap == "kafka:9092"
-        assert (settings.pg_host, settings.pg_port) == ("postgres", 5432)
-        assert settings.budget_db.startswith("postgresql+psycopg2://") and "@postgres:5432/" in settings.budget_db
-    airflow = compose["services"]["airflow"]
-    port = load_settings({k: str(v) for k, v in airflow["environment"].items()}).airflow_port
-    assert f"127.0.0.1:{port}:{port}" in airflow["ports"]
-    assert compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
-    assert set(compose["volumes"]) == {"kafka-data", "pg-data", "adpipe-home"}
+    kafka = compose["services"]["kafka"]
+    env = kafka["environment"]
+    listeners = _listeners(env["KAFKA_LISTENERS"])
+    advertised = _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(protocols) == set(listeners) and set(protocols.values()) == {"PLAINTEXT"}
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in listeners
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
+    assert set(advertised) == {"INTERNAL", "HOST"}
+    # The containers: the service's name and the INTERNAL port, as every adpipe service's bootstrap.
+    internal = f"{kafka['hostname']}:{listeners['INTERNAL'][1]}"
+    assert advertised["INTERNAL"] == (kafka["hostname"], listeners["INTERNAL"][1])
+    for name, service in compose["services"].items():
+        if "ADPIPE_KAFKA_BOOTSTRAP" in _env(service):
+            assert _settings(service).kafka_bootstrap == internal, name
+    # The host: the HOST listener's port published on the loopback, and
+    # advertised as that published address, which is the host's default bootstrap.
+    host_ip, host_port, container_port = kafka["ports"][0].split(":")
+    assert int(container_port) == listeners["HOST"][1]
+    assert advertised["HOST"] == (host_ip, int(host_port)) == ("127.0.0.1", 9092)
+    assert load_settings({}).kafka_bootstrap == f"{host_ip}:{host_port}"
+
+
+# -- ports, PostgreSQL, Airflow's shape ----------------------------------------------
 
 
 def test_compose_publishes_ports_on_the_hosts_loopback_only() -> None:
-    published = {
-        name: [str(p) for p in service.get("ports", [])] for name, service in _compose()["services"].items()
-    }
-    assert published["kafka"] == ["127.0.0.1:9092:9092"]
-    assert published["postgres"] == ["127.0.0.1:5433:5432"]
+    compose = _compose()
+    published = {name: [str(p) for p in s.get("ports", [])] for name, s in compose["services"].items()}
     for name, ports in published.items():
         for entry in ports:
             # HOST_IP:HOST_PORT:CONTAINER_PORT; "9092:9092" would listen on every interface.
             assert entry.count(":") == 2 and entry.startswith("127.0.0.1:"), f"{name} publishes {entry!r}"
+    defaults = load_settings({})
+    # The host's own defaults reach the stack: PostgreSQL, and the UI where `make airflow` has it.
+    assert published["postgres"] == [f"127.0.0.1:{defaults.pg_port}:5432"]
+    assert published["airflow-apiserver"] == [f"127.0.0.1:{defaults.airflow_port}:8080"]
+    assert {name for name, ports in published.items() if ports} == {"kafka", "postgres", "airflow-apiserver"}
+
+
+def test_postgres_service_is_the_one_the_settings_name() -> None:
+    compose = _compose()
+    pg_env = compose["services"]["postgres"]["environment"]
+    airflow_env = _env(compose["services"]["airflow-scheduler"])
+    metadata = urlsplit(airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    budget_db = urlsplit(_settings(compose["services"]["budget"]).budget_db)
+    for name, service in compose["services"].items():
+        if "ADPIPE_PG_HOST" not in _env(service):
+            continue
+        s = _settings(service)
+        assert (s.pg_host, s.pg_port) == ("postgres", 5432), name
+        assert (s.pg_user, s.pg_password) == (pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"]), name
+    for url in (metadata, budget_db):
+        assert (url.hostname, url.port) == ("postgres", 5432)
+        assert (url.username, url.password) == (pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"])
+        # airflow-init's `adpipe pg up` creates it.
+        assert url.path.lstrip("/") in postgres.DATABASES
+
+
+def test_airflow_services_in_airflows_shape() -> None:
+    compose = _compose()
+    services = compose["services"]
+    assert set(services) == {"kafka", "postgres", "airflow-init", *AIRFLOW_SERVICES, *ADPIPE_SERVICES}
+    image = services["airflow-init"]["image"]
+    assert {s["image"] for n, s in services.items() if n.startswith("airflow-") or n in ADPIPE_SERVICES} == {image}
+    assert all(services[n]["build"] == "." for n in AIRFLOW_SERVICES | ADPIPE_SERVICES | {"airflow-init"})
+    commands = {n: services[n]["command"] for n in AIRFLOW_SERVICES}
+    assert commands == {
+        "airflow-apiserver": "api-server",
+        "airflow-scheduler": "scheduler",
+        "airflow-dag-processor": "dag-processor",
+        "airflow-triggerer": "triggerer",
+    }
+    for name in AIRFLOW_SERVICES:
+        depends = services[name]["depends_on"]
+        assert depends["airflow-init"] == {"condition": "service_completed_successfully"}, name
+        assert depends["postgres"] == depends["kafka"] == {"condition": "service_healthy"}, name
+        assert services[name]["restart"] == "always", name
+        env = _env(services[name])
+        assert env == _env(services["airflow-init"]), f"{name}: every Airflow component is configured alike"
+        # Config (with the generated secrets), logs and the adpipe home are shared.
+        assert set(services[name]["volumes"]) == set(services["airflow-init"]["volumes"]), name
+    env = _env(services["airflow-scheduler"])
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    # The scheduler's health server answers only when enabled; tasks reach the API server by its service name.
+    assert env["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"
+    assert "http://localhost:8974/health" in services["airflow-scheduler"]["healthcheck"]["test"]
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
+    mounted = {volume.split(":")[1] for volume in services["airflow-init"]["volumes"]}
+    assert Path(env["AIRFLOW_CONFIG"]).parent.as_posix() in mounted
+    # airflow-init makes the UI's password file where the API server reads it.
+    password_file = admin_password_file(_settings(services["airflow-scheduler"]))
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == str(password_file)
+    init_script = services["airflow-init"]["command"][-1]
+    assert "adpipe pg up" in init_script and "ensure_admin_password" in init_script
+    assert "airflow db migrate" in init_script
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    services = _compose()["services"]
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            assert "healthcheck" not in service and service.get("restart", "no") == "no", name
+        else:
+            test = service["healthcheck"]["test"]
+            assert test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+            assert service["restart"] in ("always", "unless-stopped"), name
+    for name in ("stream", "budget"):
+        assert services[name]["healthcheck"]["test"][1:] == ["python", "-m", "adpipe.tools.container_health", name]
+    # Whatever waits on a service waits for its health, or for a one-shot's success.
+    for name, service in services.items():
+        for target, condition in service.get("depends_on", {}).items():
+            expected = "service_completed_successfully" if target in ONE_SHOT else "service_healthy"
+            assert condition == {"condition": expected}, f"{name} -> {target}"
+
+
+def test_adpipe_services_run_adpipe_commands() -> None:
+    services = _compose()["services"]
+    parser = build_parser()
+    for name in ADPIPE_SERVICES:
+        command = services[name]["command"]
+        assert command[0] == "adpipe", name
+        parser.parse_args(command[1:])  # exits (fails the test) on an unknown option
+    assert services["stream"]["command"] == ["adpipe", "stream"]
+    assert services["budget"]["command"] == ["adpipe", "budget"]
+    # The producer's hour is the one the load DAG starts from.
+    produce = parser.parse_args(services["producer"]["command"][1:])
+    start = parse_start(produce.start) if getattr(produce, "start", None) else ProduceSpec.start
+    assert _settings(services["producer"]).load_start == start.replace(minute=0, second=0, microsecond=0)
+    assert produce.minutes <= 60 and produce.rate > 0
+
+
+# -- the image ------------------------------------------------------------------------
+
+
+def _make_dry_run(*args: str) -> list[str]:
+    """The commands make would run (``make -n``), one per line."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    return [line.strip() for line in done.stdout.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_the_image_is_airflows_with_the_pinned_airflow_and_python() -> None:
+    args = _dockerfile_args()
+    pins = dict(
+        line.split("==", 1) for line in (PROJECT_ROOT / "requirements.txt").read_text().splitlines() if "==" in line
+    )
+    assert args["AIRFLOW_VERSION"] == pins["apache-airflow"]
+    froms = [a for i, a in _dockerfile_instructions() if i == "FROM"]
+    assert froms == ["apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}"]
+    assert args["AIRFLOW_CONSTRAINTS"] == (
+        "https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${PYTHON_VERSION}.txt"
+    )
+    assert re.fullmatch(r"3\.1[1-9]", args["PYTHON_VERSION"])
+
+
+def test_the_dockerfile_installs_with_the_makefiles_steps() -> None:
+    runs = _dockerfile_run_commands()
+    # No install of its own: Python packages only through the Makefile's target.
+    assert not [c for c in runs if re.search(r"\bpip3? install\b", c)], runs
+    [make_run] = [c for c in runs if c.startswith("make ")]
+    words = shlex.split(make_run)
+    assert words[1] == "python-packages" and "AIRFLOW_CONSTRAINTS=${AIRFLOW_CONSTRAINTS}" in words
+    docker_args = [w.replace("${AIRFLOW_CONSTRAINTS}", "https://example.invalid/constraints.txt") for w in words[2:]]
+    in_image = _make_dry_run("python-packages", *docker_args)
+    # The venv's recipe calls the same target (a sub-make, which -n still runs, printing its commands).
+    in_venv = _make_dry_run("-W", "requirements.txt", ".venv/.installed")
+    assert any("python-packages" in line for line in in_venv)
+
+    def steps(lines: list[str], values: dict[str, str]) -> list[list[str]]:
+        """The install commands, their words with each environment's own values named."""
+        picked = (line for line in lines if "adpipe.tools.constraints" in line or " install " in line)
+        return [[values.get(word, word) for word in shlex.split(line)] for line in picked]
+
+    image_steps = steps(in_image, {"pip": "PIP", "python": "PYTHON", "https://example.invalid/constraints.txt": "C"})
+    venv_steps = steps(in_venv, {".venv/bin/pip": "PIP", ".venv/bin/python": "PYTHON", "": "C"})
+    assert len(image_steps) == 3, in_image
+    assert image_steps == venv_steps
+    # The JVM jars: the Makefile's jars target, with the image's adpipe.
+    jars = [line for line in _make_dry_run("-W", "requirements.txt", "jars") if line.endswith(" jars")]
+    assert [j.replace(".venv/bin/", "") for j in jars] == ["adpipe jars"]
+    assert "adpipe jars" in runs
+
+
+def test_the_image_has_the_makefiles_jvm_packages() -> None:
+    makefile = MAKEFILE.read_text()
+    jvm = re.search(r"^JVM_DEBIAN_PACKAGES\s*:=\s*(.+)$", makefile, re.MULTILINE)
+    assert jvm and "$(JVM_DEBIAN_PACKAGES)" in makefile
+    [apt] = [c for c in _dockerfile_run_commands() if c.startswith("apt-get install")]
+    assert set(jvm.group(1).split()) <= set(apt.split()), apt
+
+
+def test_dockerignore_keeps_everything_gitignore_lists_out_of_the_context() -> None:
+    def patterns(path: Path) -> set[str]:
+        lines = (line.strip() for line in path.read_text().splitlines())
+        return {line.rstrip("/") for line in lines if line and not line.startswith("#")}
+
+    ignored = patterns(PROJECT_ROOT / ".dockerignore")
+    assert {".git", ".venv", ".cache"} <= ignored
+    for pattern in patterns(PROJECT_ROOT / ".gitignore"):
+        # .gitignore matches a bare name at any depth; .dockerignore from the context's root.
+        assert pattern in ignored or f"**/{pattern}" in ignored, pattern
+    # What the image copies is not ignored.
+    copied = {w for i, a in _dockerfile_instructions() if i == "COPY" for w in a.split()[:-1] if w[:2] != "--"}
+    assert {"requirements.txt", "include", "dags", "jobs"} <= copied and not copied & ignored
+
+
+def test_dockerfile_env_is_the_composes() -> None:
+    compose_env = _env(_compose()["services"]["stream"])
+    assert _dockerfile_env() == {"ADPIPE_HOME": compose_env["ADPIPE_HOME"]}
