@@ -44,10 +44,17 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from adpipe.settings import PROJECT_ROOT, Settings, load_settings
+from adpipe.stream.liveness import (
+    STREAM_APPLICATION,
+    process_alive,
+    read_heartbeat,
+    read_state,
+    stream_dir,
+    supervisor_state_path,
+)
 
 log = logging.getLogger(__name__)
 
-STREAM_APPLICATION = PROJECT_ROOT / "jobs" / "aggregation_stream.py"
 STARTED_MARK = "stream job {job_id} started"
 
 
@@ -59,54 +66,12 @@ class StreamStartError(RuntimeError):
     """The stream job did not come up."""
 
 
-def stream_dir(settings: Settings) -> Path:
-    return settings.home / "stream" / settings.job_id
-
-
-def _state_path(settings: Settings) -> Path:
-    return stream_dir(settings) / "supervisor.json"
-
-
-def read_state(settings: Settings) -> dict[str, Any]:
-    try:
-        return json.loads(_state_path(settings).read_text())
-    except (OSError, ValueError):
-        return {"starts": [], "restarts": []}
-
-
 def write_state(settings: Settings, state: dict[str, Any]) -> None:
-    path = _state_path(settings)
+    path = supervisor_state_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
     tmp.replace(path)
-
-
-def process_alive(pid: int | None) -> bool:
-    """The pid runs (not a zombie) and is the stream job."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    proc = Path(f"/proc/{pid}")
-    try:
-        stat = (proc / "stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-            return False
-        return STREAM_APPLICATION.name in (proc / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-
-
-def read_heartbeat(settings: Settings) -> dict[str, Any] | None:
-    try:
-        return json.loads((stream_dir(settings) / "heartbeat.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass

@@ -57,3 +57,28 @@ def checkpoint_lock(settings: Settings) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+def holder(settings: Settings, lock_table: Path = Path("/proc/locks")) -> int | None:
+    """The pid of the driver that holds this checkpoint's lock now (None:
+    none does, or the kernel's lock table cannot be read). Read from the
+    table, never by taking the lock: a probe holding it for an instant could
+    make a driver that starts at that instant refuse to run."""
+    try:
+        st = lock_path(settings).stat()
+        table = lock_table.read_text()
+    except OSError:
+        return None
+    return flock_holder(table, f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+
+
+def flock_holder(table: str, file_id: str) -> int | None:
+    """The pid holding a flock on the file ``major:minor:inode`` (hex, hex,
+    decimal, as the kernel writes them) in a ``/proc/locks`` text, whose
+    lines read ``7: FLOCK  ADVISORY  WRITE 23643 fe:00:10944805 0 EOF``; a
+    request still waiting for the lock is listed with ``->`` and skipped."""
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file_id:
+            return int(fields[4])
+    return None

@@ -52,6 +52,7 @@ from adpipe.settings import Settings
 from adpipe.spark import build_spark
 from adpipe.stream import transforms as T
 from adpipe.stream.checkpoint_lock import checkpoint_lock
+from adpipe.stream.liveness import heartbeat_path
 from adpipe.stream.offset_log import (
     BatchOffsets,
     CheckpointFiles,
@@ -371,7 +372,7 @@ def write_heartbeat(
     settings: Settings, batch_id: int, offsets: BatchOffsets, windows: int, dlq: int, late: int, skipped: bool
 ) -> None:
     """Liveness for supervisors: the last batch this job finished."""
-    path = settings.home / "stream" / settings.job_id / "heartbeat.json"
+    path = heartbeat_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(

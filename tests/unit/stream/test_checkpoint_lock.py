@@ -73,3 +73,28 @@ def test_a_sigkilled_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_holder_is_read_from_the_kernels_lock_table_without_taking_the_lock(tmp_path: Path) -> None:
+    from adpipe.stream.checkpoint_lock import holder
+
+    settings = _settings(tmp_path)
+    assert holder(settings) is None  # no lock file yet
+    with checkpoint_lock(settings):
+        assert holder(settings) == os.getpid()
+        assert holder(settings) == os.getpid()  # reading it twice took nothing
+    assert holder(settings) is None
+
+
+def test_flock_holder_skips_other_files_posix_locks_and_waiting_requests() -> None:
+    from adpipe.stream.checkpoint_lock import flock_holder
+
+    table = (
+        "1: POSIX  ADVISORY  WRITE 19924 fe:00:398607 0 EOF\n"
+        "2: FLOCK  ADVISORY  WRITE 23077 fe:00:9986091 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 31000 fe:00:10944805 0 EOF\n"
+        "3: FLOCK  ADVISORY  WRITE 23643 fe:00:10944805 0 EOF\n"
+    )
+    assert flock_holder(table, "fe:00:10944805") == 23643
+    assert flock_holder(table, "fe:00:398607") is None  # a POSIX lock is not the driver's flock
+    assert flock_holder(table, "fe:01:10944805") is None
