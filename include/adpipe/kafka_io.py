@@ -156,7 +156,7 @@ def committed_offsets(
 
 
 def offset_bounds(
-    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed"
+    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed", timeout_s: float = 30.0
 ) -> dict[int, tuple[int, int]]:
     """Per partition: (the first offset still kept, the offset after the
     last readable record). With read_committed the latter is the last
@@ -167,11 +167,11 @@ def offset_bounds(
         )
     )
     try:
-        md = consumer.list_topics(topic, timeout=30)
+        md = consumer.list_topics(topic, timeout=timeout_s)
         if md.topics[topic].error is not None:
             raise KafkaException(md.topics[topic].error)
         return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
             for p in md.topics[topic].partitions
         }
     finally:
@@ -228,24 +228,32 @@ def start_offsets(kafka: KafkaAccess | str, topic: str) -> dict[int, int]:
     return {p: low for p, (low, _high) in offset_bounds(kafka, topic).items()}
 
 
-def end_offsets(kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
+def end_offsets(
+    kafka: KafkaAccess | str, topic: str, isolation: str = "read_committed", timeout_s: float = 30.0
+) -> dict[int, int]:
     """The offset after the last readable record of each partition."""
-    return {p: high for p, (_low, high) in offset_bounds(kafka, topic, isolation).items()}
+    return {p: high for p, (_low, high) in offset_bounds(kafka, topic, isolation, timeout_s).items()}
 
 
-def group_commits(kafka: KafkaAccess | str, group: str, topic: str) -> dict[int, tuple[int, str]]:
+def group_commits(
+    kafka: KafkaAccess | str, group: str, topic: str, timeout_s: float = 30.0
+) -> dict[int, tuple[int, str]]:
     """A consumer group's committed (offset, metadata) per partition of
-    ``topic``; partitions it never committed are left out."""
+    ``topic``; partitions it never committed are left out. ``timeout_s``
+    bounds the metadata request; the committed offsets get twice that (their
+    coordinator may be loading right after a broker start)."""
     consumer = Consumer(
         client_config(kafka, {"group.id": group, "isolation.level": "read_committed", "enable.auto.commit": False})
     )
     try:
-        md = consumer.list_topics(topic, timeout=30)
+        md = consumer.list_topics(topic, timeout=timeout_s)
         if md.topics[topic].error is not None:
             raise KafkaException(md.topics[topic].error)
         parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
         return {
-            tp.partition: (tp.offset, tp.metadata or "") for tp in committed_offsets(consumer, parts) if tp.offset >= 0
+            tp.partition: (tp.offset, tp.metadata or "")
+            for tp in committed_offsets(consumer, parts, 2 * timeout_s)
+            if tp.offset >= 0
         }
     finally:
         consumer.close()
@@ -266,19 +274,49 @@ def committed_watermark(commits: dict[int, tuple[int, str]]) -> int | None:
     return max(marks) if marks else None
 
 
-def stream_commits(region: Settings | Region) -> dict[int, tuple[int, str]]:
+def stream_commits(region: Settings | Region, timeout_s: float = 30.0) -> dict[int, tuple[int, str]]:
     """A region's stream job's committed (offset, metadata) per raw-topic
     partition (see :func:`ledger_group`)."""
-    return group_commits(region.kafka, ledger_group(region.job_id), region.topics.events)
+    return group_commits(region.kafka, ledger_group(region.job_id), region.topics.events, timeout_s)
 
 
-def stream_lag(region: Settings | Region, commits: dict[int, tuple[int, str]] | None = None) -> dict[int, int]:
+def stream_lag(
+    region: Settings | Region, commits: dict[int, tuple[int, str]] | None = None, timeout_s: float = 30.0
+) -> dict[int, int]:
     """Per partition of a region's raw topic: records its stream job has not
     committed yet (a partition it never committed counts from zero).
     ``commits``: its :func:`stream_commits`, when the caller has read them."""
-    ends = end_offsets(region.kafka, region.topics.events)
-    done = stream_commits(region) if commits is None else commits
+    ends = end_offsets(region.kafka, region.topics.events, timeout_s=timeout_s)
+    done = stream_commits(region, timeout_s) if commits is None else commits
     return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One consumer in a group, as the group coordinator describes it."""
+
+    client_id: str
+    host: str
+    topics: tuple[str, ...]  # of the partitions assigned to it (none while a rebalance runs)
+
+
+def group_members(kafka: KafkaAccess | str, group: str, timeout_s: float = 30.0) -> tuple[str, list[GroupMember]]:
+    """A consumer group's state (``STABLE``, ``EMPTY``, ``DEAD`` for a group
+    that does not exist, ...) and its live members."""
+    # Kept referenced until the answer (a collected client never resolves
+    # its futures); quiet about the events it drops when it closes.
+    client = AdminClient(client_config(kafka, {"log_level": 4}))
+    future = client.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+    described = future.result(timeout=timeout_s + 1)
+    members = [
+        GroupMember(
+            m.client_id,
+            m.host.lstrip("/"),
+            tuple(sorted({tp.topic for tp in (m.assignment.topic_partitions if m.assignment else [])})),
+        )
+        for m in described.members
+    ]
+    return described.state.name, members
 
 
 def _reader(kafka: KafkaAccess | str, isolation: str) -> Consumer:
@@ -342,6 +380,42 @@ def read_topic(
                 pending.discard(msg.partition())
     finally:
         consumer.close()
+
+
+def readable_records(
+    kafka: KafkaAccess | str, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float = 30.0
+) -> dict[int, int]:
+    """Per partition: the records a read_committed consumer reads in
+    [start, end). Fewer than ``end - start`` on a topic written in
+    transactions: each commit or abort leaves a marker at an offset of its
+    own, and aborted records are skipped."""
+    counts = {p: 0 for p in ranges}
+    pending = {p for p, (start, end) in ranges.items() if end > start}
+    if not pending:
+        return counts
+    consumer = _reader(kafka, "read_committed")
+    try:
+        consumer.assign([TopicPartition(topic, p, ranges[p][0]) for p in sorted(pending)])
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"counting the records of {topic} in {ranges} took over {timeout_s}s")
+            msg = consumer.poll(0.2)
+            if msg is None or msg.partition() not in pending:
+                continue
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(msg.error())
+                pending.discard(msg.partition())
+                continue
+            end = ranges[msg.partition()][1]
+            if msg.offset() < end:
+                counts[msg.partition()] += 1
+            if msg.offset() >= end - 1:
+                pending.discard(msg.partition())
+    finally:
+        consumer.close()
+    return counts
 
 
 class MissingRecordError(RuntimeError):

@@ -130,11 +130,18 @@ def migrate(env: dict[str, str]) -> None:
 
 
 def ui_answers(port: int, timeout_s: float = 3.0) -> bool:
+    return health(port, timeout_s) is not None
+
+
+def health(port: int, timeout_s: float = 3.0) -> dict | None:
+    """The API server's health report (metadata database, scheduler,
+    triggerer, DAG processor, each with a ``status``), or None when it does
+    not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=timeout_s) as r:  # noqa: S310
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+            return json.loads(r.read()) if r.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def admin_password_file(settings: Settings) -> Path:

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Every database the project uses; `up` creates the missing ones.
 DATABASES = ("adpipe", "adpipe_budget", "adpipe_metastore", "airflow")
+# The server's log, in the cluster's folder beside its data.
+LOG_NAME = "postgres.log"
 
 
 class PostgresError(RuntimeError):
@@ -109,6 +111,12 @@ def _cluster_dir(settings: Settings, create: bool = False) -> Path | None:
 def _data_dir(settings: Settings, create: bool = False) -> Path | None:
     folder = _cluster_dir(settings, create)
     return None if folder is None else folder / "data"
+
+
+def log_file(settings: Settings) -> Path | None:
+    """The server's log (None: no cluster of ours yet)."""
+    folder = _cluster_dir(settings)
+    return None if folder is None else folder / LOG_NAME
 
 
 def _reap_orphans() -> None:
@@ -232,7 +240,7 @@ def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
                 f"something else already answers on {address}; stop it or point ADPIPE_PG_PORT elsewhere"
             )
         data = _initdb(settings)
-        logfile = data.parent / "postgres.log"
+        logfile = data.parent / LOG_NAME
         logfile.touch()
         _chown(logfile)
         log.info("starting PostgreSQL on %s (data %s)", address, data)
