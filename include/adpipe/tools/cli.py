@@ -151,6 +151,34 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     return chaos.run(settings, spec)
 
 
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.tools import status
+
+    components = status.collect(settings)
+    if args.json:
+        print(json.dumps(status.report(settings, components), indent=2))
+    else:
+        print(status.home_line(settings))
+        print(status.format_table(components))
+    return 0
+
+
+def add_status_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "status",
+        help="what of the local set-up is up, with addresses and log files",
+        description="One row per part of the local set-up: the Kafka broker, PostgreSQL, the stream job (its last "
+        "committed batch from the checkpoint, its lag: raw records not yet committed by its transactions), the "
+        "budget service (its consumer group's members on this cluster, its lag), the Spark standalone cluster and "
+        "Airflow; each up, degraded (runs, but does not answer or is stalled), down, or unknown (cannot be told), "
+        "with its address and log files. Only reads: starts, creates and locks nothing, works before ADPIPE_HOME "
+        "exists, and every probe has a timeout of a few seconds. Exit 0 whenever it could report, whatever the "
+        "states (read them from --json to act on them).",
+    )
+    p.add_argument("--json", action="store_true", help="JSON instead of a table (every log file, and the numbers)")
+    p.set_defaults(func=cmd_status)
+
+
 def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "chaos",
