@@ -9,6 +9,10 @@ contract and check it from outside.
 * :mod:`~adpipe.tools.demo` - ``adpipe demo``; :mod:`~adpipe.tools.bench` -
   ``adpipe bench``.
 * :mod:`~adpipe.tools.cli` - those verbs.
+* :mod:`~adpipe.tools.constraints` - Airflow's constraints less the
+  project's pins, for ``make python-packages`` (standard library only: it
+  runs before anything is installed); :mod:`~adpipe.tools.container_health`
+  - the healthchecks of docker-compose.yaml's adpipe services.
 
 May import: the parts, ``adpipe.local`` and the shared modules; nothing
 imports the tools but the command line (and tests)."""
