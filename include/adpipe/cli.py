@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
 from adpipe.budget import cli as budget_cli
 from adpipe.lakehouse import cli as lakehouse_cli
@@ -18,14 +20,32 @@ from adpipe.tools import cli as tools_cli
 log = logging.getLogger("adpipe")
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _ours_or_an_error(record: logging.LogRecord) -> bool:
+    """adpipe's own warnings, and any library's errors (librdkafka's retries
+    are warnings)."""
+    return record.levelno >= logging.ERROR or record.name == "adpipe" or record.name.startswith("adpipe.")
+
+
+def _setup_logging(verbose: bool, log_file: Path | None = None) -> None:
+    """Log lines on stderr, INFO and up (DEBUG with -v). A verb that prints
+    its own story (the demo) names a ``log_file``: without -v the INFO lines
+    go there, and stderr keeps adpipe's warnings and everyone's errors."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway", "great_expectations"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if log_file is None or verbose:
+        return
+    root = logging.getLogger()
+    for handler in root.handlers:
+        handler.setLevel(logging.WARNING)
+        handler.addFilter(_ours_or_an_error)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(log_file)
+    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(to_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,11 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
+    if args.verbose:
+        # The JVMs' own log lines on the console too (Spark's default), in
+        # this process and in the ones it starts (the demo's stream jobs).
+        os.environ["ADPIPE_JVM_LOGS"] = "console"
     try:
         settings = load_settings()
     except SettingsError as exc:
         parser.error(str(exc))
+    story_log = getattr(args, "story_log", None)
+    _setup_logging(args.verbose, settings.log_dir / story_log if story_log else None)
     try:
         if getattr(args, "needs_metastore", False):
             from adpipe.local import postgres

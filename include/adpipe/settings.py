@@ -281,6 +281,11 @@ class Settings:
     # The Spark driver's heap, and its log level (Spark's own lines).
     spark_driver_memory: str = "2g"
     spark_log_level: str = "WARN"
+    # Where the Spark driver's own log4j lines go (ADPIPE_JVM_LOGS): "file",
+    # a file per application under log_dir with only errors also on stderr,
+    # so that a command's output is its own; "console", Spark's default, all
+    # of it on stderr (`adpipe -v` sets it, for itself and its children).
+    jvm_logs: str = "file"
     # On a spark:// master (adpipe.spark): each executor's heap, the cores an
     # application takes at most (0: all the cluster offers; two applications
     # at once, e.g. the stream job and a load, need a cap each) and the
@@ -422,6 +427,11 @@ class Settings:
     @property
     def warehouse_dir(self) -> Path:
         return self.home / "warehouse"
+
+    @property
+    def log_dir(self) -> Path:
+        """The JVMs' log files (ADPIPE_JVM_LOGS=file) and the demo's own log."""
+        return self.home / "logs"
 
     @property
     def kafka_dir(self) -> Path:
@@ -601,6 +611,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
         spark_driver_memory=_jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", "2g"),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
+        jvm_logs=_choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),
         spark_executor_memory=_jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", "1g"),
         spark_cores_max=_int(env, "ADPIPE_SPARK_CORES_MAX", 0),
         spark_driver_host=env.get("ADPIPE_SPARK_DRIVER_HOST") or "127.0.0.1",

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -23,6 +24,9 @@ from adpipe.jars import ensure_classpath
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# The driver's log4j2 when ADPIPE_JVM_LOGS=file (see the file itself).
+LOG4J2_FILE_CONFIG = Path(__file__).parent / "jvm" / "log4j2-file.properties"
 
 # Conf keys whose values are never printed (a metastore password, a JAAS
 # config with a Kafka password, a token). Spark's own redaction of its UI and
@@ -40,6 +44,24 @@ def redacted(conf: dict[str, str]) -> dict[str, str]:
 def on_cluster(settings: Settings) -> bool:
     """True when jobs run on a standalone cluster's executors (``spark://``)."""
     return settings.spark_master.startswith("spark://")
+
+
+def driver_log_file(settings: Settings, app_name: str) -> Path:
+    """Where the driver of ``app_name`` writes its log4j lines when
+    ADPIPE_JVM_LOGS=file: ``ADPIPE_HOME/logs/<app_name>.log``."""
+    return settings.log_dir / (re.sub(r"[^A-Za-z0-9._-]", "_", app_name) + ".log")
+
+
+def driver_log_options(settings: Settings, app_name: str) -> list[str]:
+    """The driver JVM's options that send its log4j lines to
+    :func:`driver_log_file` (errors also to stderr); none for
+    ADPIPE_JVM_LOGS=console, which leaves Spark's own console logging."""
+    if settings.jvm_logs != "file":
+        return []
+    return [
+        f"-Dlog4j2.configurationFile={LOG4J2_FILE_CONFIG.as_uri()}",
+        f"-Dadpipe.log.file={driver_log_file(settings, app_name)}",
+    ]
 
 
 def cluster_conf(settings: Settings) -> dict[str, str]:
@@ -85,9 +107,14 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         # from the network); on a cluster, the one executors connect back to.
         "spark.driver.host": settings.spark_driver_host,
         "spark.driver.bindAddress": settings.spark_driver_host,
-        # Only where pyspark launches the JVM (not under spark-submit).
+        # Only where pyspark launches the JVM (not under spark-submit, whose
+        # log goes where spark-submit's stderr goes: Airflow's task log).
         "spark.driver.extraJavaOptions": shlex.join(
-            [f"-Dderby.system.home={settings.home / 'derby'}", *settings.jvm_options]
+            [
+                f"-Dderby.system.home={settings.home / 'derby'}",
+                *driver_log_options(settings, app_name),
+                *settings.jvm_options,
+            ]
         ),
         # Delta retries its own commits; ours retry whole MERGEs (adpipe.lakehouse.load).
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
@@ -118,13 +145,19 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
     """The session of a job, with a part's ``extra_conf`` on top (see
     :func:`spark_conf`)."""
     settings.home.mkdir(parents=True, exist_ok=True)
+    settings.log_dir.mkdir(exist_ok=True)
     # Python workers (the stream job's stateful operator) run this
     # environment's interpreter, which has adpipe, pandas and pyarrow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = spark_conf(settings, app_name, extra_conf)
     if on_cluster(settings):
         _warn_unreachable_checkpoint(settings)
-    log.info("Spark application %s on %s", app_name, settings.spark_master)
+    log.info(
+        "Spark application %s on %s%s",
+        app_name,
+        settings.spark_master,
+        f", its log in {driver_log_file(settings, app_name)}" if settings.jvm_logs == "file" else "",
+    )
     log.debug("Spark conf: %s", redacted(conf))
     builder = SparkSession.builder
     for key, value in conf.items():

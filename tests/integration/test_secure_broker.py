@@ -153,6 +153,10 @@ def test_the_pipeline_runs_end_to_end_with_each_part_as_its_own_principal(
     logs = [stream_log.read_text(), *secure.printed]
     logs += [p.read_text(errors="replace") for p in (secure.home / "kafka").glob("*.log")]
     logs += [(secure.home / "kafka" / "broker.out").read_text(errors="replace")]
+    # The stream driver's own log4j lines (ADPIPE_JVM_LOGS=file, the default).
+    spark_logs = list((secure.home / "logs").glob("adpipe-stream-*.log"))
+    assert spark_logs
+    logs += [p.read_text(errors="replace") for p in spark_logs]
     leaked = {name for name, secret in secure.passwords().items() for text in logs if secret in text}
     assert leaked == set()
 

@@ -42,6 +42,8 @@ SPARK_ENV = {
     "ADPIPE_SPARK_MASTER_UI_PORT": str(PORT_BASE + 11),
     "ADPIPE_SPARK_WORKER_MEMORY": "1g",
     "ADPIPE_SPARK_EXECUTOR_MEMORY": "768m",
+    # Spark's own lines in the job's log, where the tests look for "Lost executor".
+    "ADPIPE_JVM_LOGS": "console",
 }
 MASTER = f"spark://127.0.0.1:{PORT_BASE + 10}"
 # Events from 06:56 to 07:02 (an hour of its own in the session's tables):

@@ -45,3 +45,37 @@ def test_produce_rejects_a_naive_start() -> None:
     assert proc.returncode == 1
     assert "needs a zone" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+STORY_LOGGING = """
+import logging, sys
+from pathlib import Path
+from adpipe.cli import _setup_logging
+_setup_logging(sys.argv[1] == "-v", Path(sys.argv[2]))
+logging.getLogger("adpipe.tools.demo").info("an info line")
+logging.getLogger("adpipe.faults").warning("a warning line")
+logging.getLogger("librdkafka").warning("a library's warning line")
+logging.getLogger("librdkafka").error("a library's error line")
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_a_verb_that_tells_a_story_logs_to_its_file_and_warns_on_the_console(verbose: bool, tmp_path) -> None:
+    log_file = tmp_path / "logs" / "demo.log"
+    proc = subprocess.run(
+        [sys.executable, "-c", STORY_LOGGING, "-v" if verbose else "-", str(log_file)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "WARNING adpipe.faults: a warning line" in proc.stderr  # always seen
+    assert "ERROR librdkafka: a library's error line" in proc.stderr
+    if verbose:  # -v: everything on the console, as other verbs do
+        assert "INFO adpipe.tools.demo: an info line" in proc.stderr
+        assert "WARNING librdkafka: a library's warning line" in proc.stderr
+        assert not log_file.exists()
+    else:
+        assert "an info line" not in proc.stderr and "a library's warning line" not in proc.stderr
+        assert "WARNING librdkafka: a library's warning line" in log_file.read_text()
+        assert "INFO adpipe.tools.demo: an info line" in log_file.read_text()
+        assert "a warning line" in log_file.read_text()

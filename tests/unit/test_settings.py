@@ -124,14 +124,17 @@ def test_every_bootstrap_server_needs_a_port() -> None:
 
 def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> None:
     from adpipe.local import kafka_broker
-    from adpipe.spark import spark_conf
+    from adpipe.spark import LOG4J2_FILE_CONFIG, spark_conf
 
     settings = load_settings(
         {"ADPIPE_HOME": str(tmp_path / "my home"), "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='a b'"}
     )
     assert settings.jvm_options == ("-XX:TieredStopAtLevel=1", "-Dx=a b")
     options = spark_conf(settings, "t")["spark.driver.extraJavaOptions"]
-    assert options == f"'-Dderby.system.home={tmp_path / 'my home' / 'derby'}' -XX:TieredStopAtLevel=1 '-Dx=a b'"
+    derby = f"'-Dderby.system.home={tmp_path / 'my home' / 'derby'}'"
+    log_file = tmp_path / "my home" / "logs" / "t.log"
+    logs = f"-Dlog4j2.configurationFile={LOG4J2_FILE_CONFIG.as_uri()} '-Dadpipe.log.file={log_file}'"
+    assert options == f"{derby} {logs} -XX:TieredStopAtLevel=1 '-Dx=a b'"
     (tmp_path / "my home" / "kafka").mkdir(parents=True)
     command = kafka_broker._java(settings, "Main")
     assert command[command.index("-XX:TieredStopAtLevel=1") + 1] == "-Dx=a b"

@@ -119,3 +119,26 @@ def test_a_printed_conf_hides_every_secret(tmp_path: Path) -> None:
     assert len(shown) == len(conf)
     # Spark's own redaction (UI, event log, plans) covers the same words.
     assert "jaas" in conf["spark.redaction.regex"] and "password" in conf["spark.sql.redaction.options.regex"]
+
+
+def test_the_driver_logs_to_a_file_under_the_home_unless_jvm_logs_is_console(tmp_path: Path) -> None:
+    import shlex
+
+    from adpipe.spark import LOG4J2_FILE_CONFIG, driver_log_file
+
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    assert settings.jvm_logs == "file"
+    options = shlex.split(spark_conf(settings, "adpipe-load-2026-11-22T12")["spark.driver.extraJavaOptions"])
+    assert f"-Dadpipe.log.file={tmp_path / 'logs' / 'adpipe-load-2026-11-22T12.log'}" in options
+    assert f"-Dlog4j2.configurationFile={LOG4J2_FILE_CONFIG.as_uri()}" in options
+    # The configuration writes to the file it is given, errors also to stderr.
+    config = LOG4J2_FILE_CONFIG.read_text()
+    assert "appender.file.fileName = ${sys:adpipe.log.file}" in config
+    assert "appender.console.target = SYSTEM_ERR" in config and "threshold.level = error" in config
+    assert driver_log_file(settings, "a b/c").name == "a_b_c.log"  # an application name is a file name
+
+    console = spark_conf(load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JVM_LOGS": "console"}), "t")
+    assert "log4j" not in console["spark.driver.extraJavaOptions"]
+    assert "adpipe.log.file" not in console["spark.driver.extraJavaOptions"]
+    with pytest.raises(SettingsError, match="ADPIPE_JVM_LOGS='stdout' must be one of file, console"):
+        load_settings({"ADPIPE_JVM_LOGS": "stdout"})
