@@ -6,8 +6,9 @@ contract and check it from outside.
 * :mod:`~adpipe.tools.verify` - the independent reconciliation (its own
   plain-Python reading of the raw events); :mod:`~adpipe.tools.table_verify`
   adds the Delta tables of an hour.
-* :mod:`~adpipe.tools.demo` - ``adpipe demo``; :mod:`~adpipe.tools.bench` -
-  ``adpipe bench``.
+* :mod:`~adpipe.tools.demo` - ``adpipe demo``, which prints its story with
+  :mod:`~adpipe.tools.story` (steps, progress bars, a closing table);
+  :mod:`~adpipe.tools.bench` - ``adpipe bench``.
 * :mod:`~adpipe.tools.cli` - those verbs.
 * :mod:`~adpipe.tools.constraints` - Airflow's constraints less the
   project's pins, for ``make python-packages`` (standard library only: it

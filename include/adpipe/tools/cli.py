@@ -334,8 +334,10 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         "demo",
         help="the whole pipeline end to end with a crash injected",
         description="Starts the broker, produces events, runs the stream job, SIGKILLs it "
-        "mid-transaction, restarts it, and prints the verify report.",
+        "mid-transaction, restarts it, loads the hour, checks it, and ends in a table of what happened "
+        "and the verify verdict. Log lines go to ADPIPE_HOME/logs; -v shows them instead.",
     )
     p.add_argument("--events", type=int, default=3000)
     p.add_argument("--seed", type=int, default=42)
-    p.set_defaults(func=cmd_demo)
+    # Its log lines go to ADPIPE_HOME/logs/demo.log: the console tells the story.
+    p.set_defaults(func=cmd_demo, story_log="demo.log")

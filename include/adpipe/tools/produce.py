@@ -10,6 +10,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -220,9 +221,16 @@ def plan(spec: ProduceSpec) -> Plan:
     return Plan(messages, summary)
 
 
-def send(kafka: KafkaAccess | str, topic: str, the_plan: Plan, events_per_second: float = 0.0) -> int:
+def send(
+    kafka: KafkaAccess | str,
+    topic: str,
+    the_plan: Plan,
+    events_per_second: float = 0.0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> int:
     """Send the plan's messages through an idempotent producer; return the
-    number acknowledged. Raises if any message could not be delivered."""
+    number acknowledged. Raises if any message could not be delivered.
+    ``on_progress(sent, total)`` is called every 1 % (a progress bar)."""
     producer = Producer(
         {
             **kafka_io.client_config(kafka),
@@ -230,6 +238,10 @@ def send(kafka: KafkaAccess | str, topic: str, the_plan: Plan, events_per_second
             "acks": "all",
             "linger.ms": 5,
             "compression.type": "lz4",
+            # librdkafka's own lines (a retry while a fresh broker loads its
+            # coordinator) through Python logging, served by poll(): the demo
+            # keeps them in its log file.
+            "logger": logging.getLogger("librdkafka"),
         }
     )
     failures: list[str] = []
@@ -245,6 +257,7 @@ def send(kafka: KafkaAccess | str, topic: str, the_plan: Plan, events_per_second
     total = len(the_plan.messages)
     started = time.monotonic()
     step = max(1, total // 10)
+    tick = max(1, total // 100)
     for i, msg in enumerate(the_plan.messages, 1):
         while True:
             try:
@@ -259,6 +272,8 @@ def send(kafka: KafkaAccess | str, topic: str, the_plan: Plan, events_per_second
                 time.sleep(ahead)
         if i % step == 0 or i == total:
             log.info("produced %d/%d messages to %s", i, total, topic)
+        if on_progress is not None and (i % tick == 0 or i == total):
+            on_progress(i, total)
     remaining = producer.flush(60)
     if remaining or failures:
         raise RuntimeError(f"{remaining} messages undelivered, {len(failures)} failed: {failures[:3]}")
