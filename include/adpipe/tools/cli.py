@@ -130,7 +130,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.tools import demo
 
-    return demo.run(settings, events=args.events, seed=args.seed)
+    return demo.run(settings, events=args.events, seed=args.seed, verbose=args.verbose)
 
 
 def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:

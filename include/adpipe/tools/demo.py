@@ -210,7 +210,9 @@ def run_start(runs_dir: Path) -> datetime:
     return produce.ProduceSpec.start - timedelta(days=earlier_runs)
 
 
-def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
+def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = False) -> int:
+    """The demo; ``verbose`` (``adpipe -v demo``) also prints the whole
+    verify report."""
     run_id = time.strftime("%Y%m%d%H%M%S")
     env = demo_env(settings, run_id)
     from adpipe.settings import load_settings
@@ -353,7 +355,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42) -> int:
     report["ok"] = report["ok"] and report["tables"]["ok"] and quality_result.success
     (work / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
     story.note(f"report: {work / 'verify.json'}")
-    if settings.jvm_logs == "console":  # adpipe -v demo: the whole report, as verify prints it
+    if verbose:  # the whole report, as `adpipe verify` prints it
         story.say(json.dumps(report, indent=2))
     story.say("")
     rows = summary_rows(sent, stream_runs, report, settings.log_dir, work)
