@@ -110,6 +110,24 @@ def _jvm_memory(env: dict[str, str], name: str, default: str) -> str:
     return value
 
 
+def _port(env: dict[str, str], name: str, default: int) -> int:
+    """A TCP port; 0 means: none."""
+    value = _int(env, name, default)
+    if value > 65535:
+        raise SettingsError(f"{name}={value} is not a port (0-65535)")
+    return value
+
+
+def _statsd_address(env: dict[str, str]) -> str:
+    """``ADPIPE_AIRFLOW_STATSD``: host:port, or ``off``."""
+    raw = (env.get("ADPIPE_AIRFLOW_STATSD") or Settings.airflow_statsd).strip()
+    if raw.lower() == "off":
+        return ""
+    if not _HOST_PORT.match(raw):
+        raise SettingsError(f"ADPIPE_AIRFLOW_STATSD={raw!r} must be host:port or off")
+    return raw
+
+
 def _checkpoint_uri(env: dict[str, str]) -> str:
     raw = (env.get("ADPIPE_CHECKPOINT_URI") or "").strip()
     if raw and not urlparse(raw).scheme:
@@ -407,6 +425,17 @@ class Settings:
     vacuum_retention_h: int = 168
     # Port of the local Airflow UI / API server (make airflow).
     airflow_port: int = 8080
+    # Prometheus metrics (adpipe.metrics): the stream job, the budget service
+    # and a load each serve /metrics on metrics_host at a port of their own,
+    # so the three on one host never collide (0: not served; a second
+    # instance of one part on the host needs a port of its own).
+    metrics_host: str = "127.0.0.1"
+    stream_metrics_port: int = 9461
+    budget_metrics_port: int = 9462
+    load_metrics_port: int = 9463
+    # Where Airflow sends its own metrics as StatsD (host:port, a
+    # statsd_exporter for Prometheus); "" (ADPIPE_AIRFLOW_STATSD=off): none.
+    airflow_statsd: str = "127.0.0.1:9125"
 
     @property
     def checkpoint_uri(self) -> str:
@@ -427,6 +456,11 @@ class Settings:
     @property
     def warehouse_dir(self) -> Path:
         return self.home / "warehouse"
+
+    @property
+    def metrics_dir(self) -> Path:
+        """The load's metrics as files for node_exporter's textfile collector."""
+        return self.home / "metrics"
 
     @property
     def log_dir(self) -> Path:
@@ -664,4 +698,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         load_submit=_choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process")),
         vacuum_retention_h=_int(env, "ADPIPE_VACUUM_RETENTION_H", 168, 168),
         airflow_port=_int(env, "ADPIPE_AIRFLOW_PORT", 8080, 1),
+        metrics_host=env.get("ADPIPE_METRICS_HOST") or Settings.metrics_host,
+        stream_metrics_port=_port(env, "ADPIPE_STREAM_METRICS_PORT", Settings.stream_metrics_port),
+        budget_metrics_port=_port(env, "ADPIPE_BUDGET_METRICS_PORT", Settings.budget_metrics_port),
+        load_metrics_port=_port(env, "ADPIPE_LOAD_METRICS_PORT", Settings.load_metrics_port),
+        airflow_statsd=_statsd_address(env),
     )

@@ -66,7 +66,7 @@ from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from adpipe import alerting, kafka_io
+from adpipe import alerting, kafka_io, metrics
 from adpipe.budget import db
 from adpipe.budget.batch import BatchResult, StaleOffsets, apply_batch, record_gap, stored_offsets
 from adpipe.budget.events import EventPublisher
@@ -110,6 +110,7 @@ class BudgetService:
         self.consumer: Consumer | None = None
         self.publisher: EventPublisher | None = None
         self.paused_for_outage = False
+        self.metrics = metrics.budget(settings)
 
     # ------------------------------------------------------------ assignment
 
@@ -347,6 +348,7 @@ class BudgetService:
         self.totals["resumed"] += len(result.transitions) - len(result.paused)
         if result.transitions and self.publisher is not None:  # Step 9
             self.publisher.wake.set()
+        self.metrics.batch_applied(result, time.monotonic() - started)
         self._log_batch(result, started)
         return result
 
@@ -507,6 +509,7 @@ class BudgetService:
     def run(self, once_timeout_s: float = 300.0) -> int:
         s = self.settings
         self._install_signals()
+        metrics.serve(metrics.BUDGET, s)
         kafka_io.ensure_topics(s.kafka, [self.topic, s.topics.budget_events], s.topic_partitions)
         try:
             publisher_id = self._with_db("start-up", lambda: db.ensure_schema(self.engine, s))
@@ -532,6 +535,7 @@ class BudgetService:
                 batch = self._poll(consumer)
                 if batch:
                     self.apply(batch)
+                self.metrics.positions(consumer, self.topic, self.started_from, self.at_eof)
                 if self.once:
                     if self._drained():
                         log.info("--once: every assigned partition %s is drained", sorted(self.started_from))

@@ -41,6 +41,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         log.error("--step %s runs one step of one hour's load: give --run-file, without --repair or --to-hour",
                   args.step)
         return 2
+    from adpipe import metrics
+
+    metrics.serve(metrics.LOAD, settings)  # while it runs; each step also writes its textfile
     spark = metastore_session(settings, "adpipe-load")
     try:
         if args.repair:

@@ -56,7 +56,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from adpipe import faults, kafka_io, raw_events
+from adpipe import faults, kafka_io, metrics, raw_events
 from adpipe import schemas as S
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
@@ -669,6 +669,7 @@ def stage(
     (to ``last_hour``): the hours asked for, which must be closed unless
     ``allow_open``; the first one bounds the read of a partition no run has
     loaded yet."""
+    started = time.monotonic()
     asked = hours_between(hour, last_hour)
     if not allow_open:
         open_hours = [h for h in asked if h not in closed_hours(settings, asked)]
@@ -721,12 +722,14 @@ def stage(
             message=f"{lost} records lost to retention before any load read them" if lost else None,
         )
     _write_manifest(settings, run_id, "staged", run.to_dict())
+    metrics.load().staged(settings, run_id, staged, lost, time.monotonic() - started)
     return run
 
 
 def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quality.QualityResult]:
     """Step 2: the gate on each hour's candidate (published plus staged
     rows). A failure is written to the ledger; nothing is published."""
+    started = time.monotonic()
     results = []
     for hour in run.hour_list():
         frames = quality.hour_frames(spark, hour, staged_through=run.run_id)
@@ -736,12 +739,15 @@ def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quali
         _append_ledger(spark, run.run_id, "failed", run.kind, parse_hour(run.hour), hours=run.hours,
                        message="\n".join(failed))
         _write_manifest(settings, run.run_id, "failed", {"failed": failed})
+    gates = [(hour_label(r.hour), r.success) for r in results]
+    metrics.load().audited(settings, run.run_id, gates, time.monotonic() - started)
     return results
 
 
 def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str, dict]:
     """Step 3: the audited hours' staged rows into the published tables.
     Returns ``{"inserted": {table: rows}, "corrections": {hour: rows}}``."""
+    started = time.monotonic()
     hours = run.hour_list()
     inserted: dict[str, int] = {}
     corrections: dict[str, int] = {}
@@ -772,6 +778,7 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
     if corrections:
         log.info("run %d: late corrections to hours already published: %s", run.run_id, corrections)
     _write_manifest(settings, run.run_id, "published", {"inserted": inserted, "corrections": corrections})
+    metrics.load().published(settings, run.run_id, inserted, sum(corrections.values()), time.monotonic() - started)
     return {"inserted": inserted, "corrections": corrections}
 
 

@@ -106,9 +106,25 @@ def airflow_env(settings: Settings, database_url: str, base: dict[str, str] | No
             "ADPIPE_HOME": str(settings.home),
             "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
             **connections_env(settings),
+            **metrics_env(settings),
         }
     )
     return env
+
+
+def metrics_env(settings: Settings) -> dict[str, str]:
+    """Airflow's own metrics (scheduler, DAG processing, task instances,
+    DAG runs) as StatsD to ``ADPIPE_AIRFLOW_STATSD``: a statsd_exporter there
+    turns them into Prometheus metrics (``airflow_...``). Off: none."""
+    if not settings.airflow_statsd:
+        return {"AIRFLOW__METRICS__STATSD_ON": "False"}
+    host, port = settings.airflow_statsd.rsplit(":", 1)
+    return {
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": host,
+        "AIRFLOW__METRICS__STATSD_PORT": port,
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+    }
 
 
 def metadata_database(settings: Settings) -> str:

@@ -45,7 +45,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from adpipe import kafka_io, raw_events
+from adpipe import kafka_io, metrics, raw_events
 from adpipe import schemas as S
 from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
@@ -265,6 +265,7 @@ class BatchHandler:
         self.in_batch = threading.Event()
         self.batches = 0
         self.fatal: Exception | None = None
+        self.metrics = metrics.stream(settings)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.in_batch.set()
@@ -364,6 +365,12 @@ class BatchHandler:
             "skipped (already committed)" if result.skipped else "committed",
             result.duration_ms,
             (time.monotonic() - started) * 1000,
+        )
+        self.metrics.batch_done(
+            batch_id, skipped=result.skipped, input_offsets=offsets.input_offsets, windows=len(aggregates),
+            dlq=copies.dlq, late=copies.late, late_repeats=copies.late_repeats, end_offsets=offsets.end,
+            watermark_ms=offsets.watermark_ms, transaction_s=result.duration_ms / 1000,
+            batch_s=time.monotonic() - started,
         )
         write_heartbeat(self.settings, batch_id, offsets, len(aggregates), copies.dlq, copies.late, result.skipped)
 
@@ -547,6 +554,8 @@ def _run_query(
             checkpointed = (last, batch.end, batch.watermark_ms)
         sink.start(checkpointed, accept_empty_ledger)
         handler = BatchHandler(spark, settings, sink, limits, checkpoint)
+        handler.metrics.restored(checkpointed)
+        metrics.serve(metrics.STREAM, settings)
         listener = _DropCheck(handler)
         spark.streams.addListener(listener)
         try:
