@@ -16,7 +16,8 @@ keeps it so):
 * shared pieces of the contract, at the top of the package: ``settings``
   (the one place that reads configuration), ``schemas``, ``raw_events``,
   ``kafka_io``, ``spark`` (the one SparkSession builder), ``jars`` (JVM
-  classpaths), ``pg``, ``money``, ``faults`` (named crash points).
+  classpaths), ``pg``, ``money``, ``faults`` (named crash points),
+  ``metrics`` (every Prometheus metric of the parts, and their /metrics).
 """
 
 __version__ = "0.1.0"

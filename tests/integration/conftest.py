@@ -29,6 +29,11 @@ BROKER_ENV = {
     "ADPIPE_KAFKA_CONTROLLER_PORT": str(PORT_BASE + 1),
     "ADPIPE_PG_PORT": str(PORT_BASE + 2),
     "ADPIPE_JVM_OPTIONS": JVM_OPTIONS,
+    # The jobs' /metrics (adpipe.metrics) on the suite's ports, never the
+    # defaults a developer's own pipeline serves on.
+    "ADPIPE_STREAM_METRICS_PORT": str(PORT_BASE + 70),
+    "ADPIPE_BUDGET_METRICS_PORT": str(PORT_BASE + 71),
+    "ADPIPE_LOAD_METRICS_PORT": str(PORT_BASE + 72),
 }
 
 

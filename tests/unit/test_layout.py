@@ -22,6 +22,7 @@ SHARED = {
     "adpipe.faults",
     "adpipe.jars",
     "adpipe.kafka_io",
+    "adpipe.metrics",
     "adpipe.money",
     "adpipe.pg",
     "adpipe.raw_events",
