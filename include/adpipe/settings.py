@@ -370,7 +370,7 @@ class Settings:
     # unlimited) and the group session timeout (how fast a dead instance's
     # partitions move to the others).
     budget_group: str = "adpipe-budget"
-    budget_batch_size: int = 500
+    budget_batch_size: int = 2000
     budget_period: str = "day"
     budget_default_cpm_micros: int = 2_000_000
     budget_default_cpc_micros: int = 500_000
@@ -672,7 +672,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         pg_user=env.get("ADPIPE_PG_USER", "adpipe"),
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
         budget_group=env.get("ADPIPE_BUDGET_GROUP") or "adpipe-budget",
-        budget_batch_size=_int(env, "ADPIPE_BUDGET_BATCH_SIZE", 500, 1),
+        budget_batch_size=_int(env, "ADPIPE_BUDGET_BATCH_SIZE", 2000, 1),
         budget_period=_budget_period(env),
         budget_default_cpm_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPM", "2.00"),
         budget_default_cpc_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPC", "0.50"),

@@ -225,7 +225,7 @@ def test_event_ids_per_transition() -> None:
 
 def test_budget_settings() -> None:
     s = load_settings({"ADPIPE_HOME": "/tmp/x"})
-    assert (s.budget_group, s.budget_period, s.budget_batch_size) == ("adpipe-budget", "day", 500)
+    assert (s.budget_group, s.budget_period, s.budget_batch_size) == ("adpipe-budget", "day", 2000)
     assert (s.budget_default_cpm_micros, s.budget_default_cpc_micros, s.budget_default_budget_micros) == (
         2_000_000,
         500_000,
