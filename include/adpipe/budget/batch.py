@@ -351,13 +351,10 @@ def _add_spend(
             crossing_record[key] = row
     new_spend: dict[SpendKey, int] = {}
     if delta:
-        up = db.add_sums(conn, db.spend, "updated_at").returning(
-            db.spend.c.ad_id, db.spend.c.period, db.spend.c.spend_micros
-        )
         values = [
             {"ad_id": a, "period": p, "spend_micros": d[0], "records": d[1]} for (a, p), d in sorted(delta.items())
         ]
-        new_spend = {(a, p): s for a, p, s in conn.execute(up, values)}
+        new_spend = db.add_sums(conn, db.spend, "updated_at", values)
         result.spend_added_micros = sum(d[0] for d in delta.values())
     return new_spend, crossing_record
 

@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -290,24 +291,30 @@ def insert(conn: Connection, table: sa.Table):  # noqa: ANN201 - dialect-specifi
     raise RuntimeError(f"the budget database must be PostgreSQL or SQLite, not {conn.dialect.name}")
 
 
+def _rows_select(table: sa.Table, rows: list[dict]) -> tuple[list[str], sa.Select]:
+    """PostgreSQL: ``rows`` as a SELECT over ``unnest`` of one array per
+    column: one statement and a parameter per column, where a multi-row
+    VALUES binds every cell (several times slower for the thousands of rows
+    of a budget batch)."""
+    names = list(rows[0])
+    columns = sa.func.unnest(
+        *(sa.cast(sa.bindparam(n, [row[n] for row in rows]), postgresql.ARRAY(table.c[n].type)) for n in names)
+    ).table_valued(*names).render_derived(name="new_rows")
+    return names, sa.select(columns)
+
+
 def insert_new(conn: Connection, table: sa.Table, rows: list[dict], key: str) -> set:
     """Insert-only by ``key`` (a unique column): a row whose key is already
-    there is skipped. Returns the keys actually inserted. On PostgreSQL the
-    rows go as one array per column through ``unnest``: one statement and a
-    few parameters, where a multi-row VALUES binds every cell (several times
-    slower for the budget ledger's thousands of rows per batch)."""
+    there is skipped. Returns the keys actually inserted."""
     if not rows:
         return set()
     if conn.dialect.name != "postgresql":
         stmt = insert(conn, table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
         return {r[0] for r in conn.execute(stmt, rows)}
-    names = list(rows[0])
-    columns = sa.func.unnest(
-        *(sa.cast(sa.bindparam(n, [row[n] for row in rows]), postgresql.ARRAY(table.c[n].type)) for n in names)
-    ).table_valued(*names).render_derived(name="new_rows")
+    names, source = _rows_select(table, rows)
     stmt = (
         postgresql.insert(table)
-        .from_select(names, sa.select(columns))
+        .from_select(names, source)
         .on_conflict_do_nothing(index_elements=[key])
         .returning(table.c[key])
     )
@@ -317,19 +324,29 @@ def insert_new(conn: Connection, table: sa.Table, rows: list[dict], key: str) ->
 PRICING_SETTLED = "pricing_settled"  # budget_meta: the pricing the pause states were last settled against
 
 
-def add_sums(conn: Connection, table: sa.Table, stamp: str):  # noqa: ANN201 - dialect-specific Insert
-    """Upsert into a table of sums per (ad_id, period) (``budget_spend``,
+def add_sums(conn: Connection, table: sa.Table, stamp: str, rows: list[dict]) -> dict[tuple[str, str], int]:
+    """Upsert ``rows`` (``ad_id``, ``period``, ``spend_micros``, ``records``;
+    one per key) into a table of sums per (ad_id, period) (``budget_spend``,
     ``budget_ledger_pruned``): a new key is inserted, an existing one gets
-    ``spend_micros`` and ``records`` added and ``stamp`` set to now."""
-    up = insert(conn, table)
-    return up.on_conflict_do_update(
+    ``spend_micros`` and ``records`` added and ``stamp`` set to now. Returns
+    each key's new ``spend_micros``."""
+    if not rows:
+        return {}
+    if conn.dialect.name == "postgresql":
+        names, source = _rows_select(table, rows)
+        up = postgresql.insert(table).from_select(names, source)
+        params: list[dict] | None = None
+    else:
+        up, params = insert(conn, table), rows
+    stmt = up.on_conflict_do_update(
         index_elements=["ad_id", "period"],
         set_={
             "spend_micros": table.c.spend_micros + up.excluded.spend_micros,
             "records": table.c.records + up.excluded.records,
             stamp: sa.func.now(),
         },
-    )
+    ).returning(table.c.ad_id, table.c.period, table.c.spend_micros)
+    return {(a, p): spend for a, p, spend in conn.execute(stmt, params)}
 
 
 def ensure_schema(engine: Engine, settings: Settings) -> str:
@@ -512,6 +529,8 @@ class PriceBook:
 
     def price(self, ad_id: str) -> Price:
         own = self.ads.get(ad_id)
+        if own is None:  # most ads: priced by the default row alone
+            return self._default_price
         chain = [own, self.campaigns.get(own["campaign_id"]) if own and own["campaign_id"] else None, self.default]
         rows = [r for r in chain if r is not None]
 
@@ -519,6 +538,11 @@ class PriceBook:
             return next((r[col] for r in rows if r[col] is not None), None)
 
         return Price(first("cpm_micros"), first("cpc_micros"), first("budget_micros"))  # type: ignore[arg-type]
+
+    @cached_property
+    def _default_price(self) -> Price:
+        d = self.default
+        return Price(d["cpm_micros"], d["cpc_micros"], d["budget_micros"])
 
     def fingerprint(self) -> str:
         """Changes whenever any row does (pauses are settled against it)."""

@@ -66,8 +66,10 @@ def prune(settings: Settings, dry_run: bool = False, now: datetime | None = None
             micros = sum(int(m) for _a, _p, m, _n in sums)
             if dry_run or not sums:
                 return PruneResult(cutoff, rows, micros)
-            conn.execute(
-                db.add_sums(conn, db.ledger_pruned, "last_pruned_at"),
+            db.add_sums(
+                conn,
+                db.ledger_pruned,
+                "last_pruned_at",
                 [{"ad_id": a, "period": p, "spend_micros": int(m), "records": n} for a, p, m, n in sums],
             )
             deleted = conn.execute(sa.delete(db.ledger).where(old)).rowcount
