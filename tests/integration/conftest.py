@@ -8,16 +8,27 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
+from adpipe import pg as pg_client
 from adpipe.faults import wait_group_gone as _wait_group_gone
 from adpipe.local import kafka_broker, postgres
+from adpipe.local.airflow import (
+    admin_password,
+    airflow_env,
+    ensure_admin_password,
+    migrate,
+    stop_standalone,
+    ui_answers,
+)
 from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce, verify
 
@@ -167,3 +178,67 @@ def make_pipeline(workdir: Path, extra_env: dict[str, str] | None = None) -> Pip
     settings = load_settings(env)
     kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
     return Pipeline(env, settings, workdir)
+
+
+def until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:
+    """``probe()``'s first true answer, asked every 5 s (a URL or OS error
+    counts as no answer); past ``timeout_s`` the test fails with the tail of
+    ``log_path``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            got = probe()
+        except (urllib.error.URLError, OSError, KeyError):
+            got = None
+        if got:
+            return got
+        time.sleep(5)
+    tail = log_path.read_text()[-6000:] if log_path.exists() else ""
+    pytest.fail(f"{what}: not within {timeout_s:.0f}s\n--- {log_path.name} ---\n{tail}")
+
+
+@dataclass
+class Standalone:
+    """A running ``airflow standalone`` and what a test needs to talk to it."""
+
+    settings: Settings
+    env: dict[str, str]
+    log_path: Path
+    password: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.airflow_port}"
+
+
+@contextmanager
+def airflow_standalone(pipeline: Pipeline, name: str) -> Iterator[Standalone]:
+    """``airflow standalone`` (scheduler, dag-processor, api-server,
+    triggerer; LocalExecutor) as ``make airflow`` starts it, for ``pipeline``
+    (the UI on its ``ADPIPE_AIRFLOW_PORT``): metadata in a PostgreSQL
+    database of its own, ``airflow_<name>``, and the admin password written
+    before Airflow starts. On leaving, the whole process group is stopped."""
+    settings = load_settings(pipeline.env)
+    database = f"airflow_{name}"
+    pg_client.ensure_databases(settings, (database,))
+    env = airflow_env(settings, settings.pg_url(database), base=pipeline.env)
+    # The scheduler's and triggerer's log servers listen on fixed ports (8793,
+    # 8794) by default: beside the UI's, so that two test homes never collide.
+    env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(settings.airflow_port + 1)
+    env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(settings.airflow_port + 2)
+    ensure_admin_password(settings)
+    migrate(env)
+    log_path = pipeline.workdir / "standalone.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(  # noqa: S603
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        until("the Airflow UI", lambda: ui_answers(settings.airflow_port), 300, log_path)
+        yield Standalone(settings, env, log_path, str(admin_password(settings)))
+    finally:
+        stop_standalone(proc)

@@ -15,25 +15,22 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from adpipe import pg as pg_client
-from adpipe.local.airflow import admin_password, airflow_env, migrate, stop_standalone, ui_answers
-from adpipe.settings import Settings, load_settings
+from adpipe.local.airflow import admin_password
+from adpipe.settings import Settings
 
 from tests.conftest import PORT_BASE
-from tests.integration.conftest import Pipeline, make_pipeline
+from tests.integration.conftest import Pipeline, airflow_standalone, make_pipeline, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 DAG = "ad_union_and_load"
-AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DUMP = Path(__file__).with_name("tables_dump.py")
 
 
@@ -69,20 +66,6 @@ class Api:
         return self._request(method, path, body, self.token)
 
 
-def _until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            got = probe()
-        except (urllib.error.URLError, OSError, KeyError):
-            got = None
-        if got:
-            return got
-        time.sleep(5)
-    tail = log_path.read_text()[-6000:] if log_path.exists() else ""
-    pytest.fail(f"{what}: not within {timeout_s:.0f}s\n--- airflow standalone ---\n{tail}")
-
-
 @pytest.fixture(scope="module")
 def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     workdir = tmp_path_factory.mktemp("scheduler")
@@ -106,22 +89,8 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
     run = p.stream(max_offsets=400)
     assert run.returncode == 0, run.log[-3000:]
 
-    settings = load_settings(p.env)
-    database = f"airflow_{name}"
-    pg_client.ensure_databases(settings, (database,))
-    env = airflow_env(settings, settings.pg_url(database), base=p.env)
-    (workdir / "home" / "airflow").mkdir(parents=True, exist_ok=True)
-    migrate(env)
-    log_path = workdir / "standalone.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(  # noqa: S603
-            [AIRFLOW, "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        _until("the Airflow UI", lambda: ui_answers(settings.airflow_port), 300, log_path)
-        yield Scene(p, env, settings, [start, start + timedelta(hours=1)], sent, log_path)
-    finally:
-        stop_standalone(proc)
+    with airflow_standalone(p, name) as airflow:
+        yield Scene(p, airflow.env, airflow.settings, [start, start + timedelta(hours=1)], sent, airflow.log_path)
 
 
 def _runs(api: Api) -> list[dict]:
@@ -148,13 +117,13 @@ def _dump(env: dict[str, str]) -> dict:
 
 
 def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_nothing(scene: Scene) -> None:
-    password = _until("the admin password", lambda: admin_password(scene.settings), 120, scene.log_path)
+    password = until("the admin password", lambda: admin_password(scene.settings), 120, scene.log_path)
     api = Api(scene.settings.airflow_port, str(password))
-    _until("the DAG parsed", lambda: api("GET", f"/api/v2/dags/{DAG}")["dag_id"], 300, scene.log_path)
+    until("the DAG parsed", lambda: api("GET", f"/api/v2/dags/{DAG}")["dag_id"], 300, scene.log_path)
     assert api("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})["is_paused"] is False
 
     labels = [h.strftime("%Y-%m-%dT%H") for h in scene.hours]
-    scheduled = _until("two scheduled runs", lambda: _finished(_runs(api), "scheduled", labels), 1500, scene.log_path)
+    scheduled = until("two scheduled runs", lambda: _finished(_runs(api), "scheduled", labels), 1500, scene.log_path)
     assert [r["data_interval_start"][:13] for r in scheduled] == labels
     for run in scheduled:
         states = _task_states(api, run)
@@ -185,7 +154,7 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
         "reprocess_behavior": "completed", "max_active_runs": 1,
     })
     assert backfill["dag_id"] == DAG
-    backfilled = _until("two backfill runs", lambda: _finished(_runs(api), "backfill", labels), 1500, scene.log_path)
+    backfilled = until("two backfill runs", lambda: _finished(_runs(api), "backfill", labels), 1500, scene.log_path)
     assert [r["data_interval_start"][:13] for r in backfilled] == labels
     assert all(r["state"] == "success" for r in backfilled), backfilled
     again = _dump(scene.env)
