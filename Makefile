@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps venv python-packages jars demo test test-slow test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
+.PHONY: help deps deps-ui venv python-packages jars demo test test-slow test-ui test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -17,6 +17,11 @@ deps: ## system packages (Java 17+, Maven, PostgreSQL server) if missing; needs 
 	@command -v java >/dev/null && command -v mvn >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $(JVM_DEBIAN_PACKAGES) postgresql; }
+
+deps-ui: ## Debian's Chromium for make test-ui (Playwright drives it; it never downloads a browser); needs root or sudo
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,10 +51,13 @@ demo: jars ## the pipeline end to end with a crash injected, ending in the verif
 	$(BIN)/adpipe demo
 
 test: jars ## the suite: real broker + Spark + SIGKILL tests on one worker, unit tests beside them (under 30 min)
-	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow"
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not ui"
 
 test-slow: jars ## the long scenarios kept out of make test's 30 minutes (CI runs both)
 	$(BIN)/pytest -m slow
+
+test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real scheduler; screenshots under ADPIPE_TEST_HOME/ui/screenshots
+	$(BIN)/pytest -m ui
 
 bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads
 	$(BIN)/adpipe bench --peers --install-only

@@ -1,0 +1,310 @@
+"""The Airflow UI in a real headless browser: Debian's Chromium driven by
+Playwright for Python (``executable_path``; Playwright never downloads a
+browser), against ``airflow standalone`` as ``make airflow`` runs it (the
+real scheduler, LocalExecutor, metadata in PostgreSQL, the Spark steps
+through spark-submit).
+
+The story, each step checked through the page's DOM (text, roles, test ids;
+Playwright's waits, no sleeps) and saved as a screenshot under
+``$ADPIPE_HOME/screenshots`` (``$ADPIPE_TEST_HOME/ui/screenshots``):
+
+1. log in as ``admin`` (the simple auth manager's password file);
+2. every DAG of ``dags/`` is listed, and its Docs dialog shows its ``doc_md``;
+3. unpause ``ad_union_and_load`` with its toggle and trigger a run for one
+   closed hour (the ``hour`` param of the trigger form);
+4. the grid shows the run succeeded, task by task (each cell's tooltip);
+5. an aggregate duplicated under a new ``record_uuid`` is injected and the
+   hour triggered again: the grid shows the run failed; the failed run's
+   ``validate`` log holds the notifier's alert, the same one as in
+   ``$ADPIPE_HOME/alerts/alerts.jsonl``, naming the expectation and the key;
+6. the hour's Great Expectations Data Docs: ``publish_data_docs`` logs the
+   page's ``file://`` address (``$ADPIPE_HOME/data_docs/<hour>.html``). A web
+   page may not link to a local file, so the test opens the address the UI
+   shows; from there the failed validation's page is one click away.
+
+``ADPIPE_LOAD_START`` is the test's own start (to the minute): the
+timetable's first hourly run would be due an hour or more later, so
+unpausing schedules nothing beside the triggered runs, and their logical
+date (the trigger form's default, now) is not before the DAG's start.
+
+Chromium is ``/usr/bin/chromium`` (``ADPIPE_TEST_CHROMIUM`` for another),
+installed by ``make deps-ui``. Marked ``ui``: ``make test-ui``, about
+eight minutes on two busy cores (the two runs are seven Spark applications)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from adpipe import kafka_io
+from adpipe.local.airflow import ADMIN_USER, DAGS_FOLDER
+from adpipe.orchestration.alerts import alerts_file
+from adpipe.settings import Settings
+from confluent_kafka import Producer
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from tests.conftest import PORT_BASE, TEST_HOME
+from tests.integration.conftest import Standalone, airflow_standalone, make_pipeline
+
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(2400)]
+
+DAG = "ad_union_and_load"
+TASKS = ("wait_for_hour_closed", "stage", "validate", "verify", "publish_data_docs", "publish")
+CHROMIUM = os.environ.get("ADPIPE_TEST_CHROMIUM", "/usr/bin/chromium")
+UI_HOME = TEST_HOME / "ui"
+# A run is a few Spark applications on two shared cores: minutes, not seconds.
+RUN_TIMEOUT_MS = 15 * 60 * 1000
+
+
+@dataclass
+class Scene:
+    airflow: Standalone
+    hour: str  # YYYY-MM-DDTHH, closed by the stream
+
+    @property
+    def settings(self) -> Settings:
+        return self.airflow.settings
+
+    @property
+    def screenshots(self) -> Path:
+        return self.settings.home / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def scene(broker: Settings, pg: Settings) -> Iterator[Scene]:
+    """One hour of events, two hours ago, run through the stream job until
+    the hour is closed (events run two minutes past its end), then Airflow."""
+    shutil.rmtree(UI_HOME, ignore_errors=True)
+    UI_HOME.mkdir(parents=True)
+    now = datetime.now(UTC)
+    hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+    name = uuid.uuid4().hex[:8]
+    p = make_pipeline(
+        UI_HOME,
+        {
+            "ADPIPE_HOME": str(UI_HOME),
+            "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
+            "ADPIPE_LOAD_START": now.replace(second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 40),
+        },
+    )
+    p.produce(events=240, seed=7401, ads=3, ad_offset=960, minutes=62, start=hour, duplicate_rate=0.05)
+    run = p.stream(max_offsets=400)
+    assert run.returncode == 0, run.log[-3000:]
+    with airflow_standalone(p, name) as airflow:
+        yield Scene(airflow, hour.strftime("%Y-%m-%dT%H"))
+
+
+@pytest.fixture
+def page(scene: Scene) -> Iterator[Page]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make deps-ui` installs Debian's")
+    with sync_playwright() as pw:
+        browser: Browser = pw.chromium.launch(executable_path=CHROMIUM)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            expect.set_options(timeout=60_000)
+            _log_in(page, scene.airflow)
+            yield page
+        finally:
+            browser.close()
+
+
+def _log_in(page: Page, airflow: Standalone) -> None:
+    page.goto(airflow.url + "/")
+    page.get_by_label("Username").fill(ADMIN_USER)
+    page.get_by_label("Password").fill(airflow.password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("nav-dags-link")).to_be_visible()
+
+
+def _shot(page: Page, scene: Scene, name: str, *showing: Locator) -> Path:
+    """Screenshot ``name``.png once each of ``showing`` is visible: what the
+    picture shows is asserted through the DOM, not read from its pixels."""
+    for locator in showing:
+        expect(locator).to_be_visible()
+    path = scene.screenshots / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), animations="disabled")  # a dialog's fade-in ended
+    return path
+
+
+def _dag_docs() -> dict[str, str]:
+    """Each DAG file's id (its file name) and the heading of its ``doc_md``
+    (the module docstring), as Markdown renders it."""
+    docs = {}
+    for path in sorted(DAGS_FOLDER.glob("*.py")):
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        heading = next(line for line in docstring.splitlines() if line.strip())
+        docs[path.stem] = heading.removeprefix("### ").replace("`", "")
+    return docs
+
+
+def _trigger(page: Page, scene: Scene, shot: str) -> str:
+    """Trigger a run of the hour from the DAG page's trigger form; its run id."""
+    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    page.get_by_test_id("trigger-dag-button").click()
+    form = page.get_by_role("dialog")
+    expect(form).to_contain_text("Run Parameters")
+    hour_field = form.locator("input[name=element_hour]")
+    hour_field.fill(scene.hour)
+    expect(hour_field).to_have_value(scene.hour)
+    _shot(page, scene, shot, form)
+    form.get_by_test_id("trigger-dag-submit").click()
+    page.wait_for_url(re.compile(rf"/dags/{DAG}/runs/manual__"))
+    return unquote(urlsplit(page.url).path.rsplit("/runs/", 1)[1])
+
+
+def _wait_for_run_end(page: Page, scene: Scene, run_id: str) -> str:
+    """The run's end as the DAG page shows it: the "Latest Run" badge, which
+    the UI refreshes while a run is active."""
+    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    badge = (
+        page.get_by_test_id("header-card").locator(f"a[href='/dags/{DAG}/runs/{run_id}']").get_by_test_id("state-badge")
+    )
+    expect(badge).to_have_attribute("aria-label", re.compile("^(success|failed)$"), timeout=RUN_TIMEOUT_MS)
+    return str(badge.get_attribute("aria-label"))
+
+
+def _grid_states(page: Page, scene: Scene, run_id: str) -> dict[str, str]:
+    """Each task's state in the run's grid column, read from the tooltip its
+    cell shows on hover."""
+    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    states = {}
+    for task in TASKS:
+        page.get_by_test_id(f"grid-{run_id}-{task}").hover()
+        tooltip = page.get_by_role("tooltip")
+        expect(tooltip).to_contain_text(f"Task ID: {task}")
+        expect(tooltip).to_contain_text(f"Run ID: {run_id}")
+        states[task] = re.search(r"State: (.+)", tooltip.inner_text()).group(1).strip()
+        page.mouse.move(0, 0)
+        expect(tooltip).to_be_hidden()
+    return states
+
+
+def _open_task_log(page: Page, scene: Scene, run_id: str, task: str) -> Locator:
+    """Open a task instance from its grid cell; its log, as displayed."""
+    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    page.get_by_test_id(f"grid-{run_id}-{task}").click()
+    page.wait_for_url(f"**/runs/{run_id}/tasks/{task}")
+    log = page.get_by_test_id("virtualized-list")
+    expect(log).to_be_visible()
+    return log
+
+
+def _inject_duplicate_aggregate(settings: Settings, hour: str) -> dict:
+    """A second aggregate for an (ad_id, window_start) of ``hour`` under a new
+    record_uuid: what a broken upstream would write."""
+    records = kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.aggregates)
+    aggregates = [json.loads(r.value) for r in records]
+    original = next(a for a in aggregates if a["window_start"].startswith(hour))
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True})
+    duplicate = {**original, "record_uuid": str(uuid.uuid4())}
+    producer.produce(settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate).encode())
+    assert producer.flush(30) == 0
+    return original
+
+
+def test_login_lists_every_dag_with_its_docs(scene: Scene, page: Page) -> None:
+    docs = _dag_docs()
+    assert {"ad_aggregation_stream", DAG} <= set(docs)
+    page.goto(f"{scene.airflow.url}/dags")
+    dag_links = [page.get_by_role("link", name=dag_id, exact=True) for dag_id in docs]
+    _shot(page, scene, "01-dags", page.get_by_text(f"{len(docs)} Dags", exact=True), *dag_links)
+
+    for dag_id, heading in docs.items():
+        page.goto(f"{scene.airflow.url}/dags/{dag_id}")
+        page.get_by_test_id("markdown-button").click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_contain_text("Dag Documentation")
+        _shot(page, scene, f"02-docs-{dag_id}", dialog.get_by_role("heading", name=heading))
+        page.keyboard.press("Escape")
+        expect(dialog).to_be_hidden()
+
+
+def test_a_triggered_hour_succeeds_then_a_duplicate_fails_it_with_the_alert_and_data_docs(
+    scene: Scene, page: Page
+) -> None:
+    # 1. Unpause with the DAG page's toggle.
+    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    toggle = page.get_by_test_id("toggle-pause")
+    expect(toggle).to_have_attribute("data-state", "unchecked")  # DAGs start paused
+    toggle.click()
+    expect(toggle).to_have_attribute("data-state", "checked")
+    _shot(page, scene, "03-unpaused", toggle, page.get_by_test_id("trigger-dag-button"))
+
+    # 2. A run for the hour; the grid shows every task succeeded.
+    good_run = _trigger(page, scene, "04-trigger")
+    assert _wait_for_run_end(page, scene, good_run) == "success"
+    assert _grid_states(page, scene, good_run) == dict.fromkeys(TASKS, "Success")
+    page.get_by_test_id(f"grid-{good_run}-publish").hover()
+    _shot(page, scene, "05-grid-success", page.get_by_role("tooltip").get_by_text("State: Success"))
+    page.mouse.move(0, 0)
+
+    # 3. A duplicated aggregate, the hour again: the gate fails the run.
+    original = _inject_duplicate_aggregate(scene.settings, scene.hour)
+    bad_run = _trigger(page, scene, "06-trigger-again")
+    assert _wait_for_run_end(page, scene, bad_run) == "failed"
+    states = _grid_states(page, scene, bad_run)
+    assert states == {
+        "wait_for_hour_closed": "Success",
+        "stage": "Success",
+        "validate": "Failed",
+        "verify": "Failed",
+        "publish_data_docs": "Success",
+        "publish": "Upstream Failed",
+    }, states
+    # Only the two triggered runs: unpausing scheduled none.
+    run_bars = page.locator(f"a[href^='/dags/{DAG}/runs/'][href$='/']")
+    expect(run_bars).to_have_count(2)
+    _shot(page, scene, "07-grid", run_bars.first, run_bars.last)
+
+    # 4. The failed run, opened from its column in the grid.
+    page.locator(f"a[href='/dags/{DAG}/runs/{bad_run}/']").click()
+    page.wait_for_url(f"**/runs/{bad_run}/")
+    validate_row = page.get_by_role("row").filter(has=page.get_by_role("link", name="validate", exact=True))
+    expect(validate_row).to_contain_text("Failed")
+    _shot(page, scene, "08-failed-run", page.get_by_text(bad_run, exact=True).first, validate_row)
+
+    # 5. The alert, in the failed validate task's log: the notifier's record.
+    alerts = [json.loads(line) for line in alerts_file(scene.settings).read_text().splitlines()]
+    alert = next(a for a in alerts if a["run_id"] == bad_run and a["task_id"] == "validate")
+    assert alert["message"].startswith("QualityError")
+    log = _open_task_log(page, scene, bad_run, "validate")
+    page.get_by_test_id("log-search-input").fill("ALERT")
+    expect(log).to_contain_text(f"ALERT {DAG}.validate: {alert['message'].splitlines()[0]}")
+    expect(log).to_contain_text("expect_compound_columns_to_be_unique(column_list=['region', 'ad_id', 'window_start'])")
+    expect(log).to_contain_text(f"ad_id='{original['ad_id']}', window_start={original['window_start'][:19]}")
+    _shot(page, scene, "09-alert", log.get_by_text(f"ALERT {DAG}.validate", exact=False).first)
+
+    # 6. The hour's Data Docs: the address publish_data_docs logged, opened.
+    log = _open_task_log(page, scene, bad_run, "publish_data_docs")
+    expect(log).to_contain_text(f"Data Docs of {scene.hour}: file://")
+    address = re.search(rf"Data Docs of {scene.hour}: (file://\S+\.html)", log.inner_text()).group(1)
+    assert address == (scene.settings.home / "data_docs" / f"{scene.hour}.html").resolve().as_uri()
+    page.goto(address)
+    expect(page.locator("h1")).to_have_text(f"Great Expectations, hour {scene.hour}")
+    validations = page.locator(f"a[href*='/validations/adpipe_ad_minute_aggregates/adpipe-{scene.hour}/']")
+    expect(validations).to_have_count(2)  # the passed audit, then the failed one (names sort by time)
+    _shot(page, scene, "10-data-docs-hour", validations.last)
+    validations.last.click()
+    page.wait_for_url(re.compile(r"adpipe_spark-adpipe_ad_minute_aggregates\.html$"))
+    body = page.locator("body")
+    expect(body).to_contain_text(re.compile(r"Status:\s*Failed"))
+    expect(body).to_contain_text(f"adpipe-{scene.hour}")
+    failed_check = page.get_by_text(
+        "Values for given compound columns must be unique together: region, ad_id, window_start"
+    )
+    expect(body).to_contain_text(f"{original['ad_id']}{original['window_start'][:19]}")
+    _shot(page, scene, "11-data-docs-validation", failed_check)
