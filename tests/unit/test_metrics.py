@@ -8,11 +8,12 @@ import json
 import re
 import socket
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from adpipe import kafka_io, metrics
+from adpipe.budget import status
+from adpipe.budget.batch import BatchResult
 from adpipe.settings import PROJECT_ROOT, SettingsError, load_settings
 from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
@@ -123,18 +124,8 @@ def test_stream_lag_without_a_broker_is_a_scrape_without_lag(settings, monkeypat
 # ------------------------------------------------------------------ budget
 
 
-@dataclass
-class Result:
-    records: int = 0
-    applied: int = 0
-    duplicates: int = 0
-    already_applied: int = 0
-    malformed: int = 0
-    rejected: int = 0
-    conflicts: int = 0
-    spend_added_micros: int = 0
-    paused: list = field(default_factory=list)
-    transitions: list = field(default_factory=list)
+def transition(state: str) -> status.Transition:
+    return status.Transition("ad-1", "2026-11-22", 1, state, "spend", 0, None)
 
 
 class Watermarks:
@@ -148,10 +139,10 @@ class Watermarks:
 
 def test_budget_counts_each_batch_and_its_spend(settings) -> None:  # noqa: ANN001
     m = metrics.BudgetMetrics(settings)
-    m.batch_applied(Result(records=10, applied=7, duplicates=1, already_applied=1, malformed=1,
-                           spend_added_micros=2_500_000, paused=[("ad-1", "2026-11-22")],
-                           transitions=["p", "r"]), 0.02)
-    m.batch_applied(Result(records=3, applied=2, conflicts=1, spend_added_micros=500_000), 0.01)
+    m.batch_applied(BatchResult(records=10, applied=7, duplicates=1, already_applied=1, malformed=1,
+                                spend_added_micros=2_500_000,
+                                transitions=[transition(status.PAUSED), transition(status.ACTIVE)]), 0.02)
+    m.batch_applied(BatchResult(records=3, applied=2, conflicts=1, spend_added_micros=500_000), 0.01)
     r = m.registry
     assert [value(r, f"adpipe_budget_{n}_total") for n in
             ("batches", "records", "applied", "duplicates", "already_applied", "spend_micros", "ads_paused",
