@@ -46,6 +46,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from adpipe.settings import PROJECT_ROOT, Settings, load_settings
 from adpipe.stream.liveness import (
     STREAM_APPLICATION,
+    input_stalled,
+    polled_at,
     process_alive,
     read_heartbeat,
     read_state,
@@ -121,10 +123,16 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         alive, how, pid = True, "heartbeat", None
     else:
         alive, how, pid = False, "down", None
-    # Stalled: input waiting, no batch finished for stall_s, and (for a job we
-    # started) it has been up longer than that.
-    quiet_since = max(beat["at"] if beat else 0.0, state.get("started_at", 0.0) if how == "process" else 0.0)
-    stalled = alive and lag > 0 and now - quiet_since > settings.stream_stall_s
+    # Stalled: input waiting, neither a batch finished nor a poll for stall_s,
+    # and (for a job we started) it has been up longer than that.
+    stalled = alive and input_stalled(
+        lag,
+        now,
+        settings.stream_stall_s,
+        beat["at"] if beat else None,
+        polled_at(settings),
+        state.get("started_at", 0.0) if how == "process" else 0.0,
+    )
     window_start = now - settings.stream_restart_window_s
     return StreamHealth(
         job_id=settings.job_id,

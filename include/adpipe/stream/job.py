@@ -52,7 +52,7 @@ from adpipe.settings import Settings
 from adpipe.spark import build_spark
 from adpipe.stream import transforms as T
 from adpipe.stream.checkpoint_lock import checkpoint_lock
-from adpipe.stream.liveness import heartbeat_path
+from adpipe.stream.liveness import heartbeat_path, mark_polled
 from adpipe.stream.offset_log import (
     BatchOffsets,
     CheckpointFiles,
@@ -401,7 +401,8 @@ def write_heartbeat(
 
 
 class _DropCheck(StreamingQueryListener):
-    """Cross-checks the late routing against Spark's own drop counter."""
+    """Cross-checks the late routing against Spark's own drop counter, and
+    marks the query polled (liveness) on each progress or idle event."""
 
     def __init__(self, handler: BatchHandler) -> None:
         self.handler = handler
@@ -411,12 +412,13 @@ class _DropCheck(StreamingQueryListener):
         pass
 
     def onQueryIdle(self, event) -> None:  # noqa: ANN001, N802
-        pass
+        mark_polled(self.handler.settings)
 
     def onQueryTerminated(self, event) -> None:  # noqa: ANN001, N802
         pass
 
     def onQueryProgress(self, event) -> None:  # noqa: ANN001, N802
+        mark_polled(self.handler.settings)
         progress = event.progress
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         routed = self.handler.late_rows_by_batch.pop(progress.batchId, None)

@@ -1,7 +1,8 @@
 """Whether a stream job runs, seen from outside it: the files the job and
 its supervisor leave under ``$ADPIPE_HOME/stream/<job_id>``
-(``heartbeat.json`` after every batch, ``supervisor.json`` with the pid the
-supervisor started and its log). Read by the supervisor DAG
+(``heartbeat.json`` after every batch, ``polled.json`` whenever Spark
+reports the query's progress or its idling, ``supervisor.json`` with the pid
+the supervisor started and its log). Read by the supervisor DAG
 (:mod:`adpipe.orchestration.stream_supervisor`) and ``adpipe status``;
 nothing here imports Spark or Airflow."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,41 @@ def stream_dir(settings: Settings) -> Path:
 def heartbeat_path(settings: Settings) -> Path:
     """Written by the job after every batch it finished (``adpipe.stream.job``)."""
     return stream_dir(settings) / "heartbeat.json"
+
+
+def polled_path(settings: Settings) -> Path:
+    """Touched by the job whenever Spark reports the query's progress or that
+    it is idle, waiting for input (every few seconds while it waits): a job
+    that has had nothing to read for a long time is still alive, and input
+    arriving now is not input it has been stuck on."""
+    return stream_dir(settings) / "polled.json"
+
+
+def mark_polled(settings: Settings, now: float | None = None) -> None:
+    path = polled_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"at": time.time() if now is None else now}))
+    tmp.replace(path)
+
+
+def polled_at(settings: Settings) -> float | None:
+    try:
+        return float(json.loads(polled_path(settings).read_text())["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def input_stalled(
+    lag: int, now: float, stall_s: float, heartbeat_at: float | None, polled_at: float | None, started_at: float = 0.0
+) -> bool:
+    """A live job is stalled when input waits (``lag``) and for ``stall_s``
+    it has neither finished a batch (heartbeat) nor polled (Spark reported
+    progress or idling), counting from its start. A job idle for hours whose
+    input arrives now has polled seconds ago: not stalled; a job stuck in a
+    batch reports neither."""
+    quiet_since = max(heartbeat_at or 0.0, polled_at or 0.0, started_at)
+    return lag > 0 and now - quiet_since > stall_s
 
 
 def supervisor_state_path(settings: Settings) -> Path:
