@@ -273,7 +273,11 @@ def test_compose_publishes_ports_on_the_hosts_loopback_only() -> None:
     # The host's own defaults reach the stack: PostgreSQL, and the UI where `make airflow` has it.
     assert published["postgres"] == [f"127.0.0.1:{defaults.pg_port}:5432"]
     assert published["airflow-apiserver"] == [f"127.0.0.1:{defaults.airflow_port}:8080"]
-    assert {name for name, ports in published.items() if ports} == {"kafka", "postgres", "airflow-apiserver"}
+    assert published["stream"] == [f"127.0.0.1:{defaults.stream_metrics_port}:{defaults.stream_metrics_port}"]
+    assert published["budget"] == [f"127.0.0.1:{defaults.budget_metrics_port}:{defaults.budget_metrics_port}"]
+    assert {name for name, ports in published.items() if ports} == {
+        "kafka", "postgres", "airflow-apiserver", "stream", "budget"
+    }
 
 
 def test_postgres_service_is_the_one_the_settings_name() -> None:
