@@ -43,9 +43,6 @@ class BatchOffsets:
     def input_offsets(self) -> int:
         return sum(self.end[p] - self.start.get(p, 0) for p in self.end)
 
-    def has_input(self) -> bool:
-        return any(self.end[p] > self.start.get(p, 0) for p in self.end)
-
     def kafka_json(self, which: str) -> str:
         """Spark's ``startingOffsets`` / ``endingOffsets`` of this batch, over
         the batch's partitions. A partition added to the topic since the

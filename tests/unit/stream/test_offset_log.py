@@ -95,18 +95,15 @@ def test_batch_n_starts_where_batch_n_minus_1_ended(checkpoint: Path) -> None:
     assert (two.watermark_ms, two.late_watermark_ms) == (1795349047545, 1795348987545)
 
 
-def test_input_offsets_and_has_input(checkpoint: Path) -> None:
+def test_input_offsets(checkpoint: Path) -> None:
     assert batch_offsets(LocalCheckpoint(checkpoint), 0).input_offsets == 2996
     assert batch_offsets(LocalCheckpoint(checkpoint), 1).input_offsets == 433  # 201 + 0 + 38 + 194
-    assert batch_offsets(LocalCheckpoint(checkpoint), 0).has_input() is True
-    assert batch_offsets(LocalCheckpoint(checkpoint), 1).has_input() is True
-    no_data = batch_offsets(LocalCheckpoint(checkpoint), 2)
-    assert (no_data.input_offsets, no_data.has_input()) == (0, False)
+    assert batch_offsets(LocalCheckpoint(checkpoint), 2).input_offsets == 0
 
 
 def test_a_new_partition_counts_from_zero() -> None:
     offsets = BatchOffsets(3, TOPIC, {0: 5}, {0: 5, 1: 3}, 0, 0)
-    assert (offsets.input_offsets, offsets.has_input()) == (3, True)
+    assert offsets.input_offsets == 3
 
 
 def test_a_partition_added_since_the_last_batch_is_read_from_its_earliest_offset() -> None:
