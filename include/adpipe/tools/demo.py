@@ -360,4 +360,20 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
     story.say("")
     rows = summary_rows(sent, stream_runs, report, settings.log_dir, work)
     story.say(render_table("adpipe demo: what happened", rows))
+    story.say(verdict_line(report, hour))
     return 0 if report["ok"] else 1
+
+
+def verdict_line(report: dict, hour: str) -> str:
+    """The demo's last line, in the form it has always had (scripts grep it):
+    the verdict and the numbers behind it, from the verify report."""
+    agg, tables = report["aggregates"], report["tables"]
+    ge = report["great_expectations"]
+    return (
+        f"exactly-once {'HOLDS' if report['ok'] else 'BROKEN'}: {agg['records']} aggregates, "
+        f"{agg['missing_count']} missing, {agg['duplicated_count']} duplicated, {agg['wrong_count']} wrong; "
+        f"{report['late']['records']} late, {report['dlq']['records']} in the DLQ; tables "
+        f"{'match' if tables['ok'] else 'DO NOT match'} ({tables['aggregates']['rows']} aggregates, "
+        f"{tables['raw']['rows']} raw events of hour {hour}); Great Expectations "
+        f"{'passed' if ge['success'] else 'FAILED'}; budget spend {report['budget']['status']}"
+    )

@@ -135,3 +135,15 @@ def test_off_a_terminal_the_story_prints_its_lines_and_no_bar() -> None:
         bar.update(5, status="1 batch")  # nothing to draw
     story.step("produced")
     assert out.getvalue() == "1. Kafka broker\n   up\n   answering\n2. produced\n"
+
+
+def test_the_last_line_keeps_its_old_form_with_the_reports_numbers() -> None:
+    from adpipe.tools.demo import verdict_line
+
+    assert verdict_line(_report(), "2026-11-22T12") == (
+        "exactly-once HOLDS: 160 aggregates, 0 missing, 0 duplicated, 0 wrong; 30 late, 29 in the DLQ; tables match "
+        "(160 aggregates, 4030 raw events of hour 2026-11-22T12); Great Expectations passed; budget spend ok"
+    )
+    broken = verdict_line(_report(ok=False, missing=1), "2026-11-22T12")
+    assert broken.startswith("exactly-once BROKEN: 159 aggregates, 1 missing")
+    assert "tables DO NOT match" in broken and "Great Expectations FAILED" in broken
