@@ -255,3 +255,28 @@ def test_spark_and_python_readings_agree_at_the_edges(edge_verdicts: dict, value
     assert edge_verdicts[value] == python_verdict(value)
 
 
+
+
+CONTRACT_EXAMPLE = b"""{"event_id": "7f7c4f8e-2d4b-4bb0-9d59-0a4f3f0b8a11",
+ "ad_id": "ad-000042",
+ "campaign_id": "cmp-007",
+ "event_type": "impression",
+ "event_time": "2026-11-22T12:34:56.789Z"}"""
+
+
+def test_the_producers_events_and_the_contracts_example_take_the_fast_path(spark: SparkSession) -> None:
+    """The events `adpipe produce` writes (every event_time form it mixes)
+    and the contract's own example match one of the fast path's patterns, in
+    Spark's regex engine; a reordered or padded event does not (it takes the
+    variant route, whose verdicts test_raw_events_property compares)."""
+    from adpipe.tools.produce import ProduceSpec, plan
+
+    produced = [m.value for m in plan(ProduceSpec(events=200, seed=3)).messages]
+    assert {type(json.loads(v)["event_time"]) for v in produced} == {str, int}
+    reordered = json.dumps({"ad_id": "a", "event_id": "e", "event_type": "click", "event_time": 0}).encode()
+    padded = json.dumps({**json.loads(CONTRACT_EXAMPLE), "pad": 1}).encode()
+    values = [*produced, CONTRACT_EXAMPLE, reordered, padded]
+    text = F.col("value").cast("string")
+    fast = text.rlike(raw_events.CANONICAL_EVENT_ISO_TIME) | text.rlike(raw_events.CANONICAL_EVENT_MS_TIME)
+    rows = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)]).select(fast.alias("fast"))
+    assert [r.fast for r in rows.orderBy("offset").collect()] == [True] * (len(produced) + 1) + [False, False]

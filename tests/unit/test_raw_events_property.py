@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from adpipe import raw_events
+from adpipe import schemas as S
 from adpipe.tools.verify import classify_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -83,9 +84,56 @@ def raw_values(draw: st.DrawFn) -> bytes | None:
     return (before + text + after).encode()
 
 
-def spark_verdicts(spark: SparkSession, values: list[bytes | None]) -> list[str | tuple]:
+JSON_WS = st.sampled_from(["", "", " ", "\n", "\t", "\r\n"])
+NOT_JSON_WS = st.sampled_from(["\x0b", "\u00a0", "\f"])
+plain_text = st.text(st.characters(codec="ascii", exclude_characters='"\\', min_codepoint=32), min_size=1, max_size=6)
+raw_text = st.text(max_size=6).map(lambda t: f'"{t}"')  # as written: quotes, backslashes, NULs unescaped
+digits = st.sampled_from(["0", "7", "0123", "-5", "1.0", "1e3", "999999999999999", "1000000000000000"])
+
+
+@st.composite
+def canonical_texts(draw: st.DrawFn) -> bytes:
+    """Text in the shape of the fast path's patterns (adpipe.raw_events),
+    mostly matching them, with their edges: any text in the strings
+    (escaped or not), numbers for strings, digits that are not JSON
+    integers, whitespace that is not JSON's, a missing campaign_id,
+    something after the object."""
+    ws = st.one_of(JSON_WS, NOT_JSON_WS) if draw(st.integers(0, 9)) == 0 else JSON_WS
+
+    def string(good: st.SearchStrategy) -> str:
+        kind = draw(st.sampled_from(["plain"] * 6 + ["raw", "escaped", "unicode", "number"]))
+        if kind == "plain":
+            return json.dumps(draw(good))
+        if kind == "raw":
+            return draw(raw_text)
+        value = draw(st.text(max_size=6)) if kind != "number" else draw(st.integers())
+        return json.dumps(value, ensure_ascii=kind == "escaped")
+
+    def member(name: str, value: str) -> str:
+        return f'{draw(ws)}"{name}"{draw(ws)}:{draw(ws)}{value}{draw(ws)}'
+
+    members = [member("event_id", string(plain_text)), member("ad_id", string(plain_text))]
+    if draw(st.booleans()):
+        members.append(member("campaign_id", string(st.text(max_size=4))))
+    event_type = _mostly(draw, st.sampled_from(S.EVENT_TYPES), st.sampled_from(["Click", "", "impression "]))
+    members.append(member("event_type", json.dumps(event_type)))
+    event_time = draw(
+        st.one_of(
+            iso_times.map(json.dumps),
+            epoch_times.map(str),
+            digits,
+            st.builds(lambda d: str(RECORD_MS - d), st.integers(0, 10**6)),
+        )
+    )
+    members.append(member("event_time", event_time))
+    after = _mostly(draw, st.just(""), st.sampled_from(["}", " x", "\x00", ",", "\n"]))
+    return (draw(ws) + "{" + ",".join(members) + "}" + after).encode()
+
+
+def spark_verdicts(spark: SparkSession, values: list[bytes | None], fast_path: bool = True) -> list[str | tuple]:
+    frame = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)])
     rows = (
-        raw_events.parse_raw_events(kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)]), SKEW_MS)
+        raw_events.parse_raw_events(frame, SKEW_MS, fast_path=fast_path)
         .select("offset", "event_id", "ad_id", "event_type", F.unix_millis("event_time").alias("ms"), "reject_reason")
         .orderBy("offset")
         .collect()
@@ -117,3 +165,17 @@ def test_spark_and_python_decide_the_same_on_any_value(spark: SparkSession, valu
         (v, s, p) for v, s, p in zip(values, spark_verdicts(spark, values), map(python_verdict, values)) if s != p
     ]
     assert disagreements == []
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(canonical_texts(), min_size=40, max_size=60))
+def test_the_fast_path_decides_as_the_variant_route_and_as_python(spark: SparkSession, values: list[bytes]) -> None:
+    fast, variant = spark_verdicts(spark, values), spark_verdicts(spark, values, fast_path=False)
+    python = list(map(python_verdict, values))
+    assert [(v, f, r) for v, f, r in zip(values, fast, variant) if f != r] == []
+    assert [(v, f, p) for v, f, p in zip(values, fast, python) if f != p] == []
