@@ -332,6 +332,10 @@ def _reader(kafka: KafkaAccess | str, isolation: str) -> Consumer:
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
+                # A reader stops at an end it knows: the broker need not hold
+                # a fetch at the end of a partition for the default 500 ms,
+                # which delayed the next partition's first fetch as long.
+                "fetch.wait.max.ms": 10,
             },
         )
     )
@@ -439,11 +443,15 @@ def read_positions(
                 continue
             consumer.assign([TopicPartition(topic, partition, offsets[0])])
             deadline = time.monotonic() + timeout_s
-            index = 0
+            index, position = 0, offsets[0]
             while index < len(offsets):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"reading {topic}[{partition}] to offset {offsets[-1]} took over {timeout_s}s")
-                for msg in consumer.consume(1000, 1.0):
+                # consume() waits for its whole count or its timeout: asking
+                # for more records than are left to the last wanted offset
+                # cost a second per partition near the end of a topic (the
+                # stream job's last batch, and every batch of a live job).
+                for msg in consumer.consume(max(1, min(1000, offsets[-1] - position + 1)), 1.0):
                     if msg.error():
                         if msg.error().code() == KafkaError._PARTITION_EOF and msg.partition() != partition:
                             continue
@@ -454,6 +462,7 @@ def read_positions(
                         raise KafkaException(msg.error())
                     if msg.partition() != partition:
                         continue  # fetched before the previous partition was unassigned
+                    position = msg.offset() + 1
                     if offsets[index] < msg.offset():
                         raise MissingRecordError(f"{topic}[{partition}] has no readable record at {offsets[index]}")
                     if msg.offset() == offsets[index]:
