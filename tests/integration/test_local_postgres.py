@@ -42,3 +42,23 @@ def test_a_0700_home_as_root_gets_a_cluster_the_server_can_reach_and_a_wiped_hom
         new = postgres._cluster_dir(settings)
         if new is not None:
             shutil.rmtree(new, ignore_errors=True)
+
+
+def test_a_home_started_again_with_another_port_answers_there(tmp_path: Path) -> None:
+    """ADPIPE_PG_PORT is today's, not the one the cluster was created with;
+    a cluster still running on the old port gets an error that says so."""
+    home = tmp_path / ".adpipe"
+    first = load_settings({"ADPIPE_HOME": str(home), "ADPIPE_PG_PORT": str(PORT_BASE + 76)})
+    second = load_settings({"ADPIPE_HOME": str(home), "ADPIPE_PG_PORT": str(PORT_BASE + 77)})
+    try:
+        postgres.up(first)
+        with pytest.raises(postgres.PostgresError, match="runs but elsewhere"):
+            postgres.up(second, timeout_s=3)
+        postgres.down(first)
+        postgres.up(second)
+        assert postgres.answering(second) and not postgres.answering(first, 1)
+    finally:
+        postgres.down(first)
+        cluster = postgres._cluster_dir(first)
+        if cluster is not None:
+            shutil.rmtree(cluster, ignore_errors=True)

@@ -244,15 +244,24 @@ def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
         logfile.touch()
         _chown(logfile)
         log.info("starting PostgreSQL on %s (data %s)", address, data)
+        # The address of today's settings, not the one written at initdb:
+        # a home's ADPIPE_PG_PORT may change between runs.
+        listen = f"-p {settings.pg_port} -c listen_addresses='{settings.pg_host}'"
         _run(
             [str(bin_dir() / "pg_ctl"), "start", "-D", str(data), "-l", str(logfile), "-w",
-             "-t", str(int(timeout_s))],
+             "-t", str(int(timeout_s)), "-o", listen],
             f"starting PostgreSQL (see {logfile})",
         )
     deadline = time.monotonic() + timeout_s
     while not answering(settings, 2):
         if time.monotonic() > deadline:
-            raise PostgresError(f"PostgreSQL did not answer on {address} within {timeout_s:.0f}s")
+            why = (
+                f"; this home's cluster runs but elsewhere (started with another ADPIPE_PG_PORT or "
+                f"ADPIPE_PG_HOST?): `adpipe pg down`, then `adpipe pg up` (log {_data_dir(settings).parent / LOG_NAME})"
+                if is_local(settings) and _running(settings)
+                else ""
+            )
+            raise PostgresError(f"PostgreSQL did not answer on {address} within {timeout_s:.0f}s{why}")
         time.sleep(0.5)
     created = ensure_databases(settings)
     if not is_local(settings):
