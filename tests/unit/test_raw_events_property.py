@@ -148,8 +148,9 @@ def python_verdict(value: bytes | None) -> str | tuple:
     return (verdict.event_id, verdict.ad_id, verdict.event_type, verdict.event_ms)
 
 
-@settings(
-    max_examples=12,
+# Each example is a batch of values parsed in one Spark job: few examples,
+# the same ones in CI (derandomize), no deadline.
+SPARK_BATCHES = settings(
     deadline=None,
     derandomize=True,
     suppress_health_check=[
@@ -159,6 +160,9 @@ def python_verdict(value: bytes | None) -> str | tuple:
         HealthCheck.too_slow,
     ],
 )
+
+
+@settings(SPARK_BATCHES, max_examples=12)
 @given(st.lists(raw_values(), min_size=40, max_size=60))
 def test_spark_and_python_decide_the_same_on_any_value(spark: SparkSession, values: list[bytes | None]) -> None:
     disagreements = [
@@ -167,12 +171,7 @@ def test_spark_and_python_decide_the_same_on_any_value(spark: SparkSession, valu
     assert disagreements == []
 
 
-@settings(
-    max_examples=10,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@settings(SPARK_BATCHES, max_examples=10)
 @given(st.lists(canonical_texts(), min_size=40, max_size=60))
 def test_the_fast_path_decides_as_the_variant_route_and_as_python(spark: SparkSession, values: list[bytes]) -> None:
     fast, variant = spark_verdicts(spark, values), spark_verdicts(spark, values, fast_path=False)
