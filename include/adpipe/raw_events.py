@@ -84,6 +84,17 @@ CANONICAL_EVENT_MS_TIME = _canonical_event(r"(0|[1-9][0-9]{0,14})")
 _CANONICAL_FIELDS = "event_id string, ad_id string, campaign_id string, event_type string, event_time string"
 
 
+def fast_path_kind(text: Column) -> Column:
+    """For a record's text: ``STRING`` or ``BIGINT`` (the JSON type of its
+    event_time) when it is in the contract's own shape and takes the fast
+    path, null when it takes the variant route. Invalid UTF-8 is not JSON
+    (a cast alone would turn it into U+FFFD)."""
+    utf8 = F.is_valid_utf8(text)
+    return F.when(utf8 & text.rlike(CANONICAL_EVENT_ISO_TIME), F.lit("STRING")).when(
+        utf8 & text.rlike(CANONICAL_EVENT_MS_TIME), F.lit("BIGINT")
+    )
+
+
 def _event_time(time_type: Column, time_text: Column, time_millis: Column) -> Column:
     """The event time of an integer of epoch milliseconds or an ISO-8601
     text with a zone; null for anything else."""
@@ -140,15 +151,7 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         .otherwise(time_reason)
     )
     valid_campaign = _true(_field_type(v, "campaign_id") == "STRING")
-    # Invalid UTF-8 is not JSON (a cast alone would turn it into U+FFFD).
-    utf8 = F.is_valid_utf8(text)
-    fast_kind = (
-        F.when(utf8 & text.rlike(CANONICAL_EVENT_ISO_TIME), F.lit("STRING")).when(
-            utf8 & text.rlike(CANONICAL_EVENT_MS_TIME), F.lit("BIGINT")
-        )
-        if fast_path
-        else F.lit(None).cast("string")
-    )
+    fast_kind = fast_path_kind(text) if fast_path else F.lit(None).cast("string")
     return (
         kafka_df.select(
             # Kept as received: the DLQ and late topics carry the raw bytes.
@@ -165,7 +168,7 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         .withColumn(
             "__v",
             F.when(
-                fast.isNull() & utf8 & _true(_nothing_after_the_value(F.col("value"))),
+                fast.isNull() & F.is_valid_utf8(text) & _true(_nothing_after_the_value(F.col("value"))),
                 F.try_parse_json(text),
             ),
         )

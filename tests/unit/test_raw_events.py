@@ -255,8 +255,6 @@ def test_spark_and_python_readings_agree_at_the_edges(edge_verdicts: dict, value
     assert edge_verdicts[value] == python_verdict(value)
 
 
-
-
 CONTRACT_EXAMPLE = b"""{"event_id": "7f7c4f8e-2d4b-4bb0-9d59-0a4f3f0b8a11",
  "ad_id": "ad-000042",
  "campaign_id": "cmp-007",
@@ -276,7 +274,6 @@ def test_the_producers_events_and_the_contracts_example_take_the_fast_path(spark
     reordered = json.dumps({"ad_id": "a", "event_id": "e", "event_type": "click", "event_time": 0}).encode()
     padded = json.dumps({**json.loads(CONTRACT_EXAMPLE), "pad": 1}).encode()
     values = [*produced, CONTRACT_EXAMPLE, reordered, padded]
-    text = F.col("value").cast("string")
-    fast = text.rlike(raw_events.CANONICAL_EVENT_ISO_TIME) | text.rlike(raw_events.CANONICAL_EVENT_MS_TIME)
+    fast = raw_events.fast_path_kind(F.col("value").cast("string")).isNotNull()
     rows = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)]).select(fast.alias("fast"))
     assert [r.fast for r in rows.orderBy("offset").collect()] == [True] * (len(produced) + 1) + [False, False]
