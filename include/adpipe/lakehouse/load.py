@@ -184,10 +184,20 @@ def raw_table_rows(
     return rows.select(*T.RAW_SCHEMA.fieldNames())
 
 
+def with_aggregate_fields(kafka_df: DataFrame) -> DataFrame:
+    """Aggregate records with their JSON read into ``a`` and
+    ``aggregate_ok`` (every field of the contract there and readable). A
+    frame that has them already (read once and cached for both tables that
+    need it) is returned as it is."""
+    if "aggregate_ok" in kafka_df.columns:
+        return kafka_df
+    body = F.from_json(F.col("value").cast("string"), _AGGREGATE_JSON)
+    return kafka_df.select("*", body.alias("a")).withColumn("aggregate_ok", _aggregate_ok())
+
+
 def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime | None, loaded_at: datetime) -> DataFrame:
     """Aggregate records -> ``ads.ad_minute_aggregates`` rows (of ``hour`` only, unless None)."""
-    body = F.from_json(F.col("value").cast("string"), _AGGREGATE_JSON)
-    parsed = kafka_df.select("*", body.alias("a")).where(_aggregate_ok())
+    parsed = with_aggregate_fields(kafka_df).where(F.col("aggregate_ok"))
     rows = parsed.select(
         F.col("a.record_uuid").alias("record_uuid"),
         F.col("a.ad_id").alias("ad_id"),
@@ -286,10 +296,9 @@ def quarantine_table_rows(
         _hour_of(F.col("event_time")).alias("event_hour"),
         *_kafka_columns(region, loaded_at),
     )
-    body = F.from_json(F.col("value").cast("string"), _AGGREGATE_JSON)
     bad_aggregates = (
-        aggregates_df.select("*", body.alias("a"))
-        .where(~_aggregate_ok())
+        with_aggregate_fields(aggregates_df)
+        .where(~F.col("aggregate_ok"))
         .select(
             F.lit(SOURCE_BAD_AGGREGATE).alias("source"),
             F.concat_ws("/", "topic", "partition", "offset").alias("event_key"),
@@ -462,6 +471,7 @@ def merge_new_rows(
 # --- rows of a run ----------------------------------------------------------------------------
 
 
+@contextmanager
 def table_rows(
     spark: SparkSession,
     settings: Settings,
@@ -469,17 +479,23 @@ def table_rows(
     loaded_at: datetime,
     run_id: int,
     hour: datetime | None = None,
-) -> dict[str, DataFrame]:
+) -> Iterator[dict[str, DataFrame]]:
     """Per table, the rows of the records in ``ranges``: every region's,
     unioned, one row per key (a producer retry, a replayed or injected
     duplicate: the dedupe the design puts before the load), ``load_run`` =
-    ``run_id``; only the rows of ``hour`` when one is given (a repair)."""
+    ``run_id``; only the rows of ``hour`` when one is given (a repair).
+
+    Each region's aggregate records feed two tables (the readable ones
+    ``ad_minute_aggregates``, the others the quarantine): they are read
+    from Kafka and parsed once, and cached while the block runs."""
     parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
+    shared: list[DataFrame] = []
     for rr in ranges:
         empty = _empty_kafka_df(spark)
         kafka = _region_kafka(settings, rr)
         raw_df = _read(spark, kafka, rr.raw) or empty
-        agg_df = _read(spark, kafka, rr.aggregates) or empty
+        agg_df = with_aggregate_fields(_read(spark, kafka, rr.aggregates) or empty).persist()
+        shared.append(agg_df)
         late_df = _read(spark, kafka, rr.late) or empty
         dlq_df = _read(spark, kafka, rr.dlq) or empty
         parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
@@ -492,7 +508,11 @@ def table_rows(
             union = union.unionByName(df)
         _schema, keys = T.TABLES[table]
         out[table] = _first_per_key(union, list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
-    return out
+    try:
+        yield out
+    finally:
+        for df in shared:
+            df.unpersist()
 
 
 def _hour_labels(df: DataFrame) -> list[str]:
@@ -697,15 +717,16 @@ def stage(
                 run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
             )
         staged: dict[str, int] = {}
-        for table, source in table_rows(spark, settings, ranges, loaded_at, run_id).items():
-            source = source.cache()
-            hours = [parse_hour(h) for h in _hour_labels(source)]
-            _schema, keys = T.TABLES[table]
-            published = spark.table(table).where(_in_hours(hours)).select(*keys)
-            new_rows = source.join(published, list(keys), "left_anti")
-            staged[table] = merge_new_rows(spark, T.staged(table), new_rows, keys, hours)
-            source.unpersist()
-            log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged[table])
+        with table_rows(spark, settings, ranges, loaded_at, run_id) as rows:
+            for table, source in rows.items():
+                source = source.cache()
+                hours = [parse_hour(h) for h in _hour_labels(source)]
+                _schema, keys = T.TABLES[table]
+                published = spark.table(table).where(_in_hours(hours)).select(*keys)
+                new_rows = source.join(published, list(keys), "left_anti")
+                staged[table] = merge_new_rows(spark, T.staged(table), new_rows, keys, hours)
+                source.unpersist()
+                log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged[table])
         faults_plan = faults.FaultPlan.from_env()
         if faults_plan is not None:
             faults_plan.hit(faults.LOAD_AFTER_STAGE, run_id, 1)
@@ -852,8 +873,8 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
         # Materialized, lineage cut: the checks and the write below then read
         # shallow plans instead of re-planning four Kafka reads, joins and a
         # window for every expectation.
-        rebuilt = table_rows(spark, settings, ranges, loaded_at, run_id, hour)
-        rows = {table: df.localCheckpoint() for table, df in rebuilt.items()}
+        with table_rows(spark, settings, ranges, loaded_at, run_id, hour) as rebuilt:
+            rows = {table: df.localCheckpoint() for table, df in rebuilt.items()}
         frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
                                     aggregates_df=rows[T.AGGREGATES])
         result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
