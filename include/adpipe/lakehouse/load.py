@@ -580,11 +580,17 @@ class LedgerState:
 def ledger_state(spark: SparkSession) -> LedgerState:
     """The next run's id and every offset loaded so far (the coverage of the
     latest ``staged`` row)."""
-    runs = spark.table(T.LOAD_RUNS)
-    last = runs.agg(F.max("run_id").alias("m")).first()
-    latest = runs.where(F.col("step") == "staged").orderBy(F.col("run_id").desc()).select("coverage").first()
-    coverage = json.loads(latest["coverage"]) if latest is not None and latest["coverage"] else {}
-    return LedgerState(int(last["m"] or 0) + 1 if last is not None else 1, coverage)
+    # One pass over the ledger (max_by skips the rows its ordering leaves null).
+    row = (
+        spark.table(T.LOAD_RUNS)
+        .agg(
+            F.max("run_id").alias("last_run"),
+            F.max_by("coverage", F.when(F.col("step") == "staged", F.col("run_id"))).alias("coverage"),
+        )
+        .first()
+    )
+    coverage = json.loads(row["coverage"]) if row is not None and row["coverage"] else {}
+    return LedgerState(int(row["last_run"] or 0) + 1 if row is not None else 1, coverage)
 
 
 def _append_ledger(
