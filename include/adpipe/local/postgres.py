@@ -66,10 +66,24 @@ def bin_dir() -> Path:
     return versions[-1].parent
 
 
+# Where util-linux installs runuser: root's PATH has them, cron's and `env -i`'s may not.
+_SBIN_DIRS = ("/usr/sbin", "/sbin")
+
+
+def _runuser() -> str:
+    found = shutil.which("runuser") or shutil.which("runuser", path=os.pathsep.join(_SBIN_DIRS))
+    if found is None:
+        raise PostgresError(
+            "running PostgreSQL's server as root needs util-linux's runuser, which is neither on PATH nor in "
+            f"{' or '.join(_SBIN_DIRS)}; install util-linux, or run as a user other than root"
+        )
+    return found
+
+
 def _as_owner(cmd: list[str]) -> list[str]:
     """Run as the cluster owner: ``postgres`` when we are root."""
     if os.geteuid() == 0:
-        return ["runuser", "-u", "postgres", "--", *cmd]
+        return [_runuser(), "-u", "postgres", "--", *cmd]
     return cmd
 
 
