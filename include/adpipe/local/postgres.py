@@ -71,7 +71,7 @@ _SBIN_DIRS = ("/usr/sbin", "/sbin")
 
 
 def _runuser() -> str:
-    found = shutil.which("runuser") or shutil.which("runuser", path=os.pathsep.join(_SBIN_DIRS))
+    found = shutil.which("runuser", path=os.pathsep.join([os.environ.get("PATH", os.defpath), *_SBIN_DIRS]))
     if found is None:
         raise PostgresError(
             "running PostgreSQL's server as root needs util-linux's runuser, which is neither on PATH nor in "
