@@ -345,7 +345,7 @@ class Settings:
     max_future_skew_s: int = 300
     # How long the stream job remembers an event_id to list each late event
     # once, in event time: until the watermark passes the end of the event's
-    # minute plus this (adpipe.stream.late_dedupe says what happens after).
+    # minute plus this (adpipe.stream.minute_state says what happens after).
     late_dedupe_retention_s: int = 86_400
     # The quality gate fails an hour whose late events are more than this
     # share of its valid events (a stream far behind, a producer replaying).

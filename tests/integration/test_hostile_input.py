@@ -59,8 +59,10 @@ def _send_compressed(pipeline, values: list[bytes]) -> None:  # noqa: ANN001
 
 def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restarted_in_another_zone(pipeline) -> None:  # noqa: ANN001
     # First in the topic: the 1.5 MB event is on time, and had the 2099 event
-    # moved the watermark, every event after it would be late.
-    big_valid = _event("big-valid", "ad-big", "click", "2026-11-01T05:58:30Z", pad=BIG)
+    # moved the watermark, every event after it would be late. (Its time
+    # moves the watermark to 05:57:00, which closes no window of the events
+    # produced after it.)
+    big_valid = _event("big-valid", "ad-big", "click", "2026-11-01T05:57:30Z", pad=BIG)
     big_malformed = _event("big-bad", "ad-big", "view", "2026-11-01T05:58:30Z", pad=BIG)
     _send_compressed(
         pipeline,
@@ -96,7 +98,7 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     after = pipeline.stream(max_offsets=250, env={"TZ": "Europe/Berlin"})
     assert after.returncode == 0, after.log[-3000:]
 
-    big_click = {"ad_id": "ad-big", "window_start": "2026-11-01T05:58:00Z", "event_type": "click", "events": 1}
+    big_click = {"ad_id": "ad-big", "window_start": "2026-11-01T05:57:00Z", "event_type": "click", "events": 1}
     aggregates = assert_exactly_once(pipeline, [s1, s2, {"counts": [big_click]}], min_windows=100)
     job = pipeline.settings.job_id
     for a in aggregates:  # what a UTC host gives: UTC minute starts, keys from them
@@ -105,7 +107,7 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     starts = {a["window_start"] for a in aggregates}
     assert {"2026-11-01T05:59:00Z", "2026-11-01T06:00:00Z", "2026-11-01T06:02:00Z"} <= starts  # across the change
     assert {(a["ad_id"], a["window_start"], a["clicks"]) for a in aggregates if a["ad_id"] == "ad-big"} == {
-        ("ad-big", "2026-11-01T05:58:00Z", 1)
+        ("ad-big", "2026-11-01T05:57:00Z", 1)
     }
 
     dlq = pipeline.read(pipeline.settings.topics.dlq)

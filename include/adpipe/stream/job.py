@@ -1,31 +1,21 @@
 """The aggregation stream job: Kafka ``ad-events`` -> one-minute aggregates
 per ad -> ``ad-aggregates``, exactly once, through the transactional sink.
 
-Routing late events. Spark's stateful operators drop input rows older than
-the watermark silently. We need those rows in ``ad-events-late``, in the same
-transaction as the batch's aggregates, and a replayed batch must route
-exactly the same rows. For batch N Spark records in ``offsets/N`` the
-batch's end offsets and watermark, before running it, and a replay reads the
-very same entries. The first stateful operator (dedupe by event_id) drops
-rows whose event time is <= the watermark of the previous batch
-(``offsets/N-1``), which is the late-event watermark of batch N. A second
-stateful operator of the same query (adpipe.stream.late_dedupe) sees every
-row, late and malformed ones included, and names the rows at or before its
-own watermark (batch N's, never behind N-1's) and every malformed one; the
-driver keeps those at or before the late-event watermark, then fetches just
-their payloads from Kafka by position. A listener compares our late count
-with Spark's own ``numRowsDroppedByWatermark`` for every batch and logs an
-error on any difference. This keeps Spark's tested window/state machinery
-for the counts and reads the input once.
-
-Listing each late event once. A late row is listed only if its ``event_id``
-was never seen before it: not in an earlier batch (on time or late), not
-earlier in this batch. That memory is Spark state too, a second stateful
-operator in the same query (adpipe.stream.late_dedupe), so a replayed batch
-decides from the same state version as the first run. The query's output is
-the union of the closed windows and that operator's rows (repeats,
-malformed, maybe late); the late rows whose position is a repeat are
-skipped."""
+One read of the input, one stateful operator (adpipe.stream.minute_state).
+Spark's own dedupe and window aggregation drop rows older than the
+watermark silently; we need those rows in ``ad-events-late``, each event
+once, in the same transaction as the batch's aggregates, and a replayed
+batch must route exactly the same rows. So the query's one stateful
+operator, keyed by event minute, sees every row: it remembers the minute's
+event ids, counts its open window, emits the window when the watermark
+reaches its end, and names (by position) every malformed row and every row
+whose window had closed before the batch (late), late copies of an event
+seen before apart (repeats, not listed again). For batch N Spark records
+the batch's end offsets and watermark in ``offsets/N`` before running it,
+and a replay reads the very same entries and state version, so it decides
+the same. The driver fetches just the named rows' payloads from Kafka by
+position. A listener checks for every batch that Spark itself dropped no
+row (a dropped row would be neither counted nor listed)."""
 
 from __future__ import annotations
 
@@ -42,7 +32,6 @@ from datetime import UTC, datetime
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from adpipe import kafka_io, metrics, raw_events
@@ -172,20 +161,15 @@ def _copy(
 class ExceptionCopies:
     """The DLQ copies of malformed rows and the late copies of late ones, made
     while the rows stream by (the driver holds one record at a time, not the
-    batch's): a late row that repeats an event seen before (``repeats``,
-    from the query's state) is skipped, and a copy whose value is over its topic's entry in ``limits`` is
+    batch's); a copy whose value is over its topic's entry in ``limits`` is
     truncated (:func:`value_limits`). The rows must come in (partition,
     offset) order, so that a replay writes the very same records."""
 
     settings: Settings
     offsets: BatchOffsets
     limits: dict[str, int] = field(default_factory=dict)
-    # (partition, offset) of the batch's rows whose event_id came before them
-    repeats: frozenset[tuple[int, int]] = frozenset()
     dlq: int = 0
     late: int = 0
-    late_repeats: int = 0  # late rows of an event already counted or listed
-    late_rows: int = 0  # repeats included: Spark's numRowsDroppedByWatermark counts them
 
     def records(self, rows: Iterable[dict]) -> Iterator[OutRecord]:
         settings, offsets = self.settings, self.offsets
@@ -199,17 +183,13 @@ class ExceptionCopies:
                 headers = [(S.HEADER_SOURCE, _source(row)), *common]
                 yield _copy(topic, key, value, "dlq", row["reject_reason"], headers, self.limits.get(topic))
                 continue
-            self.late_rows += 1
-            if (row["partition"], row["offset"]) in self.repeats:
-                self.late_repeats += 1
-                continue
             self.late += 1
             topic = settings.topics.late
             headers = [
                 (S.HEADER_SOURCE, _source(row)),
                 (S.HEADER_EVENT_ID, row["event_id"].encode()),
                 (S.HEADER_EVENT_TIME_MS, str(row["event_ms"]).encode()),
-                (S.HEADER_WATERMARK, str(offsets.late_watermark_ms).encode()),
+                (S.HEADER_WATERMARK, str(offsets.watermark_ms).encode()),
                 *common,
             ]
             yield _copy(topic, row["ad_id"].encode(), value, "late", "late", headers, self.limits.get(topic))
@@ -220,14 +200,27 @@ class BatchOutput:
     """What one micro-batch's query gave the driver."""
 
     aggregates: list[OutRecord] = field(default_factory=list)
-    # (partition, offset) of the rows whose event_id came before them
-    repeats: set[tuple[int, int]] = field(default_factory=set)
     # malformed and late rows, by position, without their payload
     exceptions: list[dict] = field(default_factory=list)
+    # late rows of an event already counted or listed: not listed again
+    late_repeats: int = 0
 
 
 def _position(row: Mapping | Row) -> tuple[int, int]:
     return row["partition"], row["offset"]
+
+
+def _window(row: Row) -> dict:
+    """An aggregate row of the operator as :func:`aggregate_record` reads it
+    (window bounds in epoch milliseconds: host-zone independent, see iso_utc)."""
+    start = row["window_start_ms"]
+    return {
+        "ad_id": row["ad_id"],
+        "window_start": start,
+        "window_end": start + T.MINUTE_MS,
+        "impressions": row["impressions"],
+        "clicks": row["clicks"],
+    }
 
 
 def _with_records(settings: Settings, topic: str, rows: list[dict]) -> Iterator[dict]:
@@ -261,7 +254,6 @@ class BatchHandler:
         self.checkpoint = checkpoint
         self.sink = sink
         self.limits = limits  # per output topic, the largest value copied whole
-        self.late_rows_by_batch: dict[int, int] = {}
         self.in_batch = threading.Event()
         self.batches = 0
         self.fatal: Exception | None = None
@@ -278,43 +270,25 @@ class BatchHandler:
             self.in_batch.clear()
 
     def _batch_output(self, batch_df: DataFrame, batch_id: int, offsets: BatchOffsets) -> BatchOutput:
-        """The records of the windows the batch closed, the positions of its
-        repeated rows and its exception rows (malformed, or at or before the
-        late-event watermark), from one action: Spark runs the batch's
-        stateful operators once and the input is read once. All are small (a
-        row per window, a row per repeat or exception of one bounded batch,
-        no payload)."""
-        # Window bounds leave Spark as epoch milliseconds: host-zone independent (see iso_utc).
-        rows = batch_df.select(
-            "kind",
-            "ad_id",
-            F.unix_millis("window_start").alias("window_start"),
-            F.unix_millis("window_end").alias("window_end"),
-            "impressions",
-            "clicks",
-            "partition",
-            "offset",
-            "reject_reason",
-            "event_id",
-            "event_us",
-            "watermark_ms",
-        ).collect()
+        """The records of the windows the batch closed and its exception rows
+        (malformed, late), from one action: Spark runs the batch's stateful
+        operator once and the input is read once. All are small (a row per
+        window, a row per exception of one bounded batch, no payload)."""
+        rows = batch_df.collect()
         output = BatchOutput()
-        late_cut_us = offsets.late_watermark_ms * 1000
         for row in rows:
+            if row["watermark_ms"] != offsets.watermark_ms:
+                # Never expected: the operator would have judged lateness by another watermark.
+                raise RuntimeError(
+                    f"batch {batch_id}: the stateful operator ran with watermark {row['watermark_ms']}, "
+                    f"not the batch's watermark {offsets.watermark_ms} (offsets/{batch_id})"
+                )
             kind = row["kind"]
             if kind == T.KIND_AGGREGATE:
-                output.aggregates.append(aggregate_record(self.settings, row.asDict(), batch_id))
-                continue
-            if row["watermark_ms"] < offsets.late_watermark_ms:
-                # Never expected: the operator would have missed late rows.
-                raise RuntimeError(
-                    f"batch {batch_id}: the late-event operator ran with watermark {row['watermark_ms']}, "
-                    f"behind the batch's late-event watermark {offsets.late_watermark_ms}"
-                )
-            if kind == T.KIND_REPEAT:
-                output.repeats.add(_position(row))
-            elif kind == T.KIND_MALFORMED or row["event_us"] <= late_cut_us:
+                output.aggregates.append(aggregate_record(self.settings, _window(row), batch_id))
+            elif kind == T.KIND_REPEAT:
+                output.late_repeats += 1
+            else:  # malformed or late
                 output.exceptions.append(
                     {
                         "partition": row["partition"],
@@ -338,7 +312,7 @@ class BatchHandler:
         def batch_records() -> Iterator[OutRecord]:
             """The batch's records, streamed again on each attempt (with fresh
             counts); the exception rows' payloads are fetched as they go."""
-            copies = ExceptionCopies(self.settings, offsets, self.limits, frozenset(output.repeats))
+            copies = ExceptionCopies(self.settings, offsets, self.limits)
             attempts.append(copies)
             yield from aggregates
             yield from copies.records(_with_records(self.settings, offsets.topic, output.exceptions))
@@ -349,7 +323,6 @@ class BatchHandler:
         if result.skipped:  # nothing was written: count what would have been, for the drop check
             collections.deque(batch_records(), maxlen=0)
         copies = attempts[-1]
-        self.late_rows_by_batch[batch_id] = copies.late_rows
         self.batches += 1
         log.info(
             "batch %d: input offsets %d, windows emitted %d, dlq %d, late %d (repeats skipped %d), watermark %s, "
@@ -359,7 +332,7 @@ class BatchHandler:
             len(aggregates),
             copies.dlq,
             copies.late,
-            copies.late_repeats,
+            output.late_repeats,
             iso_utc(offsets.watermark_ms),
             result.transactional_id,
             "skipped (already committed)" if result.skipped else "committed",
@@ -368,7 +341,7 @@ class BatchHandler:
         )
         self.metrics.batch_done(
             batch_id, skipped=result.skipped, input_offsets=offsets.input_offsets, windows=len(aggregates),
-            dlq=copies.dlq, late=copies.late, late_repeats=copies.late_repeats, end_offsets=offsets.end,
+            dlq=copies.dlq, late=copies.late, late_repeats=output.late_repeats, end_offsets=offsets.end,
             watermark_ms=offsets.watermark_ms, transaction_s=result.duration_ms / 1000,
             batch_s=time.monotonic() - started,
         )
@@ -401,12 +374,14 @@ def write_heartbeat(
 
 
 class _DropCheck(StreamingQueryListener):
-    """Cross-checks the late routing against Spark's own drop counter, and
-    marks the query polled (liveness) on each progress or idle event."""
+    """Checks that Spark itself dropped no row of any batch (the stateful
+    operator's input has no event-time column, so Spark has none to drop by:
+    a dropped row would be neither counted nor listed), and marks the query
+    polled (liveness) on each progress or idle event."""
 
     def __init__(self, handler: BatchHandler) -> None:
         self.handler = handler
-        self.mismatches: list[tuple[int, int, int]] = []
+        self.dropped: list[tuple[int, int]] = []  # (batch, rows Spark dropped)
 
     def onQueryStarted(self, event) -> None:  # noqa: ANN001, N802
         pass
@@ -421,10 +396,9 @@ class _DropCheck(StreamingQueryListener):
         mark_polled(self.handler.settings)
         progress = event.progress
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
-        routed = self.handler.late_rows_by_batch.pop(progress.batchId, None)
-        if routed is not None and routed != dropped:
-            self.mismatches.append((progress.batchId, routed, dropped))
-            log.error("batch %d: routed %d late rows but Spark dropped %d", progress.batchId, routed, dropped)
+        if dropped:
+            self.dropped.append((progress.batchId, dropped))
+            log.error("batch %d: Spark dropped %d rows by the watermark", progress.batchId, dropped)
 
 
 def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
@@ -441,7 +415,7 @@ def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
     return (
         reader.load()
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
-        .transform(T.aggregates_and_repeats, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
+        .transform(T.minute_state_rows, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
     )
 
 
@@ -511,7 +485,7 @@ def _await(query: StreamingQuery, handler: BatchHandler) -> None:
 
 
 # How many times the query reads the raw topic (its offsets entries list it so often).
-QUERY_SOURCES = 2
+QUERY_SOURCES = 1
 
 
 def run(

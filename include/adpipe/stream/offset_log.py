@@ -177,8 +177,8 @@ def check_query_shape(files: CheckpointFiles, sources: int) -> None:
     if listed != sources:
         raise CheckpointVersionError(
             f"the checkpoint {files} was written by a query that read its source {listed} time(s); this "
-            f"version's query reads it {sources} times (windows, and the state that lists each late event "
-            "once). Spark cannot resume it: start this job with a new ADPIPE_JOB_ID, or move the checkpoint "
+            f"version's query reads it {sources} time(s) (one stateful operator: the windows, the dedupe and "
+            "the late events). Spark cannot resume it: start this job with a new ADPIPE_JOB_ID, or move the checkpoint "
             "away once its last batch is committed."
         )
 

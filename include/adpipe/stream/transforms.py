@@ -1,6 +1,6 @@
 """Pure DataFrame -> DataFrame steps of the aggregation stream job.
 
-Each but :func:`exception_rows` (a stateful operator of its own, streaming
+Each but :func:`minute_state_rows` (the job's stateful operator, streaming
 only) works the same on a streaming and on a batch DataFrame, so the unit
 tests run them on small local batch frames with explicit UTC times."""
 
@@ -9,28 +9,27 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from adpipe.stream.late_dedupe import (
+from adpipe.stream.minute_state import (
+    KIND_AGGREGATE,
+    KIND_LATE,
     KIND_MALFORMED,
-    KIND_MAYBE_LATE,
     KIND_REPEAT,
     MALFORMED_KEY,
     MINUTE_MS,
-    REPEATS_SCHEMA,
-    RepeatedEventIds,
+    OUTPUT_SCHEMA,
+    MinuteState,
 )
 
-KIND_AGGREGATE = "aggregate"
 # The kinds of the query's output rows, all importable from here.
 __all__ = [
     "KIND_AGGREGATE",
+    "KIND_LATE",
     "KIND_MALFORMED",
-    "KIND_MAYBE_LATE",
     "KIND_REPEAT",
-    "aggregates_and_repeats",
     "count_minute_windows",
     "event_time_watermark",
-    "exception_rows",
     "late_events",
+    "minute_state_rows",
     "minute_windows",
 ]
 
@@ -79,18 +78,16 @@ def minute_windows(watermarked_df: DataFrame) -> DataFrame:
     )
 
 
-def exception_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
-    """What the batch must copy out, without reading its input again
-    (adpipe.stream.late_dedupe): the (``partition``, ``offset``) of every
-    valid row whose ``event_id`` came before (``kind`` repeat), of every
-    malformed row (malformed, with its ``reject_reason``) and of every valid
-    row at or before the operator's watermark (maybe_late, with ``event_id``,
-    ``ad_id`` and ``event_us``). Streaming only.
+def minute_state_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
+    """The stream job's one query over parsed rows (adpipe.raw_events), one
+    stateful operator (adpipe.stream.minute_state): per micro-batch the
+    closed windows (``kind`` aggregate) and the position of every late,
+    late-repeated and malformed row. Streaming only.
 
     Malformed rows go through the watermark at the epoch, which never moves
     it (Spark takes the largest event time). The event time is dropped from
-    the operator's input so that Spark hands it the late rows too, while the
-    watermark above still drives its timers."""
+    the operator's input so that Spark hands it the late rows too (it would
+    drop them silently), while the watermark above still drives its timers."""
     valid = F.col("reject_reason").isNull()
     return (
         parsed_df.withColumn(
@@ -106,19 +103,9 @@ def exception_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) ->
             "reject_reason",
             F.when(valid, F.col("event_id")).alias("event_id"),
             F.when(valid, F.col("ad_id")).alias("ad_id"),
+            F.when(valid, F.col("event_type")).alias("event_type"),
             F.when(valid, F.unix_micros("event_time")).alias("event_us"),
         )
         .groupBy("event_minute")
-        .transformWithStateInPandas(RepeatedEventIds(retention_ms), REPEATS_SCHEMA, "Append", "EventTime")
-    )
-
-
-def aggregates_and_repeats(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
-    """The stream job's one query over parsed rows (adpipe.raw_events): the
-    closed windows of the valid ones (``kind`` aggregate) and the
-    :func:`exception_rows` of each micro-batch, under one watermark."""
-    return (
-        count_minute_windows(parsed_df.where(F.col("reject_reason").isNull()), lateness_ms)
-        .withColumn("kind", F.lit(KIND_AGGREGATE))
-        .unionByName(exception_rows(parsed_df, lateness_ms, retention_ms), allowMissingColumns=True)
+        .transformWithStateInPandas(MinuteState(retention_ms), OUTPUT_SCHEMA, "Append", "EventTime")
     )

@@ -99,10 +99,9 @@ def exception_records(  # noqa: ANN201
     rows: list[dict],
     offsets: BatchOffsets,
     limits: dict | None = None,
-    repeats: frozenset[tuple[int, int]] = frozenset(),
 ):
     """The copies of rows given in (partition, offset) order, and the counts."""
-    copies = ExceptionCopies(settings, offsets, limits or {}, repeats)
+    copies = ExceptionCopies(settings, offsets, limits or {})
     records = list(copies.records(sorted(rows, key=lambda r: (r["partition"], r["offset"]))))
     return records, copies.dlq, copies.late
 
@@ -145,12 +144,9 @@ def test_exception_records_route_dlq_and_late() -> None:
     rows = [
         exception_row(1, 25, late_value, event_id="e-1", ad_id="ad-9"),
         exception_row(0, 12, b"{not json", reason=S.REASON_NOT_JSON, key=b"\xff\x00"),
-        exception_row(1, 31, late_value, event_id="e-1", ad_id="ad-9"),  # the producer's retry
         exception_row(0, 14, None, reason=S.REASON_NOT_JSON, key=None),
-        exception_row(1, 33, late_value, event_id="e-2", ad_id="ad-9"),  # counted on time before
     ]
-    # What the query's state says: (1, 31) repeats e-1 of (1, 25), (1, 33) an e-2 seen before.
-    records, dlq, late = exception_records(settings, rows, OFFSETS, repeats=frozenset({(1, 31), (1, 33)}))
+    records, dlq, late = exception_records(settings, rows, OFFSETS)
     assert (dlq, late) == (2, 1)
     assert records == [
         OutRecord(
@@ -187,7 +183,7 @@ def test_exception_records_route_dlq_and_late() -> None:
                 ("adpipe.source", b"ad-events/1/25"),
                 ("adpipe.event_id", b"e-1"),
                 ("adpipe.event_time_ms", b"1"),
-                ("adpipe.watermark_ms", b"1795349010000"),
+                ("adpipe.watermark_ms", b"1795349070000"),
                 ("adpipe.job", b"region-eu"),
                 ("adpipe.batch", b"7"),
             ],

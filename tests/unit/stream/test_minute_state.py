@@ -1,17 +1,28 @@
-"""Which rows repeat an event_id (adpipe.stream.late_dedupe): the pure
-decision, then the stateful operator in a real streaming query with the
-windows beside it, batch by batch, with its event-time retention."""
+"""The stream job's stateful operator (adpipe.stream.minute_state): the pure
+decisions (repeats, counts), then the operator in a real streaming query,
+batch by batch: windows emitted when the watermark reaches their end, late
+rows listed once, malformed rows named, the event-time retention.
+
+Expectations are worked out by hand from the rule, batch by batch."""
 
 from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
-from unittest.mock import ANY
 
 import numpy as np
+import pandas as pd
 from adpipe.stream import transforms as T
-from adpipe.stream.late_dedupe import DIGEST_DTYPE, digests, find_repeats
+from adpipe.stream.minute_state import (
+    DIGEST_DTYPE,
+    add_counts,
+    count_by_ad,
+    counts_from_bytes,
+    counts_to_bytes,
+    digests,
+    find_repeats,
+)
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
@@ -48,6 +59,18 @@ def test_ids_that_are_not_plain_text_are_told_apart() -> None:
     assert repeats.tolist() == [False, False, True, False, False, False]
 
 
+def test_counts_by_ad_add_up_and_round_trip_hostile_ad_ids() -> None:
+    ads = pd.Series(["ad-1", "a\0b", "ad-1", "é", "a\0b", "ad-1"])
+    types = pd.Series(["impression", "click", "click", "impression", "click", "impression"])
+    first = count_by_ad(ads, types)
+    as_dict = {r.ad_id: (r.impressions, r.clicks) for r in first.itertuples()}
+    assert as_dict == {"ad-1": (2, 1), "a\0b": (0, 2), "é": (1, 0)}
+    reread = counts_from_bytes(counts_to_bytes(first))
+    total = add_counts(reread, count_by_ad(pd.Series(["é", "new"]), pd.Series(["click", "click"])))
+    as_dict = {r.ad_id: (int(r.impressions), int(r.clicks)) for r in total.itertuples()}
+    assert as_dict == {"ad-1": (2, 1), "a\0b": (0, 2), "é": (1, 1), "new": (0, 1)}
+
+
 # --- the operator in a streaming query ----------------------------------------
 
 ROWS = StructType(
@@ -67,14 +90,19 @@ def at(minute: int, second: int = 0) -> datetime:
     return datetime(2026, 11, 22, 12, minute, second, tzinfo=UTC)
 
 
+def ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
 def run_batches(
     spark: SparkSession, tmp: Path, files: list[list[tuple]], lateness_ms: int, retention_ms: int
 ) -> dict[int, dict[str, list]]:
-    """aggregates_and_repeats over ``files`` (one micro-batch each; a row
-    without a reject reason is valid): per batch the (ad_id, window minute,
-    impressions, clicks) emitted and the sorted (partition, offset) of the
-    repeats, of the malformed rows and of the rows at or before the
-    operator's watermark (with that watermark)."""
+    """minute_state_rows over ``files`` (one micro-batch each; a row without
+    a reject reason is valid): per batch the (ad_id, window minute,
+    impressions, clicks) emitted, the sorted (partition, offset, event_id)
+    of the late rows, the (partition, offset) of the late repeats and of
+    the malformed rows (with their reason), and the watermarks the operator
+    ran with."""
     for i, rows in enumerate(files):
         with_reasons = [r if len(r) == 7 else (*r, None) for r in rows]
         spark.createDataFrame(with_reasons, ROWS).coalesce(1).write.parquet(str(tmp / "in" / f"{i:03d}"))
@@ -85,25 +113,22 @@ def run_batches(
         rows = batch_df.collect()
         out[batch_id] = {
             "windows": sorted(
-                (r["ad_id"], r["window_start"].minute, r["impressions"], r["clicks"])
+                (r["ad_id"], (r["window_start_ms"] - ms(at(0))) // 60_000, r["impressions"], r["clicks"])
                 for r in rows
                 if r["kind"] == T.KIND_AGGREGATE
             ),
+            "late": sorted((r["partition"], r["offset"], r["event_id"]) for r in rows if r["kind"] == T.KIND_LATE),
             "repeats": sorted((r["partition"], r["offset"]) for r in rows if r["kind"] == T.KIND_REPEAT),
             "malformed": sorted(
                 (r["partition"], r["offset"], r["reject_reason"]) for r in rows if r["kind"] == T.KIND_MALFORMED
             ),
-            "maybe_late": sorted(
-                (r["partition"], r["offset"], r["event_id"], r["watermark_ms"])
-                for r in rows
-                if r["kind"] == T.KIND_MAYBE_LATE
-            ),
+            "watermarks": sorted({r["watermark_ms"] for r in rows}),
         }
 
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "2")
     query = (
-        T.aggregates_and_repeats(source, lateness_ms, retention_ms)
+        T.minute_state_rows(source, lateness_ms, retention_ms)
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp / "checkpoint"))
         .trigger(availableNow=True)
@@ -112,76 +137,86 @@ def run_batches(
     try:
         query.awaitTermination(180)
         assert query.exception() is None
+        assert all(op["numRowsDroppedByWatermark"] == 0 for p in query.recentProgress for op in p["stateOperators"])
     finally:
         query.stop()
         spark.conf.set("spark.sql.shuffle.partitions", partitions)
     return out
 
 
-def test_late_copies_of_counted_or_listed_events_are_repeats_until_the_retention(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def by_batch(out: dict[int, dict[str, list]], what: str) -> dict[int, list]:
+    return {b: out[b][what] for b in sorted(out) if out[b][what]}
+
+
+def test_windows_late_rows_repeats_and_the_retention_batch_by_batch(spark: SparkSession, tmp_path: Path) -> None:
     files = [
-        # batch 0: on time; "dup" twice (a producer retry in the same batch)
+        # batch 0 (watermark 0): on time; "dup" twice (a retry in the same batch)
         [
             ("a", "ad-1", "impression", at(0, 10), 0, 0),
             ("dup", "ad-1", "click", at(0, 20), 1, 0),
             ("dup", "ad-1", "click", at(0, 20), 1, 1),
             ("b", "ad-1", "impression", at(5), 0, 1),  # watermark -> 12:04:30
         ],
-        # batch 1: a retry of the counted "a"; "x" and its retry in the same
-        # batch, where the retry comes first in (partition, offset) order
+        # batch 1: minutes 0 to 3 have closed. A retry of the counted "a";
+        # "x" new but late, and its retry, which comes first in (partition,
+        # offset) order. The 12:00 window is emitted.
         [
             ("a", "ad-1", "impression", at(0, 10), 0, 2),
             ("x", "ad-1", "impression", at(1), 1, 2),
             ("x", "ad-1", "impression", at(1), 0, 3),
         ],
-        # batch 2: "x" re-sent again, now late; "y" late and new
+        # batch 2: "x" re-sent again (listed before: a repeat); "y" late and new
         [("x", "ad-1", "impression", at(1), 1, 3), ("y", "ad-1", "click", at(2), 1, 4)],
-        # batch 3: the watermark moves to 12:13:10, past every minute up to
-        # 12:05 plus 5 minutes' retention; their timers fire in batch 4. Two
-        # malformed rows: one with no event time, one timed 12:59 (which
-        # must not move the watermark: "far" would be forgotten in batch 5)
+        # batch 3: "far" on time; the watermark moves to 12:13:10 for batch 4,
+        # past minutes 0 to 5 plus 5 minutes' retention. Two malformed rows:
+        # one with no event time, one timed 12:59 (which must not move the
+        # watermark: "far" would be forgotten in batch 5)
         [
             ("far", "ad-2", "impression", at(13, 40), 1, 5),
             ("m1", "ad-9", "impression", at(59), 0, 4, "future_event_time"),
             (None, None, None, None, 1, 6, "not_json"),
         ],
+        # batch 4: on time in 12:13; the 12:05 window is emitted, minutes 0 to 5 forgotten
         [("filler", "ad-3", "impression", at(13, 30), 0, 5)],
-        # batch 5: "a", "y" and "b" are forgotten; "far" (12:13) is not
+        # batch 5: "a", "y" and "b" are forgotten: late and listed again;
+        # "far" (12:13, open) is a repeat on time: neither counted nor named
         [
             ("a", "ad-1", "impression", at(0, 10), 0, 6),
             ("y", "ad-1", "click", at(2), 0, 7),
             ("b", "ad-1", "impression", at(5), 0, 8),
             ("far", "ad-2", "impression", at(13, 40), 1, 9),
         ],
+        # batch 6 moves the watermark to 12:19:30: a no-data batch 7 emits 12:13
+        [("end", "ad-4", "impression", at(20), 0, 9)],
     ]
     out = run_batches(spark, tmp_path, files, lateness_ms=30_000, retention_ms=300_000)
-    assert {b: out[b]["repeats"] for b in out} == {
-        0: [(1, 1)],
-        1: [(0, 2), (1, 2)],  # a: counted before; x: (0, 3) came first
-        2: [(1, 3)],
-        3: [],
-        4: [],
-        5: [(1, 9)],
+    assert by_batch(out, "windows") == {
+        1: [("ad-1", 0, 1, 1)],
+        4: [("ad-1", 5, 1, 0)],
+        7: [("ad-2", 13, 1, 0), ("ad-3", 13, 1, 0)],
     }
-    assert {b: out[b]["malformed"] for b in out if out[b]["malformed"]} == {
-        3: [(0, 4, "future_event_time"), (1, 6, "not_json")]
+    assert by_batch(out, "late") == {
+        1: [(0, 3, "x")],
+        2: [(1, 4, "y")],
+        5: [(0, 6, "a"), (0, 7, "y"), (0, 8, "b")],
     }
-    # Rows at or before the operator's watermark (the batch's own, 12:04:30
-    # from batch 1 on): the driver keeps those at or before the previous
-    # batch's (none in batch 1, whose late-event watermark is 0).
-    wm = int(at(4, 30).timestamp() * 1000)
-    maybe_late = {b: out[b]["maybe_late"] for b in out if out[b]["maybe_late"]}
-    assert maybe_late == {
-        1: [(0, 2, "a", wm), (0, 3, "x", wm), (1, 2, "x", wm)],
-        2: [(1, 3, "x", wm), (1, 4, "y", wm)],
-        5: [(0, 6, "a", ANY), (0, 7, "y", ANY), (0, 8, "b", ANY)],
-    }
-    # The windows are Spark's own on-time dedupe, untouched: "a" and "dup"
-    # once, "x" on time in batch 1 (batch 0's watermark is 0), late rows not.
-    emitted = sorted(w for batch in out.values() for w in batch["windows"])
-    assert emitted == [("ad-1", 0, 1, 1), ("ad-1", 1, 1, 0), ("ad-1", 5, 1, 0)]
+    assert by_batch(out, "repeats") == {1: [(0, 2), (1, 2)], 2: [(1, 3)]}
+    assert by_batch(out, "malformed") == {3: [(0, 4, "future_event_time"), (1, 6, "not_json")]}
+    first, second, third = ms(at(4, 30)), ms(at(13, 10)), ms(at(19, 30))
+    assert by_batch(out, "watermarks") == {1: [first], 2: [first], 3: [first], 4: [second], 5: [second], 7: [third]}
+
+
+def test_a_window_closes_when_the_watermark_reaches_its_end(spark: SparkSession, tmp_path: Path) -> None:
+    files = [
+        [("a", "ad-1", "impression", at(0, 10), 0, 0), ("b", "ad-1", "click", at(1, 30), 0, 1)],
+        # The watermark is 12:01:00, the 12:00 window's end: it is emitted in
+        # this batch, without "c", which arrived after it closed.
+        [("c", "ad-1", "impression", at(0, 50), 0, 2), ("d", "ad-1", "impression", at(1, 0), 0, 3)],
+    ]
+    out = run_batches(spark, tmp_path, files, lateness_ms=30_000, retention_ms=300_000)
+    assert by_batch(out, "windows") == {1: [("ad-1", 0, 1, 0)]}
+    assert by_batch(out, "late") == {1: [(0, 2, "c")]}
+    assert by_batch(out, "watermarks") == {1: [ms(at(1))]}
 
 
 def test_within_the_retention_a_late_retry_is_a_repeat(spark: SparkSession, tmp_path: Path) -> None:
@@ -191,4 +226,5 @@ def test_within_the_retention_a_late_retry_is_a_repeat(spark: SparkSession, tmp_
         [("a", "ad-1", "impression", at(0, 10), 0, 3)],  # 58 min late, retention 1 h: known
     ]
     out = run_batches(spark, tmp_path, files, lateness_ms=30_000, retention_ms=3_600_000)
-    assert [out[b]["repeats"] for b in sorted(out) if out[b]["repeats"]] == [[(0, 3)]]
+    assert by_batch(out, "repeats") == {2: [(0, 3)]}
+    assert by_batch(out, "late") == {}
