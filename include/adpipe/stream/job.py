@@ -210,16 +210,15 @@ def _position(row: Mapping | Row) -> tuple[int, int]:
     return row["partition"], row["offset"]
 
 
-def _window(row: Row) -> dict:
-    """An aggregate row of the operator as :func:`aggregate_record` reads it
-    (window bounds in epoch milliseconds: host-zone independent, see iso_utc)."""
-    start = row["window_start_ms"]
+def _window(ad_id: str, start_ms: int, impressions: int, clicks: int) -> dict:
+    """A window as :func:`aggregate_record` reads it (bounds in epoch
+    milliseconds: host-zone independent, see iso_utc)."""
     return {
-        "ad_id": row["ad_id"],
-        "window_start": start,
-        "window_end": start + T.MINUTE_MS,
-        "impressions": row["impressions"],
-        "clicks": row["clicks"],
+        "ad_id": ad_id,
+        "window_start": start_ms,
+        "window_end": start_ms + T.MINUTE_MS,
+        "impressions": impressions,
+        "clicks": clicks,
     }
 
 
@@ -276,6 +275,7 @@ class BatchHandler:
         window, a row per exception of one bounded batch, no payload)."""
         rows = batch_df.collect()
         output = BatchOutput()
+        parts = []
         for row in rows:
             if row["watermark_ms"] != offsets.watermark_ms:
                 # Never expected: the operator would have judged lateness by another watermark.
@@ -285,7 +285,7 @@ class BatchHandler:
                 )
             kind = row["kind"]
             if kind == T.KIND_AGGREGATE:
-                output.aggregates.append(aggregate_record(self.settings, _window(row), batch_id))
+                parts.append((row["ad_id"], row["window_start_ms"], row["impressions"], row["clicks"]))
             elif kind == T.KIND_REPEAT:
                 output.late_repeats += 1
             else:  # malformed or late
@@ -300,6 +300,9 @@ class BatchHandler:
                     }
                 )
         output.exceptions.sort(key=_position)
+        output.aggregates = [
+            aggregate_record(self.settings, _window(*window), batch_id) for window in T.window_totals(parts)
+        ]
         return output
 
     def _handle(self, batch_df: DataFrame, batch_id: int) -> None:

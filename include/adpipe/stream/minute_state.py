@@ -6,7 +6,11 @@ Why one operator in Python rather than Spark's ``dropDuplicatesWithinWatermark``
 and window aggregation: those drop late rows silently (we must list them in
 ``ad-events-late``, once), and a second operator beside them made every
 micro-batch read and parse its input twice. This operator sees every row
-once (``transformWithStateInPandas``, keyed by the row's event minute):
+once (``transformWithStateInPandas``, keyed by the row's event minute and
+a bucket of its ``event_id``: copies of an id share a key, and a minute's
+rows spread over :data:`ID_BUCKETS` keys, which Spark's tasks run in
+parallel; each key emits its part of a window's counts, and the driver adds
+the parts up):
 
 - state per minute: the sorted 128-bit BLAKE2b digests of the ``event_id``\\ s
   seen in it (one binary value, read and written whole: a few state calls
@@ -33,6 +37,13 @@ once (``transformWithStateInPandas``, keyed by the row's event minute):
 - malformed rows come under a key of their own (:data:`MALFORMED_KEY`),
   leave no state and are all named (``malformed``).
 
+Rows reach the operator packed (:func:`pack_by_key`, a ``mapInArrow`` before
+the shuffle): one row per key and Arrow batch, holding that key's rows as
+one Arrow IPC value. Spark's ``transformWithStateInPandas`` hands rows to
+Python one by one (itertuples, then a DataFrame of them), which cost more
+than everything the operator does with them; packed, a batch of 250,000
+rows reaches it as a few hundred.
+
 Copies of one ``event_id`` are expected to carry one event time; copies that
 differ fall in different minutes and are not compared.
 """
@@ -46,9 +57,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
+from adpipe.spark import keep_zip_directories
+
+# Spark's Python workers import this module to run the operator and its packing.
+keep_zip_directories()
+
 MINUTE_MS = 60_000
+# Keys per event minute (a hash of the event id): part of the checkpoint's
+# state, so fixed for its life.
+ID_BUCKETS = 8
 DIGEST_BYTES = 16
 DIGEST_DTYPE = f"S{DIGEST_BYTES}"
 # What the operator emits: a row per closed (ad, minute) window, and a row
@@ -64,6 +84,10 @@ KIND_MALFORMED = "malformed"
 # The key of malformed rows: no event minute is this far from 1970 (year 0001 is about -1e9).
 MALFORMED_KEY = -(2**62)
 _OUT_COLUMNS = [name.split()[0] for name in OUTPUT_SCHEMA.split(", ")]
+KEY_COLUMNS = ["event_minute", "id_bucket"]
+# What pack_by_key gives: the key and that key's rows, one Arrow IPC stream.
+PACKED_SCHEMA = "event_minute long, id_bucket int, rows binary"
+_PACKED_ARROW = pa.schema([("event_minute", pa.int64()), ("id_bucket", pa.int32()), ("rows", pa.binary())])
 _COUNTS_SCHEMA = pa.schema([("ad_id", pa.string()), ("impressions", pa.int64()), ("clicks", pa.int64())])
 
 
@@ -99,23 +123,59 @@ def add_counts(old: pd.DataFrame | None, new: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([old, new], ignore_index=True).groupby("ad_id", sort=False).sum().reset_index()
 
 
-def counts_to_bytes(counts: pd.DataFrame) -> bytes:
-    table = pa.Table.from_pandas(counts, schema=_COUNTS_SCHEMA, preserve_index=False)
+def _ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, _COUNTS_SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def counts_to_bytes(counts: pd.DataFrame) -> bytes:
+    return _ipc_bytes(pa.Table.from_pandas(counts, schema=_COUNTS_SCHEMA, preserve_index=False))
 
 
 def counts_from_bytes(raw: bytes) -> pd.DataFrame:
     return pa.ipc.open_stream(pa.py_buffer(raw)).read_all().to_pandas()
 
 
+def pack_by_key(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` function: each Arrow batch of rows (with the
+    :data:`KEY_COLUMNS`) as one row per key holding that key's other columns
+    (:data:`PACKED_SCHEMA`); :func:`unpack` reads them back."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        table = pa.Table.from_batches([batch])
+        table = table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in KEY_COLUMNS]))
+        minutes = table.column("event_minute").to_numpy()
+        buckets = table.column("id_bucket").to_numpy()
+        change = np.flatnonzero((minutes[1:] != minutes[:-1]) | (buckets[1:] != buckets[:-1])) + 1
+        starts = np.concatenate([[0], change])
+        lengths = np.diff(np.concatenate([starts, [table.num_rows]]))
+        rows = table.drop_columns(KEY_COLUMNS)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(minutes[starts], pa.int64()),
+                pa.array(buckets[starts], pa.int32()),
+                pa.array([_ipc_bytes(rows.slice(s, n)) for s, n in zip(starts, lengths, strict=True)], pa.binary()),
+            ],
+            schema=_PACKED_ARROW,
+        )
+
+
+def unpack(packed: Iterator[pd.DataFrame]) -> pd.DataFrame:
+    """The rows of one key's packed values (:func:`pack_by_key`), in
+    (partition, offset) order."""
+    tables = [pa.ipc.open_stream(pa.py_buffer(raw)).read_all() for frame in packed for raw in frame["rows"]]
+    table = pa.concat_tables(tables).sort_by([("partition", "ascending"), ("offset", "ascending")])
+    return table.to_pandas()
+
+
 class MinuteState(StatefulProcessor):
-    """Keyed by event minute (:data:`MALFORMED_KEY` for malformed rows);
-    input rows have ``partition``, ``offset``, ``reject_reason``,
-    ``event_id``, ``ad_id``, ``event_type``, ``event_us``; output rows
-    follow :data:`OUTPUT_SCHEMA`."""
+    """Keyed by (event minute, id bucket) (minute :data:`MALFORMED_KEY` for
+    malformed rows); input rows are :func:`pack_by_key`'s, of rows with
+    ``partition``, ``offset``, ``reject_reason``, ``event_id``, ``ad_id``,
+    ``event_type``, ``event_us``; output rows follow :data:`OUTPUT_SCHEMA`."""
 
     def __init__(self, retention_ms: int) -> None:
         self.retention_ms = retention_ms
@@ -131,7 +191,7 @@ class MinuteState(StatefulProcessor):
         rows: Iterator[pd.DataFrame],
         timerValues: Any,  # noqa: ANN401, N803
     ) -> Iterator[pd.DataFrame]:
-        batch = pd.concat(list(rows), ignore_index=True).sort_values(["partition", "offset"], kind="stable")
+        batch = unpack(rows)
         watermark_ms = max(int(timerValues.getCurrentWatermarkInMs()), 0)
         minute = int(key[0])
         if minute == MALFORMED_KEY:

@@ -10,6 +10,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from adpipe.stream.minute_state import (
+    ID_BUCKETS,
+    KEY_COLUMNS,
     KIND_AGGREGATE,
     KIND_LATE,
     KIND_MALFORMED,
@@ -17,7 +19,9 @@ from adpipe.stream.minute_state import (
     MALFORMED_KEY,
     MINUTE_MS,
     OUTPUT_SCHEMA,
+    PACKED_SCHEMA,
     MinuteState,
+    pack_by_key,
 )
 
 # The kinds of the query's output rows, all importable from here.
@@ -30,6 +34,7 @@ __all__ = [
     "event_time_watermark",
     "late_events",
     "minute_state_rows",
+    "window_totals",
     "minute_windows",
 ]
 
@@ -78,11 +83,24 @@ def minute_windows(watermarked_df: DataFrame) -> DataFrame:
     )
 
 
+def window_totals(parts: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
+    """The windows of :func:`minute_state_rows`' aggregate rows, given as
+    (ad_id, window_start_ms, impressions, clicks) parts: the parts of one
+    window added up, in (window_start_ms, ad_id) order."""
+    totals: dict[tuple[int, str], list[int]] = {}
+    for ad_id, start_ms, impressions, clicks in parts:
+        total = totals.setdefault((start_ms, ad_id), [0, 0])
+        total[0] += impressions
+        total[1] += clicks
+    return [(ad_id, start_ms, imp, clk) for (start_ms, ad_id), (imp, clk) in sorted(totals.items())]
+
+
 def minute_state_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
     """The stream job's one query over parsed rows (adpipe.raw_events), one
     stateful operator (adpipe.stream.minute_state): per micro-batch the
-    closed windows (``kind`` aggregate) and the position of every late,
-    late-repeated and malformed row. Streaming only.
+    closed windows (``kind`` aggregate; a window comes in up to
+    ``ID_BUCKETS`` parts to add up, see :func:`window_totals`) and the
+    position of every late, late-repeated and malformed row. Streaming only.
 
     Malformed rows go through the watermark at the epoch, which never moves
     it (Spark takes the largest event time). The event time is dropped from
@@ -98,6 +116,10 @@ def minute_state_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int)
             F.when(valid, F.floor(F.unix_millis("event_time") / MINUTE_MS))
             .otherwise(F.lit(MALFORMED_KEY))
             .alias("event_minute"),
+            F.when(valid, F.pmod(F.xxhash64("event_id"), F.lit(ID_BUCKETS)))
+            .otherwise(F.col("partition") % ID_BUCKETS)
+            .cast("int")
+            .alias("id_bucket"),
             F.col("partition").cast("int").alias("partition"),
             F.col("offset").cast("long").alias("offset"),
             "reject_reason",
@@ -106,6 +128,7 @@ def minute_state_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int)
             F.when(valid, F.col("event_type")).alias("event_type"),
             F.when(valid, F.unix_micros("event_time")).alias("event_us"),
         )
-        .groupBy("event_minute")
+        .mapInArrow(pack_by_key, PACKED_SCHEMA)
+        .groupBy(*KEY_COLUMNS)
         .transformWithStateInPandas(MinuteState(retention_ms), OUTPUT_SCHEMA, "Append", "EventTime")
     )

@@ -13,15 +13,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from adpipe.stream import transforms as T
 from adpipe.stream.minute_state import (
     DIGEST_DTYPE,
+    KEY_COLUMNS,
     add_counts,
     count_by_ad,
     counts_from_bytes,
     counts_to_bytes,
     digests,
     find_repeats,
+    pack_by_key,
+    unpack,
 )
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
@@ -71,6 +75,35 @@ def test_counts_by_ad_add_up_and_round_trip_hostile_ad_ids() -> None:
     assert as_dict == {"ad-1": (2, 1), "a\0b": (0, 2), "é": (1, 1), "new": (0, 1)}
 
 
+def test_packed_rows_unpack_per_key_in_position_order() -> None:
+    rows = [
+        # (event_minute, id_bucket, partition, offset, event_id, ad_id)
+        (5, 1, 1, 7, "b\0x", "ad-é"),
+        (5, 0, 0, 3, "a", "ad-1"),
+        (4, 1, 0, 9, "c", "ad-1"),
+        (5, 1, 0, 8, "d", "ad-2"),
+        (5, 1, 1, 2, "e", None),
+    ]
+    names = [*KEY_COLUMNS, "partition", "offset", "event_id", "ad_id"]
+    types = [pa.int64(), pa.int32(), pa.int32(), pa.int64(), pa.string(), pa.string()]
+    arrays = [pa.array([r[i] for r in rows], t) for i, t in enumerate(types)]
+    schema = pa.schema(list(zip(names, types, strict=True)))
+    batches = [pa.RecordBatch.from_arrays(arrays, schema=schema), pa.RecordBatch.from_arrays(
+        [a.slice(0, 0) for a in arrays], schema=schema
+    )]
+    packed = pa.Table.from_batches(list(pack_by_key(iter(batches)))).to_pandas()
+    keys = list(zip(packed["event_minute"], packed["id_bucket"], strict=True))
+    assert keys == [(4, 1), (5, 0), (5, 1)]  # one packed row per key, none for the empty batch
+    by_key = {k: unpack(iter([packed.iloc[[i]]])) for i, k in enumerate(keys)}
+    assert by_key[(5, 1)][["partition", "offset", "event_id"]].values.tolist() == [
+        [0, 8, "d"],
+        [1, 2, "e"],
+        [1, 7, "b\0x"],
+    ]
+    assert [None if pd.isna(v) else v for v in by_key[(5, 1)]["ad_id"]] == ["ad-2", None, "ad-é"]
+    assert by_key[(4, 1)]["event_id"].tolist() == ["c"] and list(by_key[(4, 1)].columns) == names[2:]
+
+
 # --- the operator in a streaming query ----------------------------------------
 
 ROWS = StructType(
@@ -113,10 +146,16 @@ def run_batches(
         rows = batch_df.collect()
         out[batch_id] = {
             "windows": sorted(
-                (r["ad_id"], (r["window_start_ms"] - ms(at(0))) // 60_000, r["impressions"], r["clicks"])
-                for r in rows
-                if r["kind"] == T.KIND_AGGREGATE
+                (ad_id, (start_ms - ms(at(0))) // 60_000, impressions, clicks)
+                for ad_id, start_ms, impressions, clicks in T.window_totals(
+                    [
+                        (r["ad_id"], r["window_start_ms"], r["impressions"], r["clicks"])
+                        for r in rows
+                        if r["kind"] == T.KIND_AGGREGATE
+                    ]
+                )
             ),
+            "window_parts": sum(r["kind"] == T.KIND_AGGREGATE for r in rows),
             "late": sorted((r["partition"], r["offset"], r["event_id"]) for r in rows if r["kind"] == T.KIND_LATE),
             "repeats": sorted((r["partition"], r["offset"]) for r in rows if r["kind"] == T.KIND_REPEAT),
             "malformed": sorted(
@@ -204,6 +243,21 @@ def test_windows_late_rows_repeats_and_the_retention_batch_by_batch(spark: Spark
     assert by_batch(out, "malformed") == {3: [(0, 4, "future_event_time"), (1, 6, "not_json")]}
     first, second, third = ms(at(4, 30)), ms(at(13, 10)), ms(at(19, 30))
     assert by_batch(out, "watermarks") == {1: [first], 2: [first], 3: [first], 4: [second], 5: [second], 7: [third]}
+
+
+def test_a_window_s_parts_from_its_id_buckets_add_up_to_its_counts(spark: SparkSession, tmp_path: Path) -> None:
+    events = [(f"e{i}", "ad-1", "click" if i % 5 == 0 else "impression", at(0, i % 60), i % 3, i) for i in range(200)]
+    retries = [(f"e{i}", "ad-1", "click" if i % 5 == 0 else "impression", at(0, i % 60), 3, i) for i in range(50)]
+    files = [[*events, *retries], [("end", "ad-2", "impression", at(3), 0, 999)]]
+    out = run_batches(spark, tmp_path, files, lateness_ms=30_000, retention_ms=300_000)
+    # Batch 1's event moves the watermark to 12:02:30: a no-data batch 2 emits 12:00.
+    assert by_batch(out, "windows") == {2: [("ad-1", 0, 160, 40)]}
+    assert out[2]["window_parts"] > 1  # the ids spread over several keys
+
+
+def test_window_totals_add_up_parts_in_window_then_ad_order() -> None:
+    parts = [("b", 60_000, 1, 0), ("a", 60_000, 2, 1), ("b", 60_000, 3, 4), ("z", 0, 1, 1)]
+    assert T.window_totals(parts) == [("z", 0, 1, 1), ("a", 60_000, 2, 1), ("b", 60_000, 4, 4)]
 
 
 def test_a_window_closes_when_the_watermark_reaches_its_end(spark: SparkSession, tmp_path: Path) -> None:
