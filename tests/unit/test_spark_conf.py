@@ -142,3 +142,41 @@ def test_the_driver_logs_to_a_file_under_the_home_unless_jvm_logs_is_console(tmp
     assert "adpipe.log.file" not in console["spark.driver.extraJavaOptions"]
     with pytest.raises(SettingsError, match="ADPIPE_JVM_LOGS='stdout' must be one of file, console"):
         load_settings({"ADPIPE_JVM_LOGS": "stdout"})
+
+
+ZIP_PROBE = """
+import importlib, json, sys, time, zipfile, zipimport
+archive = sys.argv[1]
+with zipfile.ZipFile(archive, "w") as z:
+    z.writestr("first_mod.py", "X = 1")
+sys.path.insert(0, archive)
+import first_mod
+reads = []
+read_directory = zipimport._read_directory
+zipimport._read_directory = lambda path: reads.append(path) or read_directory(path)
+from adpipe.spark import keep_zip_directories
+keep_zip_directories()
+keep_zip_directories()  # twice: wrapped once
+for _ in range(3):
+    importlib.invalidate_caches()
+unchanged = len(reads)
+time.sleep(0.01)
+with zipfile.ZipFile(archive, "a") as z:
+    z.writestr("second_mod.py", "Y = 2")
+importlib.invalidate_caches()
+import second_mod
+print(json.dumps({"unchanged": unchanged, "changed": len(reads) - unchanged, "y": second_mod.Y}))
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="later Pythons re-read a zip lazily")
+def test_workers_re_read_a_zip_on_the_path_only_when_it_changed(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-c", ZIP_PROBE, str(tmp_path / "probe.zip")], capture_output=True, text=True, check=True
+    )
+    # Each importer reads the directory once after the patch, then only when the zip changed.
+    counts = json.loads(run.stdout)
+    assert counts["unchanged"] == 1 and counts["changed"] >= 1 and counts["y"] == 2
