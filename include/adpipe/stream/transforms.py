@@ -1,4 +1,7 @@
-"""Pure DataFrame -> DataFrame steps of the aggregation stream job.
+"""Pure DataFrame -> DataFrame steps of the aggregation stream job
+(:func:`minute_state_rows`), and Spark's own dedupe and minute windows
+(:func:`count_minute_windows`), which the bench's Spark rows run as the
+reference the job is measured against (adpipe.tools.bench_spark).
 
 Each but :func:`minute_state_rows` (the job's stateful operator, streaming
 only) works the same on a streaming and on a batch DataFrame, so the unit
@@ -32,18 +35,10 @@ __all__ = [
     "KIND_REPEAT",
     "count_minute_windows",
     "event_time_watermark",
-    "late_events",
     "minute_state_rows",
     "window_totals",
     "minute_windows",
 ]
-
-
-def late_events(valid_df: DataFrame, late_watermark_ms: int) -> DataFrame:
-    """Valid events Spark's stateful operators drop in a batch whose
-    late-event watermark is ``late_watermark_ms`` (event time <= watermark;
-    see stream.late_watermark_ms for why this is the same rule)."""
-    return valid_df.where(F.col("event_time") <= F.timestamp_millis(F.lit(late_watermark_ms)))
 
 
 def event_time_watermark(valid_df: DataFrame, lateness_ms: int) -> DataFrame:

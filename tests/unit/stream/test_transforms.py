@@ -1,5 +1,5 @@
-"""The stream job's DataFrame steps (adpipe.stream.transforms) on small
-local frames: minute windows, dedupe, the late-row rule."""
+"""Spark's own minute windows and dedupe (adpipe.stream.transforms, what the
+bench's Spark rows run beside the job's operator) on small local frames."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
-from adpipe import raw_events
 from adpipe import schemas as S
 from adpipe.stream import transforms as T
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.unit.raw_kafka import SKEW_MS, TOPIC, VALID_EVENTS, body, kafka_frame
+from tests.unit.raw_kafka import VALID_EVENTS
 
 # --- count_minute_windows ----------------------------------------------------
 #
-# The job runs it on a streaming frame (dropDuplicatesWithinWatermark, state,
-# watermark): those tests stream small parquet files through an available-now
+# The bench's at-least-once row runs it on a streaming frame
+# (dropDuplicatesWithinWatermark, state, watermark): those tests stream small parquet files through an available-now
 # query into the memory sink. On a batch frame it is a plain dedupe.
 
 
@@ -128,90 +127,3 @@ def test_count_minute_windows_output_schema(spark: SparkSession, tmp_path: Path)
     assert [f.dataType for f in result.schema.fields] == [f.dataType for f in S.MINUTE_AGGREGATE.fields]
 
 
-def test_late_rows_spark_drops_are_those_late_events_selects(spark: SparkSession, tmp_path: Path) -> None:
-    """The rule stream.py routes late events by: in batch N the stateful
-    operators drop rows with event time <= the watermark of offsets/N-1."""
-    files = [
-        [("a", "ad-1", "impression", utc(12, 0)), ("b", "ad-1", "impression", utc(12, 5))],
-        # offsets/0's watermark is 0: nothing is late in batch 1, not even 12:01.
-        [("c", "ad-1", "click", utc(12, 4, 40)), ("old", "ad-1", "impression", utc(12, 1))],
-        [
-            ("at_mark", "ad-1", "impression", utc(12, 4, 30)),  # == watermark 12:04:30: dropped
-            ("after_mark", "ad-1", "impression", utc(12, 4, 30, us=1)),
-            ("before_mark", "ad-1", "click", utc(12, 3)),  # dropped
-            ("c", "ad-1", "click", utc(12, 4, 40)),  # retry of c: deduplicated
-        ],
-        [("sentinel", "ad-9", "click", utc(13, 0))],
-    ]
-    run = stream_counts(spark, tmp_path, files, 30_000)
-    assert run.watermark_by_batch == {
-        0: 0,
-        1: 1_795_349_070_000,
-        2: 1_795_349_070_000,
-        3: 1_795_349_070_000,
-        4: 1_795_352_370_000,
-    }
-    assert run.dropped_by_batch == {0: 0, 1: 0, 2: 2, 3: 0, 4: 0}
-    for batch in (1, 2, 3):
-        late = T.late_events(valid_frame(spark, files[batch]), run.watermark_by_batch[batch - 1])
-        assert late.count() == run.dropped_by_batch[batch]
-    assert run.output == [
-        ("ad-1", naive(12, 0), naive(12, 1), 1, 0),
-        ("ad-1", naive(12, 1), naive(12, 2), 1, 0),
-        ("ad-1", naive(12, 4), naive(12, 5), 1, 1),
-        ("ad-1", naive(12, 5), naive(12, 6), 1, 0),
-    ]
-
-
-def test_raw_messages_to_minute_counts(spark: SparkSession) -> None:
-    """The job's chain on raw bytes: parse, keep the valid, count."""
-    retry = body(event_id="r-1", event_type="click", event_time="2026-11-22T12:04:59.999Z")
-    values = [
-        body(event_id="a", event_time="2026-11-22T12:04:00Z"),
-        body(event_id="b", event_time=1_795_349_040_000),  # 12:04:00.000Z as epoch ms
-        retry,
-        body(event_id="c", event_time="2026-11-22T13:05:00+01:00"),  # 12:05Z
-        b"{not json",
-        body(event_id="d", event_type="view"),
-        retry,
-    ]
-    raw = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)])
-    parsed = raw_events.parse_raw_events(raw, SKEW_MS)
-    valid = parsed.transform(raw_events.valid_events).select(*VALID_EVENTS.fieldNames())
-    assert rows_of(valid) == [
-        ("a", "ad-1", "impression", naive(12, 4)),
-        ("b", "ad-1", "impression", naive(12, 4)),
-        ("c", "ad-1", "impression", naive(12, 5)),
-        ("r-1", "ad-1", "click", datetime(2026, 11, 22, 12, 4, 59, 999_000)),
-        ("r-1", "ad-1", "click", datetime(2026, 11, 22, 12, 4, 59, 999_000)),
-    ]
-    assert rows_of(T.count_minute_windows(valid, 30_000)) == [
-        ("ad-1", naive(12, 4), naive(12, 5), 2, 1),
-        ("ad-1", naive(12, 5), naive(12, 6), 1, 0),
-    ]
-
-
-# --- late_events -------------------------------------------------------------
-
-WATERMARK_MS = 1_795_348_860_000  # 2026-11-22T12:01:00.000Z
-
-
-def test_late_events_boundary_is_inclusive(spark: SparkSession) -> None:
-    events = valid_frame(
-        spark,
-        [
-            ("older", "ad-1", "impression", utc(11, 0)),
-            ("just_before", "ad-1", "impression", utc(12, 0, 59, 999)),
-            ("at_watermark", "ad-1", "impression", utc(12, 1, 0, 0)),
-            ("one_micro_after", "ad-1", "impression", datetime(2026, 11, 22, 12, 1, 0, 1, tzinfo=UTC)),
-            ("one_ms_after", "ad-1", "impression", utc(12, 1, 0, 1)),
-            ("much_later", "ad-1", "click", utc(12, 5)),
-        ],
-    )
-    late = sorted(r["event_id"] for r in T.late_events(events, WATERMARK_MS).collect())
-    assert late == ["at_watermark", "just_before", "older"]
-
-
-def test_late_events_with_the_first_batch_watermark(spark: SparkSession) -> None:
-    events = valid_frame(spark, [("e1", "ad-1", "impression", utc(12, 0)), ("e2", "ad-1", "click", utc(12, 1))])
-    assert T.late_events(events, 0).collect() == []
