@@ -32,12 +32,9 @@ class BatchOffsets:
     topic: str
     start: dict[int, int]
     end: dict[int, int]
-    # The watermark Spark evicts state with in this batch (windows whose end
-    # is <= it are emitted now).
+    # The watermark this batch runs with (from the batches before it): a
+    # window whose end is <= it is emitted now, a row of such a window is late.
     watermark_ms: int
-    # The watermark Spark's first stateful operator drops input rows with in
-    # this batch: the previous batch's watermark (SPARK-40925 propagation).
-    late_watermark_ms: int
 
     @property
     def input_offsets(self) -> int:
@@ -145,7 +142,7 @@ def _entry(files: CheckpointFiles, batch_id: int) -> tuple[int, str, dict[int, i
     lines = _json_lines(files, f"offsets/{batch_id}")
     metadata = json.loads(lines[0])
     # One Kafka source, listed once per branch of the query that reads it
-    # (the windows and the repeated-id state): the entries must agree.
+    # (once since the one-operator query; twice before): the entries must agree.
     if len(lines) < 2 or len(set(lines[1:])) != 1:
         raise OffsetLogError(f"offsets/{batch_id} must name one source, got {lines[1:]}")
     topic, offsets = _source_offsets(lines[1])
@@ -155,14 +152,13 @@ def _entry(files: CheckpointFiles, batch_id: int) -> tuple[int, str, dict[int, i
 def batch_offsets(files: CheckpointFiles, batch_id: int) -> BatchOffsets:
     watermark, topic, end = _entry(files, batch_id)
     if batch_id == 0:
-        late_watermark = 0
         initial = _json_lines(files, "sources/0/0")
         start_topic, start = _source_offsets(initial[0]) if initial else (topic, {})
         if start_topic != topic:
             raise OffsetLogError(f"initial offsets name topic {start_topic}, batch 0 names {topic}")
     else:
-        late_watermark, _topic, start = _entry(files, batch_id - 1)
-    return BatchOffsets(batch_id, topic, start, end, watermark, late_watermark)
+        _watermark, _topic, start = _entry(files, batch_id - 1)
+    return BatchOffsets(batch_id, topic, start, end, watermark)
 
 
 def check_query_shape(files: CheckpointFiles, sources: int) -> None:

@@ -111,7 +111,6 @@ OFFSETS = BatchOffsets(
     start={0: 10, 1: 20},
     end={0: 30, 1: 40},
     watermark_ms=1_795_349_070_000,
-    late_watermark_ms=1_795_349_010_000,
 )
 
 

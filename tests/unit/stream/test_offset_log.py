@@ -78,7 +78,6 @@ def test_batch_zero_starts_at_the_initial_offsets(checkpoint: Path) -> None:
         start={0: 0, 1: 0, 2: 0, 3: 0},
         end={0: 799, 1: 729, 2: 762, 3: 706},
         watermark_ms=0,
-        late_watermark_ms=0,
     )
 
 
@@ -89,10 +88,8 @@ def test_batch_n_starts_where_batch_n_minus_1_ended(checkpoint: Path) -> None:
         start={0: 799, 1: 729, 2: 762, 3: 706},
         end={0: 1000, 1: 729, 2: 800, 3: 900},
         watermark_ms=1795348987545,
-        late_watermark_ms=0,
     )
-    two = batch_offsets(LocalCheckpoint(checkpoint), 2)
-    assert (two.watermark_ms, two.late_watermark_ms) == (1795349047545, 1795348987545)
+    assert batch_offsets(LocalCheckpoint(checkpoint), 2).watermark_ms == 1795349047545
 
 
 def test_input_offsets(checkpoint: Path) -> None:
@@ -102,12 +99,12 @@ def test_input_offsets(checkpoint: Path) -> None:
 
 
 def test_a_new_partition_counts_from_zero() -> None:
-    offsets = BatchOffsets(3, TOPIC, {0: 5}, {0: 5, 1: 3}, 0, 0)
+    offsets = BatchOffsets(3, TOPIC, {0: 5}, {0: 5, 1: 3}, 0)
     assert offsets.input_offsets == 3
 
 
 def test_a_partition_added_since_the_last_batch_is_read_from_its_earliest_offset() -> None:
-    offsets = BatchOffsets(3, "t", {0: 5, 1: 2}, {0: 9, 1: 2, 2: 4, 3: 0}, 0, 0)
+    offsets = BatchOffsets(3, "t", {0: 5, 1: 2}, {0: 9, 1: 2, 2: 4, 3: 0}, 0)
     assert offsets.kafka_json("start") == '{"t": {"0": 5, "1": 2, "2": -2, "3": -2}}'
     assert offsets.kafka_json("end") == '{"t": {"0": 9, "1": 2, "2": 4, "3": 0}}'
     assert offsets.kafka_assign() == '{"t": [0, 1, 2, 3]}'
@@ -120,7 +117,7 @@ def test_kafka_json(checkpoint: Path) -> None:
 
 
 def test_kafka_json_sorts_partitions_numerically() -> None:
-    offsets = BatchOffsets(0, "t", {}, {10: 1, 2: 7, 0: 3}, 0, 0)
+    offsets = BatchOffsets(0, "t", {}, {10: 1, 2: 7, 0: 3}, 0)
     assert offsets.kafka_json("end") == '{"t": {"0": 3, "2": 7, "10": 1}}'
 
 
