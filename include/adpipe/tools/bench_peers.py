@@ -600,16 +600,21 @@ def throughput(ctx: Context, engines: Sequence[str], events: int, ads: int, seed
 # --- Latency ----------------------------------------------------------------
 
 
-def latency_stats(arrivals: Iterable[tuple[str, float]], lateness_ms: int, until_ms: float) -> dict:
+def latency_stats(
+    arrivals: Iterable[tuple[str, float]], lateness_ms: int, until_ms: float, send_lag_ms: float = 0.0
+) -> dict:
     """Seconds from each window's close (its end plus the watermark delay)
     to its aggregate being visible, for the windows that closed by
-    ``until_ms`` (when the producer stopped: later ones never close).
-    ``arrivals``: (window_end ISO, epoch ms first seen) per aggregate."""
+    ``until_ms`` (event time: the producer's last events; later windows never
+    close). ``arrivals``: (window_end ISO, epoch ms first seen) per
+    aggregate. ``send_lag_ms``: how long after its event time each event was
+    sent (the producer plans its events, timed from when it starts planning,
+    before it sends them): a window closes that much later on the wall clock."""
     delays = []
     for window_end, seen_ms in arrivals:
         close_ms = datetime.fromisoformat(window_end).timestamp() * 1000 + lateness_ms
         if close_ms <= until_ms:
-            delays.append((seen_ms - close_ms) / 1000)
+            delays.append((seen_ms - close_ms - send_lag_ms) / 1000)
     return {
         "windows": len(delays),  # aggregates: (ad, window) pairs
         "p50_s": chaos_check.percentile(delays, 0.5),
@@ -706,17 +711,24 @@ def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: 
     )
     plan = produce.plan(spec)
     paced = len(plan.messages) / (minutes * 60)
-    print(f"   {engine}: producing {paced:,.0f} messages/s for {minutes * 60} s", flush=True)
+    # Planning takes seconds: each event is sent this long after its event time.
+    send_lag_ms = max(0.0, time.time() * 1000 - start.timestamp() * 1000)
+    print(
+        f"   {engine}: producing {paced:,.0f} messages/s for {minutes * 60} s "
+        f"(each event sent {send_lag_ms / 1000:.1f} s after its event time)",
+        flush=True,
+    )
     produce.send(settings.kafka, source, plan, events_per_second=paced)
-    until_ms = min(time.time() * 1000, (start + timedelta(minutes=minutes)).timestamp() * 1000)
+    until_ms = min(time.time() * 1000 - send_lag_ms, (start + timedelta(minutes=minutes)).timestamp() * 1000)
     time.sleep(settings.lateness_ms / 1000 + settings.trigger_interval_s + 30)  # the last closed windows' output
     watcher.stop()
     running.terminate()
     measured = running.finish(120)
-    stats = latency_stats(watcher.arrivals(), settings.lateness_ms, until_ms)
+    stats = latency_stats(watcher.arrivals(), settings.lateness_ms, until_ms, send_lag_ms)
     return {
         "engine": engine,
         **stats,
+        "send_lag_s": round(send_lag_ms / 1000, 1),
         "copies": watcher.copies,
         "returncode": measured.returncode,
         "log": str(measured.log),

@@ -152,6 +152,9 @@ def test_latency_from_window_close_only_for_closed_windows() -> None:
     stats = B.latency_stats(arrivals, 30_000, until_ms=end_ms + 60_000 + 30_000)
     assert stats == {"windows": 2, "p50_s": 4.0, "p99_s": 8.0, "max_s": 8.0}
     assert B.latency_stats(arrivals, 30_000, until_ms=end_ms + 31_000)["windows"] == 1
+    # Events sent 3 s after their event time: each window closes 3 s later on the wall clock.
+    late_sent = B.latency_stats(arrivals, 30_000, until_ms=end_ms + 90_000, send_lag_ms=3_000)
+    assert late_sent == {"windows": 2, "p50_s": 1.0, "p99_s": 5.0, "max_s": 5.0}
 
 
 def test_parse_only_keeps_the_table_order() -> None:
