@@ -384,7 +384,6 @@ class _DropCheck(StreamingQueryListener):
 
     def __init__(self, handler: BatchHandler) -> None:
         self.handler = handler
-        self.dropped: list[tuple[int, int]] = []  # (batch, rows Spark dropped)
 
     def onQueryStarted(self, event) -> None:  # noqa: ANN001, N802
         pass
@@ -400,7 +399,6 @@ class _DropCheck(StreamingQueryListener):
         progress = event.progress
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
-            self.dropped.append((progress.batchId, dropped))
             log.error("batch %d: Spark dropped %d rows by the watermark", progress.batchId, dropped)
 
 

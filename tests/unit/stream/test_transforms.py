@@ -40,7 +40,6 @@ def rows_of(df: DataFrame) -> list[tuple]:
 @dataclass
 class StreamRun:
     output: list[tuple]
-    dropped_by_batch: dict[int, int]
     watermark_by_batch: dict[int, int]  # batchWatermarkMs of offsets/N
 
 
@@ -65,10 +64,6 @@ def stream_counts(spark: SparkSession, tmp: Path, files: list[list[tuple]], late
     try:
         query.awaitTermination(120)
         assert query.exception() is None
-        dropped = {
-            p["batchId"]: sum(op["numRowsDroppedByWatermark"] for op in p["stateOperators"])
-            for p in query.recentProgress
-        }
         output = rows_of(spark.table(name))
     finally:
         query.stop()
@@ -80,7 +75,7 @@ def stream_counts(spark: SparkSession, tmp: Path, files: list[list[tuple]], late
         for f in offsets.iterdir()
         if f.name.isdigit()
     }
-    return StreamRun(output, dropped, watermarks)
+    return StreamRun(output, watermarks)
 
 
 WINDOW_EVENTS = [
