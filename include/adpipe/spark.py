@@ -15,7 +15,10 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -24,6 +27,8 @@ from adpipe.jars import ensure_classpath
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
 
 # The driver's log4j2 when ADPIPE_JVM_LOGS=file (see the file itself).
 LOG4J2_FILE_CONFIG = Path(__file__).parent / "jvm" / "log4j2-file.properties"
@@ -197,3 +202,13 @@ def keep_zip_directories() -> None:
 
     importer.invalidate_caches = invalidate_if_changed
     importer._adpipe_rereads_when_changed = True
+
+
+def in_threads(calls: dict[str, Callable[[], Result]]) -> dict[str, Result]:
+    """Each call in its own thread, Spark running the jobs of all of them at
+    once (one call's planning, commits and metastore calls then overlap
+    another's tasks); their results by name, in the order given. The first
+    failure is raised once every call has ended."""
+    with ThreadPoolExecutor(max_workers=len(calls) or 1, thread_name_prefix="adpipe-spark") as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+    return {name: future.result() for name, future in futures.items()}

@@ -3,12 +3,15 @@ a spark:// master are told, and a conf that never prints a secret."""
 
 from __future__ import annotations
 
+import functools
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from adpipe.settings import SettingsError, load_settings
-from adpipe.spark import REDACTED, redacted, spark_conf
+from adpipe.spark import REDACTED, in_threads, redacted, spark_conf
 
 CLUSTER_ONLY = (
     "spark.pyspark.python",
@@ -180,3 +183,25 @@ def test_workers_re_read_a_zip_on_the_path_only_when_it_changed(tmp_path: Path) 
     # Each importer reads the directory once after the patch, then only when the zip changed.
     counts = json.loads(run.stdout)
     assert counts["unchanged"] == 1 and counts["changed"] >= 1 and counts["y"] == 2
+
+
+def test_in_threads_runs_calls_at_once_and_raises_a_failure_after_all_ended() -> None:
+    started = threading.Barrier(3, timeout=10)  # all three running at once, or the barrier breaks
+    finished: list[str] = []
+
+    def call(name: str, fail: bool = False, pause: float = 0.0) -> str:
+        started.wait()
+        time.sleep(pause)
+        finished.append(name)
+        if fail:
+            raise ValueError(f"{name} failed")
+        return name.upper()
+
+    assert in_threads({n: functools.partial(call, n) for n in ("c", "a", "b")}) == {"c": "C", "a": "A", "b": "B"}
+    assert list(in_threads({n: functools.partial(call, n) for n in ("c", "a", "b")})) == ["c", "a", "b"]
+    finished.clear()
+    calls = {"fails": functools.partial(call, "fails", True), "slow": functools.partial(call, "slow", pause=0.3),
+             "other": functools.partial(call, "other")}
+    with pytest.raises(ValueError, match="fails failed"):
+        in_threads(calls)
+    assert sorted(finished) == ["fails", "other", "slow"]

@@ -41,6 +41,7 @@ A manifest of each run (ranges read, rows, gate) is kept under
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -81,6 +82,7 @@ from adpipe.lakehouse.ranges import (
     stream_watermarks,
 )
 from adpipe.settings import KafkaAccess, Settings
+from adpipe.spark import in_threads
 
 __all__ = [
     "ONE_HOUR",
@@ -678,10 +680,25 @@ class StagedRun:
 
 
 def _pending_hours(spark: SparkSession, run_id: int) -> list[str]:
-    hours: set[str] = set()
-    for table in T.TABLES:
-        hours.update(_hour_labels(spark.table(T.staged(table)).where(F.col("load_run") <= run_id)))
-    return sorted(hours)
+    """The hours with rows staged by runs up to ``run_id``, in one Spark job."""
+    staged = [spark.table(T.staged(t)).where(F.col("load_run") <= run_id).select("event_hour") for t in T.TABLES]
+    return _hour_labels(functools.reduce(DataFrame.unionByName, staged))
+
+
+def _stage_table(spark: SparkSession, table: str, source: DataFrame, run_id: int) -> int:
+    """The rows of ``source`` that are neither published nor staged yet,
+    into the staging twin of ``table``; returns how many."""
+    source = source.cache()
+    try:
+        hours = [parse_hour(h) for h in _hour_labels(source)]
+        _schema, keys = T.TABLES[table]
+        published = spark.table(table).where(_in_hours(hours)).select(*keys)
+        new_rows = source.join(published, list(keys), "left_anti")
+        staged = merge_new_rows(spark, T.staged(table), new_rows, keys, hours)
+    finally:
+        source.unpersist()
+    log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged)
+    return staged
 
 
 def stage(
@@ -722,17 +739,13 @@ def stage(
                 "dlq %d",
                 run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
             )
-        staged: dict[str, int] = {}
         with table_rows(spark, settings, ranges, loaded_at, run_id) as rows:
-            for table, source in rows.items():
-                source = source.cache()
-                hours = [parse_hour(h) for h in _hour_labels(source)]
-                _schema, keys = T.TABLES[table]
-                published = spark.table(table).where(_in_hours(hours)).select(*keys)
-                new_rows = source.join(published, list(keys), "left_anti")
-                staged[table] = merge_new_rows(spark, T.staged(table), new_rows, keys, hours)
-                source.unpersist()
-                log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged[table])
+            # The tables are independent (their own Delta logs): staged side
+            # by side, one table's planning and commits fill the cores while
+            # another's tasks wait.
+            staged = in_threads(
+                {table: functools.partial(_stage_table, spark, table, source, run_id) for table, source in rows.items()}
+            )
         faults_plan = faults.FaultPlan.from_env()
         if faults_plan is not None:
             faults_plan.hit(faults.LOAD_AFTER_STAGE, run_id, 1)
@@ -789,13 +802,15 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
                 .withColumn("load_run", F.lit(run.run_id).cast("long"))
             )
             published = spark.table(table).where(_in_hours(hours)).select(*keys)
-            new_rows = staged.join(published, list(keys), "left_anti").cache()
-            label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
-            for r in new_rows.groupBy(label).count().collect():
-                if r["h"] in finalized:
+            new_rows = staged.join(published, list(keys), "left_anti")
+            # Counted only in the hours published before (a first
+            # publication has none): the MERGE reads the rows once.
+            late_hours = [h for h in hours if hour_label(h) in finalized]
+            if late_hours:
+                label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
+                for r in new_rows.where(_in_hours(late_hours)).groupBy(label).count().collect():
                     corrections[r["h"]] = corrections.get(r["h"], 0) + int(r["count"])
             inserted[table] = merge_new_rows(spark, table, new_rows, keys, hours)
-            new_rows.unpersist()
             log.info("run %d: %s: %d rows published", run.run_id, table, inserted[table])
             if fault_plan is not None:
                 fault_plan.hit(faults.LOAD_AFTER_PUBLISH, run.run_id, 1)
@@ -812,8 +827,10 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
 def _clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
     from delta.tables import DeltaTable
 
-    for table in T.TABLES:
+    def clear(table: str) -> None:
         DeltaTable.forName(spark, T.staged(table)).delete(_in_hours(hours) & (F.col("load_run") <= through_run))
+
+    in_threads({table: functools.partial(clear, table) for table in T.TABLES})
 
 
 @dataclass
