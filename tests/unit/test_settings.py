@@ -23,7 +23,7 @@ def test_defaults() -> None:
     )
     assert (settings.topic_partitions, settings.shuffle_partitions) == (4, 4)
     assert (settings.watermark_delay_s, settings.allowed_lateness_s, settings.lateness_ms) == (30, 0, 30_000)
-    assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 250_000)
+    assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 500_000)
     assert settings.job_id == "region-local"
     assert settings.transaction_timeout_ms == 120_000
     assert (settings.max_future_skew_s, settings.max_future_skew_ms) == (300, 300_000)
