@@ -73,19 +73,6 @@ MINUTE_US = 60_000_000
 EVENT_TYPES = ("impression", "click")
 # What the raw suite reads (and the index column its failures name rows by).
 RAW_CHECKED_COLUMNS = ("event_id", "event_type", "event_time_hour", "event_hour", "is_late", "region")
-# The columns the gate reads of each table.
-RAW_READ_COLUMNS = ("event_id", "ad_id", "event_type", "event_time", "event_hour", "region")
-QUARANTINE_READ_COLUMNS = ("source", "event_id")
-AGGREGATES_READ_COLUMNS = (
-    "record_uuid",
-    "ad_id",
-    "window_start",
-    "window_end",
-    "impressions",
-    "clicks",
-    "event_hour",
-    "region",
-)
 _EXAMPLES = 5
 
 
@@ -618,24 +605,10 @@ def validate_frames(
     an empty column is null, not 0); an hour with nothing at all and no
     input passes with a note.
     """
-    # Each table's rows read once (a candidate is published rows plus an
-    # anti-join of the staged ones): the suites, the parameters and the
-    # reconciliation below all derive from these.
-    once = HourFrames(
-        raw_df=frames.raw_df.select(*RAW_READ_COLUMNS).persist(),
-        quarantine_df=frames.quarantine_df.select(*QUARANTINE_READ_COLUMNS).persist(),
-        aggregates_df=frames.aggregates_df.select(*AGGREGATES_READ_COLUMNS).persist(),
-    )
-    try:
-        return _validate(settings, normalize_hour(hour), once, facts or KafkaFacts())
-    finally:
-        for df in (once.raw_df, once.quarantine_df, once.aggregates_df):
-            df.unpersist()
-
-
-def _validate(settings: Settings, hour: datetime, frames: HourFrames, facts: KafkaFacts) -> QualityResult:
     from great_expectations.core.run_identifier import RunIdentifier
 
+    facts = facts or KafkaFacts()
+    hour = normalize_hour(hour)
     tag = _hour_tag(hour)
     # Only the columns the raw suite reads: GE caches the frame it checks.
     raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df).select(*RAW_CHECKED_COLUMNS)
