@@ -101,3 +101,15 @@ def process_alive(pid: int | None) -> bool:
         return STREAM_APPLICATION.name in (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def process_started_at(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds, from /proc), or None where that
+    cannot be read: the start of a job run by hand, for :func:`input_stalled`."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None

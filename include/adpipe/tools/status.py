@@ -283,8 +283,11 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
     by the supervisor on this host), or the supervisor's pid runs. Its last
     batch from the checkpoint (a local one) or else its heartbeat; its lag
     from the broker (raw records not yet committed by its transactions).
-    Stalled: a batch started more than ADPIPE_STREAM_STALL_S ago and not
-    committed yet (an idle job with no input starts no batch: not stalled)."""
+    Stalled by the supervisor's own rule (:func:`liveness.input_stalled`,
+    the rule it restarts a job by): input waits and for
+    ADPIPE_STREAM_STALL_S the job has neither finished a batch nor polled.
+    With the lag unknown (the broker does not answer): a batch started more
+    than ADPIPE_STREAM_STALL_S ago and not committed yet."""
     from adpipe.stream import checkpoint_lock, liveness
 
     now = time.time() if now is None else now
@@ -296,22 +299,34 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
     except SettingsError:  # hdfs://, s3a://: the heartbeat says what the last batch was
         progress = None
     facts: dict[str, Any] = {"job_id": settings.job_id, "pid": pid}
-    parts = [
-        f"pid {pid}" if pid else "not running",
-        _last_batch(progress, liveness.read_heartbeat(settings), facts, now),
-    ]
-    state = UP if pid else DOWN
+    beat = liveness.read_heartbeat(settings)
+    parts = [f"pid {pid}" if pid else "not running", _last_batch(progress, beat, facts, now)]
+    lag = _stream_lag(settings, kafka_up, facts)
+    stalled = False
+    if pid and facts["lag"] is not None:
+        started_at = supervised.get("started_at") if pid == supervised_pid else liveness.process_started_at(pid)
+        stalled = liveness.input_stalled(
+            facts["lag"], now, settings.stream_stall_s, beat["at"] if beat else None,
+            liveness.polled_at(settings), started_at or 0.0,
+        )
     if progress is not None and progress.uncommitted is not None:
         facts["uncommitted_batch"] = progress.uncommitted
         running_s = now - (progress.planned_at or now)
         if not pid:
             parts.append(f"batch {progress.uncommitted} started, not committed: replayed at the next start")
-        elif running_s > settings.stream_stall_s:
-            state = DEGRADED
+        elif facts["lag"] is None and running_s > settings.stream_stall_s:
+            stalled = True
             parts.append(f"batch {progress.uncommitted} stalled: running for {running_s:.0f} s")
         else:
             parts.append(f"batch {progress.uncommitted} running for {running_s:.0f} s")
-    parts.append(_stream_lag(settings, kafka_up, facts))
+    parts.append(lag)
+    if stalled and facts["lag"] is not None:
+        parts.append(
+            f"stalled: input waits and no batch finished nor poll for over {settings.stream_stall_s} s "
+            "(the supervisor restarts it)"
+        )
+    facts["stalled"] = stalled
+    state = DEGRADED if stalled else (UP if pid else DOWN)
     logs = _existing(stderr_file(pid) if pid else None, supervised.get("log"))
     return Component("stream", state, settings.checkpoint_uri, "; ".join(parts), logs, facts)
 

@@ -7,6 +7,7 @@ checked against real servers in tests/integration/test_status.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -95,6 +96,45 @@ def test_a_driver_holding_the_checkpoint_lock_is_the_running_job_and_a_batch_run
         stalled = status.stream_component(settings, kafka_up=False, now=NOW)
         assert stalled.state == DEGRADED and "batch 5 stalled: running for 301 s" in stalled.detail
     assert status.stream_component(settings, kafka_up=False, now=NOW).state == DOWN  # lock released
+
+
+def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row says stalled exactly when the supervisor would restart the
+    job (liveness.input_stalled): input waiting, and neither a finished batch
+    nor a poll for ADPIPE_STREAM_STALL_S since the job started. The broker's
+    answer (the lag) is the one input given here."""
+    from adpipe import kafka_io
+    from adpipe.stream import liveness
+
+    settings = _settings(tmp_path, ADPIPE_STREAM_STALL_S="300")
+    lag = {0: 500, 1: 0}
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, timeout_s=None: dict(lag))
+    started = liveness.process_started_at(os.getpid())
+    assert started is not None and abs(started - time.time()) < 3600  # this process: the job, as the lock says
+    now = started + 1000
+
+    def beat(at: float) -> None:
+        path = liveness.heartbeat_path(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"job_id": "region-local", "batch_id": 9, "at": at, "watermark_ms": 0}))
+
+    with checkpoint_lock(settings):
+        beat(now - 350)
+        liveness.mark_polled(settings, now - 320)
+        row = status.stream_component(settings, kafka_up=True, now=now)
+        assert row.state == DEGRADED and row.facts["stalled"] and row.facts["lag"] == 500
+        assert "stalled: input waits and no batch finished nor poll for over 300 s" in row.detail
+        liveness.mark_polled(settings, now - 10)  # Spark reported progress or idling 10 s ago
+        assert status.stream_component(settings, kafka_up=True, now=now).state == UP
+        liveness.mark_polled(settings, now - 320)
+        lag[0] = 0  # nothing waits: quiet is not stalled
+        assert status.stream_component(settings, kafka_up=True, now=now).state == UP
+        lag[0] = 500  # a job started (by hand) 100 s ago, its last heartbeat an older run's
+        row = status.stream_component(settings, kafka_up=True, now=started + 100)
+        assert (row.state, row.facts["stalled"]) == (UP, False)
+    assert status.stream_component(settings, kafka_up=True, now=now).state == DOWN  # nobody runs it
 
 
 def test_without_a_checkpoint_the_heartbeat_names_the_last_batch(tmp_path: Path) -> None:
