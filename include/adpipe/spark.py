@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from adpipe import class_archive
 from adpipe.jars import ensure_classpath
 from adpipe.settings import Settings
 
@@ -130,6 +131,11 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
     }
     conf.update(cluster_conf(settings))
     conf.update(extra_conf or {})
+    if "spark.driver.extraJavaOptions" not in (extra_conf or {}):
+        # The class archive of this driver's classpath (adpipe.class_archive), once trained.
+        archive = class_archive.driver_options(settings, conf.get("spark.driver.extraClassPath", ""))
+        if archive:
+            conf["spark.driver.extraJavaOptions"] += " " + shlex.join(archive)
     return conf
 
 

@@ -77,7 +77,6 @@ def connection_options(settings: Settings) -> dict[str, str]:
 
 def metastore_conf(settings: Settings) -> dict[str, str]:
     """Spark's Hive catalog on the configured metastore database."""
-    postgres_jar = str(_postgres_jar(settings))
     conf = {f"spark.hadoop.{k}": v for k, v in connection_options(settings).items()}
     conf.update(
         {
@@ -90,10 +89,15 @@ def metastore_conf(settings: Settings) -> dict[str, str]:
             "spark.hadoop.hive.metastore.schema.verification": "false",
             # The metastore client loads the JDBC driver from the JVM's own
             # classpath, not from spark.jars.
-            "spark.driver.extraClassPath": postgres_jar,
+            "spark.driver.extraClassPath": driver_class_path(settings),
         }
     )
     return conf
+
+
+def driver_class_path(settings: Settings) -> str:
+    """What a metastore driver's classpath starts with: the PostgreSQL JDBC driver."""
+    return str(_postgres_jar(settings))
 
 
 def _postgres_jar(settings: Settings) -> Path:

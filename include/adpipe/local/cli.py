@@ -83,11 +83,18 @@ def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe import class_archive
     from adpipe.jars import ensure_classpath
 
     for name in ("kafka", "spark"):
         jars = ensure_classpath(settings.jar_cache, name)
         print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
+    for layout in class_archive.LAYOUTS:
+        print(f"class archive ({layout} Spark driver): ...", end=" ", flush=True)
+        archive = class_archive.train(settings, layout)
+        print(archive if archive is not None else "none (see the warning above); Spark starts without one", flush=True)
+    for stale in class_archive.prune(settings):
+        print(f"removed the class archive of another JVM or classpath: {stale}")
     return 0
 
 
