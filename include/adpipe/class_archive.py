@@ -25,8 +25,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adpipe.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,14 @@ def archive_path(settings: Settings, extra_class_path: str) -> Path | None:
     return settings.jar_cache / "cds" / f"driver-{digest.hexdigest()[:16]}.jsa"
 
 
+def missing(settings: Settings) -> list[str]:
+    """The layouts whose archive is not trained yet."""
+    return [
+        layout for layout in LAYOUTS
+        if not (path := archive_path(settings, _layout_class_path(settings, layout))) or not path.is_file()
+    ]
+
+
 def prune(settings: Settings) -> list[Path]:
     """Remove the archives of other JVMs, classpaths or Spark versions than
     the current ones; returns what was removed."""
@@ -99,41 +111,75 @@ def _layout_class_path(settings: Settings, layout: str) -> str:
 
 
 def _workload(settings: Settings, layout: str, work: Path) -> None:
-    """What most drivers do early: a session, Delta writes, reads, a MERGE
-    and a DELETE, JSON, regular expressions and variants (no broker here)."""
-    from delta.tables import DeltaTable
+    """What drivers do early: a session (on the Hive metastore, Derby here,
+    for the metastore layout), Delta writes, reads, a MERGE and a DELETE,
+    JSON, regular expressions and variants; for the plain layout (the
+    stream job's) also a Python worker over Arrow and a streaming query with
+    state and ``foreachBatch``. No broker is needed."""
     from pyspark.sql import functions as F
 
     from adpipe.spark import build_spark
 
-    extra = {"spark.driver.extraClassPath": _layout_class_path(settings, layout)} if layout != "plain" else {}
-    spark = build_spark(settings, f"adpipe-class-archive-{layout}", extra)
+    if layout == "metastore":
+        from adpipe.lakehouse import tables as T
+        from adpipe.lakehouse.metastore import metastore_session
+
+        spark = metastore_session(settings, "adpipe-class-archive-metastore")
+        spark.table(T.RAW).where(F.col("event_hour") == F.lit("2026-01-01 00:00:00").cast("timestamp")).count()
+    else:
+        spark = build_spark(settings, "adpipe-class-archive-plain")
     try:
-        table = str(work / "t")
-        rows = spark.range(5000).select(
-            F.col("id"),
-            F.format_string('{"event_id":"e%d","event_time":%d}', "id", "id").alias("value"),
-            F.current_timestamp().alias("ts"),
-        )
-        rows = rows.select(
-            "*",
-            F.from_json("value", "event_id string, event_time long").alias("j"),
-            F.try_parse_json("value").alias("v"),
-            F.col("value").rlike(r'^\{"event_id":"e[0-9]+"').alias("canonical"),
-            F.date_trunc("hour", "ts").alias("hour"),
-        ).select("id", "value", "ts", "hour", "canonical", F.col("j.event_id").alias("event_id"),
-                 F.try_variant_get("v", "$.event_time", "long").alias("event_time"))
-        rows.write.format("delta").partitionBy("hour").save(table)
-        spark.read.format("delta").load(table).groupBy("canonical").count().collect()
-        (
-            DeltaTable.forPath(spark, table).alias("t")
-            .merge(rows.alias("s"), "t.id = s.id")
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
-        DeltaTable.forPath(spark, table).delete("id < 10")
+        _delta_work(spark, work)
+        if layout == "plain":
+            spark.range(1000).mapInArrow(lambda batches: batches, "id long").count()
+            _stream_work(spark, work)
     finally:
         spark.stop()
+
+
+def _delta_work(spark: SparkSession, work: Path) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    table = str(work / "delta")
+    rows = spark.range(5000).select(
+        F.col("id"),
+        F.format_string('{"event_id":"e%d","event_time":%d}', "id", "id").alias("value"),
+        F.current_timestamp().alias("ts"),
+    )
+    rows = rows.select(
+        "*",
+        F.from_json("value", "event_id string, event_time long").alias("j"),
+        F.try_parse_json("value").alias("v"),
+        F.col("value").rlike(r'^\{"event_id":"e[0-9]+"').alias("canonical"),
+        F.date_trunc("hour", "ts").alias("hour"),
+    ).select(
+        "id", "value", "ts", "hour", "canonical", F.col("j.event_id").alias("event_id"),
+        F.try_variant_get("v", "$.event_time", "long").alias("event_time"),
+    )
+    rows.write.format("delta").partitionBy("hour").save(table)
+    spark.read.format("delta").load(table).groupBy("canonical").count().collect()
+    merge = DeltaTable.forPath(spark, table).alias("t").merge(rows.alias("s"), "t.id = s.id")
+    merge.whenNotMatchedInsertAll().execute()
+    DeltaTable.forPath(spark, table).delete("id < 10")
+
+
+def _stream_work(spark: SparkSession, work: Path) -> None:
+    from pyspark.sql import functions as F
+
+    source = work / "stream-in"
+    source.mkdir()
+    (source / "part.json").write_text('{"k": "a", "n": 1}\n{"k": "b", "n": 2}\n')
+    query = (
+        spark.readStream.schema("k string, n long").json(str(source))
+        .groupBy("k").agg(F.sum("n").alias("n"))
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", str(work / "stream-checkpoint"))
+        .foreachBatch(lambda df, _batch_id: df.collect())
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
 
 
 def train(settings: Settings, layout: str) -> Path | None:

@@ -4,6 +4,7 @@ default's servers and JVM jars."""
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from types import ModuleType
 
@@ -85,14 +86,18 @@ def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import class_archive
     from adpipe.jars import ensure_classpath
+    from adpipe.spark import in_threads
 
     for name in ("kafka", "spark"):
         jars = ensure_classpath(settings.jar_cache, name)
         print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
-    for layout in class_archive.LAYOUTS:
-        print(f"class archive ({layout} Spark driver): ...", end=" ", flush=True)
-        archive = class_archive.train(settings, layout)
-        print(archive if archive is not None else "none (see the warning above); Spark starts without one", flush=True)
+    if class_archive.missing(settings):
+        print("training the Spark drivers' class archives (once; a minute or two)", flush=True)
+    trained = in_threads({layout: functools.partial(class_archive.train, settings, layout)
+                          for layout in class_archive.LAYOUTS})
+    for layout, archive in trained.items():
+        print(f"class archive ({layout} Spark driver): "
+              f"{archive if archive is not None else 'none (see the warning above); Spark starts without one'}")
     for stale in class_archive.prune(settings):
         print(f"removed the class archive of another JVM or classpath: {stale}")
     return 0
