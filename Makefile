@@ -44,7 +44,7 @@ python-packages: ## requirements.txt (under AIRFLOW_CONSTRAINTS=URL|file when gi
 
 venv: deps $(STAMP) ## Python environment with every pinned package
 
-jars: venv ## JVM jars from Maven Central into .cache/jvm (once)
+jars: venv ## JVM jars from Maven Central into .cache/jvm, and the Spark drivers' class archives (once)
 	$(BIN)/adpipe jars
 
 demo: jars ## the pipeline end to end with a crash injected, ending in the verify report
