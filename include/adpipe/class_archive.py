@@ -6,8 +6,8 @@ machine: a session and a small Delta write, read and MERGE, 36.8 s -> 27.0 s).
 
 ``adpipe jars`` (``make jars``) trains one archive per driver classpath
 layout (plain, and with the PostgreSQL driver first for the Hive metastore)
-by running a small Spark workload with ``-XX:ArchiveClassesAtExit``, in a
-process of its own, and renames the archive into ``.cache/jvm/cds`` once
+by running a small Spark workload (adpipe.tools.class_archive_training) with
+``-XX:ArchiveClassesAtExit``, in a process of its own, and renames the archive into ``.cache/jvm/cds`` once
 the JVM has written it whole. :func:`driver_options` adds it to a driver's
 options when the archive of its layout, JVM and Spark exists. The JVM checks
 the archive itself (its JVM build, classpath and jars) and runs without it
@@ -16,7 +16,6 @@ messages are turned off so that they never reach a command's output."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
@@ -25,12 +24,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from adpipe.settings import Settings, load_settings
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from adpipe.jars import postgres_jdbc_jar
+from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +73,14 @@ def missing(settings: Settings) -> list[str]:
     """The layouts whose archive is not trained yet."""
     return [
         layout for layout in LAYOUTS
-        if not (path := archive_path(settings, _layout_class_path(settings, layout))) or not path.is_file()
+        if not (path := archive_path(settings, layout_class_path(settings, layout))) or not path.is_file()
     ]
 
 
 def prune(settings: Settings) -> list[Path]:
     """Remove the archives of other JVMs, classpaths or Spark versions than
     the current ones; returns what was removed."""
-    current = {archive_path(settings, _layout_class_path(settings, layout)) for layout in LAYOUTS}
+    current = {archive_path(settings, layout_class_path(settings, layout)) for layout in LAYOUTS}
     stale = [p for p in sorted((settings.jar_cache / "cds").glob("driver-*.jsa")) if p not in current]
     for path in stale:
         path.unlink(missing_ok=True)
@@ -102,84 +98,10 @@ def driver_options(settings: Settings, extra_class_path: str) -> list[str]:
     return [f"-XX:SharedArchiveFile={path}", *QUIET]
 
 
-def _layout_class_path(settings: Settings, layout: str) -> str:
-    if layout == "plain":
-        return ""
-    from adpipe.lakehouse.metastore import driver_class_path
-
-    return driver_class_path(settings)
-
-
-def _workload(settings: Settings, layout: str, work: Path) -> None:
-    """What drivers do early: a session (on the Hive metastore, Derby here,
-    for the metastore layout), Delta writes, reads, a MERGE and a DELETE,
-    JSON, regular expressions and variants; for the plain layout (the
-    stream job's) also a Python worker over Arrow and a streaming query with
-    state and ``foreachBatch``. No broker is needed."""
-    from pyspark.sql import functions as F
-
-    from adpipe.spark import build_spark
-
-    if layout == "metastore":
-        from adpipe.lakehouse import tables as T
-        from adpipe.lakehouse.metastore import metastore_session
-
-        spark = metastore_session(settings, "adpipe-class-archive-metastore")
-        spark.table(T.RAW).where(F.col("event_hour") == F.lit("2026-01-01 00:00:00").cast("timestamp")).count()
-    else:
-        spark = build_spark(settings, "adpipe-class-archive-plain")
-    try:
-        _delta_work(spark, work)
-        if layout == "plain":
-            spark.range(1000).mapInArrow(lambda batches: batches, "id long").count()
-            _stream_work(spark, work)
-    finally:
-        spark.stop()
-
-
-def _delta_work(spark: SparkSession, work: Path) -> None:
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    table = str(work / "delta")
-    rows = spark.range(5000).select(
-        F.col("id"),
-        F.format_string('{"event_id":"e%d","event_time":%d}', "id", "id").alias("value"),
-        F.current_timestamp().alias("ts"),
-    )
-    rows = rows.select(
-        "*",
-        F.from_json("value", "event_id string, event_time long").alias("j"),
-        F.try_parse_json("value").alias("v"),
-        F.col("value").rlike(r'^\{"event_id":"e[0-9]+"').alias("canonical"),
-        F.date_trunc("hour", "ts").alias("hour"),
-    ).select(
-        "id", "value", "ts", "hour", "canonical", F.col("j.event_id").alias("event_id"),
-        F.try_variant_get("v", "$.event_time", "long").alias("event_time"),
-    )
-    rows.write.format("delta").partitionBy("hour").save(table)
-    spark.read.format("delta").load(table).groupBy("canonical").count().collect()
-    merge = DeltaTable.forPath(spark, table).alias("t").merge(rows.alias("s"), "t.id = s.id")
-    merge.whenNotMatchedInsertAll().execute()
-    DeltaTable.forPath(spark, table).delete("id < 10")
-
-
-def _stream_work(spark: SparkSession, work: Path) -> None:
-    from pyspark.sql import functions as F
-
-    source = work / "stream-in"
-    source.mkdir()
-    (source / "part.json").write_text('{"k": "a", "n": 1}\n{"k": "b", "n": 2}\n')
-    query = (
-        spark.readStream.schema("k string, n long").json(str(source))
-        .groupBy("k").agg(F.sum("n").alias("n"))
-        .writeStream.outputMode("update")
-        .option("checkpointLocation", str(work / "stream-checkpoint"))
-        .foreachBatch(lambda df, _batch_id: df.collect())
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
+def layout_class_path(settings: Settings, layout: str) -> str:
+    """What the driver classpath of ``layout`` starts with: nothing, or the
+    PostgreSQL JDBC driver (a Hive metastore driver's, adpipe.lakehouse.metastore)."""
+    return "" if layout == "plain" else str(postgres_jdbc_jar(settings.jar_cache))
 
 
 def train(settings: Settings, layout: str) -> Path | None:
@@ -187,7 +109,7 @@ def train(settings: Settings, layout: str) -> Path | None:
     exists: a child process runs the workload with the dump option, and the
     file is renamed into place after that JVM ended. None when no archive
     can be made here (the reason is logged)."""
-    path = archive_path(settings, _layout_class_path(settings, layout))
+    path = archive_path(settings, layout_class_path(settings, layout))
     if path is None:
         log.warning("class archive: no JVM library found (JAVA_HOME, java on PATH); Spark starts without one")
         return None
@@ -204,7 +126,7 @@ def train(settings: Settings, layout: str) -> Path | None:
             "ADPIPE_SPARK_MASTER": "local[2]",  # the driver's own JVM, wherever jobs run
         }
         env.pop("PYSPARK_SUBMIT_ARGS", None)
-        cmd = [sys.executable, "-m", "adpipe.class_archive", "--layout", layout, "--work", tmp]
+        cmd = [sys.executable, "-m", "adpipe.tools.class_archive_training", "--layout", layout, "--work", tmp]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)  # noqa: S603
         if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             log.warning(
@@ -215,31 +137,3 @@ def train(settings: Settings, layout: str) -> Path | None:
         shutil.move(partial, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
     return path
-
-
-def _child(layout: str, work: Path) -> None:
-    """In the child: the workload, then the JVM's end (the dump happens as
-    it exits) before this process returns."""
-    from pyspark import SparkContext
-
-    settings = load_settings(os.environ)
-    _workload(settings, layout, work)
-    gateway = SparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    if proc is not None:
-        gateway.shutdown()
-        if proc.stdin is not None:
-            proc.stdin.close()  # the gateway JVM exits at the end of its stdin
-        proc.wait()
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="train a class-data-sharing archive (adpipe jars runs this)")
-    parser.add_argument("--layout", choices=LAYOUTS, required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    args = parser.parse_args(argv)
-    _child(args.layout, args.work)
-
-
-if __name__ == "__main__":
-    main()

@@ -109,3 +109,8 @@ def _fetch(cache: Path, name: str, target: Path) -> None:
         for jar in jars:
             shutil.copy2(jar, target / jar.name)
     log.info("%s classpath: %d jars", name, len(jars))
+
+
+def postgres_jdbc_jar(cache: Path) -> Path:
+    """The PostgreSQL JDBC driver among the Spark extras (the Hive metastore's)."""
+    return next(j for j in ensure_classpath(cache, "spark") if j.name.startswith("postgresql-"))

@@ -19,6 +19,7 @@ PACKAGE_DIR = PROJECT_ROOT / "include" / "adpipe"
 SHARED = {
     "adpipe",
     "adpipe.alerting",
+    "adpipe.class_archive",
     "adpipe.faults",
     "adpipe.jars",
     "adpipe.kafka_io",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ def test_every_bootstrap_server_needs_a_port() -> None:
 
 
 def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> None:
+    from adpipe import class_archive
     from adpipe.local import kafka_broker
     from adpipe.spark import LOG4J2_FILE_CONFIG, spark_conf
 
@@ -134,7 +136,8 @@ def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> No
     derby = f"'-Dderby.system.home={tmp_path / 'my home' / 'derby'}'"
     log_file = tmp_path / "my home" / "logs" / "t.log"
     logs = f"-Dlog4j2.configurationFile={LOG4J2_FILE_CONFIG.as_uri()} '-Dadpipe.log.file={log_file}'"
-    assert options == f"{derby} {logs} -XX:TieredStopAtLevel=1 '-Dx=a b'"
+    archive = shlex.join(class_archive.driver_options(settings, ""))  # once make jars trained it
+    assert options == f"{derby} {logs} -XX:TieredStopAtLevel=1 '-Dx=a b'" + (f" {archive}" if archive else "")
     (tmp_path / "my home" / "kafka").mkdir(parents=True)
     command = kafka_broker._java(settings, "Main")
     assert command[command.index("-XX:TieredStopAtLevel=1") + 1] == "-Dx=a b"

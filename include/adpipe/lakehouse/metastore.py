@@ -26,7 +26,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from adpipe.jars import ensure_classpath
+from adpipe.jars import postgres_jdbc_jar
 from adpipe.lakehouse import tables as T
 from adpipe.pg import connect, ensure_databases
 from adpipe.settings import Settings
@@ -101,7 +101,7 @@ def driver_class_path(settings: Settings) -> str:
 
 
 def _postgres_jar(settings: Settings) -> Path:
-    return next(j for j in ensure_classpath(settings.jar_cache, "spark") if j.name.startswith("postgresql-"))
+    return postgres_jdbc_jar(settings.jar_cache)
 
 
 def _create_schema(settings: Settings) -> None:

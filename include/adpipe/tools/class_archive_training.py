@@ -1,0 +1,115 @@
+"""The workloads that train the Spark drivers' class archives
+(adpipe.class_archive), run as ``python -m adpipe.tools.class_archive_training``
+in a process of its own by ``adpipe jars``: the JVM writes the archive as it
+exits, so this process ends that JVM before it returns."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from adpipe.class_archive import LAYOUTS
+from adpipe.settings import Settings, load_settings
+
+
+def _workload(settings: Settings, layout: str, work: Path) -> None:
+    """What drivers do early: a session (on the Hive metastore, Derby here,
+    for the metastore layout), Delta writes, reads, a MERGE and a DELETE,
+    JSON, regular expressions and variants; for the plain layout (the
+    stream job's) also a Python worker over Arrow and a streaming query with
+    state and ``foreachBatch``. No broker is needed."""
+    from pyspark.sql import functions as F
+
+    from adpipe.spark import build_spark
+
+    if layout == "metastore":
+        from adpipe.lakehouse import tables as T
+        from adpipe.lakehouse.metastore import metastore_session
+
+        spark = metastore_session(settings, "adpipe-class-archive-metastore")
+        spark.table(T.RAW).where(F.col("event_hour") == F.lit("2026-01-01 00:00:00").cast("timestamp")).count()
+    else:
+        spark = build_spark(settings, "adpipe-class-archive-plain")
+    try:
+        _delta_work(spark, work)
+        if layout == "plain":
+            spark.range(1000).mapInArrow(lambda batches: batches, "id long").count()
+            _stream_work(spark, work)
+    finally:
+        spark.stop()
+
+
+def _delta_work(spark: SparkSession, work: Path) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    table = str(work / "delta")
+    rows = spark.range(5000).select(
+        F.col("id"),
+        F.format_string('{"event_id":"e%d","event_time":%d}', "id", "id").alias("value"),
+        F.current_timestamp().alias("ts"),
+    )
+    rows = rows.select(
+        "*",
+        F.from_json("value", "event_id string, event_time long").alias("j"),
+        F.try_parse_json("value").alias("v"),
+        F.col("value").rlike(r'^\{"event_id":"e[0-9]+"').alias("canonical"),
+        F.date_trunc("hour", "ts").alias("hour"),
+    ).select(
+        "id", "value", "ts", "hour", "canonical", F.col("j.event_id").alias("event_id"),
+        F.try_variant_get("v", "$.event_time", "long").alias("event_time"),
+    )
+    rows.write.format("delta").partitionBy("hour").save(table)
+    spark.read.format("delta").load(table).groupBy("canonical").count().collect()
+    merge = DeltaTable.forPath(spark, table).alias("t").merge(rows.alias("s"), "t.id = s.id")
+    merge.whenNotMatchedInsertAll().execute()
+    DeltaTable.forPath(spark, table).delete("id < 10")
+
+
+def _stream_work(spark: SparkSession, work: Path) -> None:
+    from pyspark.sql import functions as F
+
+    source = work / "stream-in"
+    source.mkdir()
+    (source / "part.json").write_text('{"k": "a", "n": 1}\n{"k": "b", "n": 2}\n')
+    query = (
+        spark.readStream.schema("k string, n long").json(str(source))
+        .groupBy("k").agg(F.sum("n").alias("n"))
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", str(work / "stream-checkpoint"))
+        .foreachBatch(lambda df, _batch_id: df.collect())
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def _child(layout: str, work: Path) -> None:
+    """In the child: the workload, then the JVM's end (the dump happens as
+    it exits) before this process returns."""
+    from pyspark import SparkContext
+
+    settings = load_settings(os.environ)
+    _workload(settings, layout, work)
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        gateway.shutdown()
+        if proc.stdin is not None:
+            proc.stdin.close()  # the gateway JVM exits at the end of its stdin
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="train a class-data-sharing archive (adpipe jars runs this)")
+    parser.add_argument("--layout", choices=LAYOUTS, required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    args = parser.parse_args(argv)
+    _child(args.layout, args.work)
+
+
+if __name__ == "__main__":
+    main()
