@@ -26,6 +26,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from adpipe import class_archive
 from adpipe.jars import postgres_jdbc_jar
 from adpipe.lakehouse import tables as T
 from adpipe.pg import connect, ensure_databases
@@ -96,12 +97,9 @@ def metastore_conf(settings: Settings) -> dict[str, str]:
 
 
 def driver_class_path(settings: Settings) -> str:
-    """What a metastore driver's classpath starts with: the PostgreSQL JDBC driver."""
-    return str(_postgres_jar(settings))
-
-
-def _postgres_jar(settings: Settings) -> Path:
-    return postgres_jdbc_jar(settings.jar_cache)
+    """What a metastore driver's classpath starts with: the PostgreSQL JDBC
+    driver (one place names it, for the driver and for its class archive)."""
+    return class_archive.layout_class_path(settings, "metastore")
 
 
 def _create_schema(settings: Settings) -> None:
@@ -109,7 +107,7 @@ def _create_schema(settings: Settings) -> None:
     metastore_jar = next(jars.glob("hive-metastore-*.jar"), None)
     if metastore_jar is None:
         raise MetastoreError(f"no hive-metastore jar in {jars}: is this pyspark's own Spark?")
-    postgres_jar = _postgres_jar(settings)
+    postgres_jar = postgres_jdbc_jar(settings.jar_cache)
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(metastore_jar) as jar:
             jar.extract("package.jdo", tmp)
