@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import operator
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -295,6 +296,17 @@ def pg_array_literal(values: Iterable[str | int | None]) -> str:
     """PostgreSQL's text form of a one-dimensional array (``{"a","b",NULL}``):
     every string quoted and escaped, so a value reads back as it was
     (``"NULL"`` stays a string)."""
+    values = list(values)
+    # A budget batch's columns are all strings free of quotes and
+    # backslashes (ids, timestamps) or all ints: joined in C, not escaped one
+    # by one (a third of the ledger insert's Python time, cProfile).
+    kinds = set(map(type, values))
+    if kinds == {str}:
+        joined = "".join(values)
+        if '"' not in joined and "\\" not in joined:
+            return '{"' + '","'.join(values) + '"}'
+    elif kinds == {int}:
+        return "{" + ",".join(map(str, values)) + "}"
     items = []
     for value in values:
         if value is None:
@@ -319,7 +331,7 @@ def _rows_select(table: sa.Table, rows: list[dict]) -> tuple[list[str], sa.Selec
     columns = sa.func.unnest(
         *(
             sa.cast(
-                sa.bindparam(n, pg_array_literal(row[n] for row in rows), type_=sa.Text),
+                sa.bindparam(n, pg_array_literal(map(operator.itemgetter(n), rows)), type_=sa.Text),
                 postgresql.ARRAY(table.c[n].type),
             )
             for n in names

@@ -474,3 +474,27 @@ def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.Mon
     assert retention.prune(settings, now=now).rows == 0
     monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: -1)
     assert retention.prune(settings, now=now).cutoff is None
+
+
+@pytest.mark.parametrize(
+    ("values", "literal"),
+    [
+        (["ad-1", "2026-11-22T12:34:00Z"], '{"ad-1","2026-11-22T12:34:00Z"}'),
+        (["NULL", "", "a,b{c}"], '{"NULL","","a,b{c}"}'),
+        ([12, -3, 0], "{12,-3,0}"),
+        ([], "{}"),
+        (['say "hi"', "back\\slash"], '{"say \\"hi\\"","back\\\\slash"}'),
+        (["x", None, 5], '{"x",NULL,5}'),
+        ([None], "{NULL}"),
+    ],
+)
+def test_pg_array_literal_quotes_what_must_be_quoted(values: list, literal: str) -> None:
+    assert db.pg_array_literal(iter(values)) == literal
+
+
+def test_pg_array_literal_refuses_what_it_cannot_write() -> None:
+    for value in (True, 1.5, b"x"):
+        with pytest.raises(TypeError):
+            db.pg_array_literal(["a", value])
+    with pytest.raises(TypeError):
+        db.pg_array_literal([1, True])
