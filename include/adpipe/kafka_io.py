@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from adpipe.settings import KafkaAccess, Region, Settings
+from adpipe.settings import KafkaAccess, Region, Settings, Topics
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,25 @@ _NOT_AUTHORIZED = {
 }
 
 
+# The raw topic's record timestamps are the broker's clock: the future-time
+# rule compares an event's time with its record's timestamp, and a producer
+# whose clock runs fast must not move the watermark (the contract).
+TIMESTAMP_TYPE = "message.timestamp.type"
+BROKER_TIME = "LogAppendTime"
+
+
 def ensure_topics(
-    kafka: KafkaAccess | str, topics: Sequence[str], partitions: int, timeout_s: float = 30.0
+    kafka: KafkaAccess | str,
+    topics: Sequence[str],
+    partitions: int,
+    timeout_s: float = 30.0,
+    broker_time: Collection[str] = (),
 ) -> list[str]:
     """Create the topics that do not exist yet; return the ones created. Each
     gets three replicas where the cluster has three brokers or more (one
-    per broker below that), and then needs two in sync to take a write.
+    per broker below that), and then needs two in sync to take a write;
+    those named in ``broker_time`` take the broker's clock as their records'
+    timestamps (``LogAppendTime``).
 
     On a cluster with ACLs a principal sees only the topics it may use, and
     creating the others is refused: those are left to the administrator who
@@ -85,7 +98,12 @@ def ensure_topics(
     factor = min(3, max(1, len(metadata.brokers)))
     config = {"min.insync.replicas": "2"} if factor >= 3 else {}
     wanted = [
-        NewTopic(t, num_partitions=partitions, replication_factor=factor, config=config)
+        NewTopic(
+            t,
+            num_partitions=partitions,
+            replication_factor=factor,
+            config={**config, TIMESTAMP_TYPE: BROKER_TIME} if t in broker_time else config,
+        )
         for t in topics
         if t not in existing
     ]
@@ -108,6 +126,45 @@ def ensure_topics(
         log.info("created topic %s (%d partitions, %d replicas)", topic, partitions, factor)
         created.append(topic)
     return [t.topic for t in wanted if t.topic in created]
+
+
+def ensure_pipeline_topics(settings: Settings, topics: Topics | None = None) -> list[str]:
+    """:func:`ensure_topics` for a pipeline's topics (``settings.topics``
+    unless given): the raw events' on the broker's clock."""
+    topics = topics or settings.topics
+    return ensure_topics(settings.kafka, topics.all(), settings.topic_partitions, broker_time=(topics.events,))
+
+
+def timestamp_type(kafka: KafkaAccess | str, topic: str, timeout_s: float = 30.0) -> str | None:
+    """A topic's ``message.timestamp.type`` (``CreateTime``: the producer's
+    clock, ``LogAppendTime``: the broker's), None when it cannot be read."""
+    from confluent_kafka.admin import ConfigResource
+
+    client = admin(kafka)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        entry = client.describe_configs([resource], request_timeout=timeout_s)[resource].result().get(TIMESTAMP_TYPE)
+    except KafkaException as exc:
+        log.debug("%s of %s: %s", TIMESTAMP_TYPE, topic, exc)
+        return None
+    return entry.value if entry is not None else None
+
+
+def check_broker_time(kafka: KafkaAccess | str, topic: str) -> bool:
+    """Whether ``topic``'s records carry the broker's clock; a warning that
+    says what follows and how to change it when they carry the producer's."""
+    kind = timestamp_type(kafka, topic)
+    if kind == BROKER_TIME:
+        return True
+    if kind is not None:
+        log.warning(
+            "topic %s keeps the producers' timestamps (%s=%s): the future-time rule (ADPIPE_MAX_FUTURE_SKEW_S) "
+            "then trusts the producers' clocks, and one running fast moves the watermark. Set it to the "
+            "broker's clock: kafka-configs.sh --bootstrap-server <broker> --alter --entity-type topics "
+            "--entity-name %s --add-config %s=%s",
+            topic, TIMESTAMP_TYPE, kind, topic, TIMESTAMP_TYPE, BROKER_TIME,
+        )
+    return False
 
 
 # Kafka's default max.message.bytes of a topic (the broker's message.max.bytes).

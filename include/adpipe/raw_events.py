@@ -119,6 +119,10 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
     decides the same. ``None`` leaves the rule out: for the DLQ and late
     copies the job wrote, whose source records it already checked.
 
+    An ``event_id``, ``ad_id`` or ``campaign_id`` longer than
+    ``adpipe.schemas.MAX_FIELD_CHARS`` makes the event malformed
+    (``field_too_long``), checked before its time.
+
     ``fast_path=False`` reads every record by the variant route (tests
     compare the two)."""
     text = F.col("value").cast("string")
@@ -132,7 +136,23 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         F.try_variant_get(v, "$.event_time", "long"),
     )
     event_type = F.coalesce(canonical["event_type"], F.try_variant_get(v, "$.event_type", "string"))
-    time_reason = F.when(F.col("event_time").isNull(), F.lit(S.REASON_BAD_EVENT_TIME))
+    event_id = F.coalesce(canonical["event_id"], F.try_variant_get(v, "$.event_id", "string"))
+    ad_id = F.coalesce(canonical["ad_id"], F.try_variant_get(v, "$.ad_id", "string"))
+    valid_campaign = _true(_field_type(v, "campaign_id") == "STRING")
+    campaign_id = (
+        F.when(fast.isNotNull(), canonical["campaign_id"])
+        .when(valid_campaign, F.try_variant_get(v, "$.campaign_id", "string"))
+    )
+    # Checked before the time: an id over the limit never becomes a key or a
+    # header of any record the job writes (adpipe.schemas.MAX_FIELD_CHARS).
+    too_long = _true(
+        (F.length(event_id) > S.MAX_FIELD_CHARS)
+        | (F.length(ad_id) > S.MAX_FIELD_CHARS)
+        | (F.length(campaign_id) > S.MAX_FIELD_CHARS)
+    )
+    time_reason = F.when(too_long, F.lit(S.REASON_FIELD_TOO_LONG)).when(
+        F.col("event_time").isNull(), F.lit(S.REASON_BAD_EVENT_TIME)
+    )
     if max_future_skew_ms is not None:
         time_reason = time_reason.when(
             F.unix_millis("event_time") > F.unix_millis(F.col("timestamp")) + F.lit(max_future_skew_ms),
@@ -150,7 +170,6 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         )
         .otherwise(time_reason)
     )
-    valid_campaign = _true(_field_type(v, "campaign_id") == "STRING")
     fast_kind = fast_path_kind(text) if fast_path else F.lit(None).cast("string")
     return (
         kafka_df.select(
@@ -175,11 +194,9 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         .withColumn("event_time", _event_time(time_type, time_text, time_millis))
         .select(
             *RECORD_COLUMNS,
-            F.coalesce(canonical["event_id"], F.try_variant_get(v, "$.event_id", "string")).alias("event_id"),
-            F.coalesce(canonical["ad_id"], F.try_variant_get(v, "$.ad_id", "string")).alias("ad_id"),
-            F.when(fast.isNotNull(), canonical["campaign_id"])
-            .when(valid_campaign, F.try_variant_get(v, "$.campaign_id", "string"))
-            .alias("campaign_id"),
+            event_id.alias("event_id"),
+            ad_id.alias("ad_id"),
+            campaign_id.alias("campaign_id"),
             event_type.alias("event_type"),
             "event_time",
             reason.alias("reject_reason"),

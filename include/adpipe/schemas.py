@@ -28,6 +28,15 @@ REASON_BAD_EVENT_TYPE = "missing_or_unknown_event_type"
 REASON_BAD_EVENT_TIME = "missing_or_invalid_event_time"
 # event_time more than ADPIPE_MAX_FUTURE_SKEW_S after the record's timestamp.
 REASON_FUTURE_EVENT_TIME = "future_event_time"
+# event_id, ad_id or campaign_id longer than MAX_FIELD_CHARS.
+REASON_FIELD_TOO_LONG = "field_too_long"
+
+# The one length limit of every string field of an event (event_id, ad_id,
+# campaign_id), in characters (Unicode code points: Spark's length, Python's
+# len and PostgreSQL's varchar count the same). The stream job rejects an
+# event over it (REASON_FIELD_TOO_LONG), so no id ever becomes a record key
+# or header; the tables and the budget database hold what it admits.
+MAX_FIELD_CHARS = 200
 
 # A DLQ or late copy too large for its topic even compressed: written
 # truncated, its reason header "oversized" (the reason it had otherwise is in

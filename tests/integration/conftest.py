@@ -176,8 +176,25 @@ def make_pipeline(workdir: Path, extra_env: dict[str, str] | None = None) -> Pip
         **(extra_env or {}),
     }
     settings = load_settings(env)
-    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings)
     return Pipeline(env, settings, workdir)
+
+
+def on_producers_clock(settings: Settings) -> None:
+    """The raw topic back on the producers' clock (``CreateTime``), as an
+    existing topic may be: for tests that write records 'during' a past hour
+    by their timestamps (adpipe creates it on the broker's clock)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    entry = ConfigEntry(kafka_io.TIMESTAMP_TYPE, "CreateTime", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topics.events, incremental_configs=[entry])
+    client = kafka_io.admin(settings.kafka)
+    for future in client.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while kafka_io.timestamp_type(settings.kafka, settings.topics.events) != "CreateTime":
+        assert time.monotonic() < deadline, "the raw topic's timestamp type did not change"
+        time.sleep(0.2)
 
 
 def until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:

@@ -72,7 +72,7 @@ def source(broker: Settings, tmp_path_factory: pytest.TempPathFactory) -> list[S
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
     }
     settings = load_settings(env)
-    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings)
     pipe = Pipeline(env, settings, tmp_path_factory.mktemp("budget-source"))
     pipe.produce(events=3000, seed=11, ads=30, campaigns=5, minutes=8, start=datetime(2026, 11, 22, 23, 56, tzinfo=UTC))
     run = pipe.stream(max_offsets=3000)

@@ -306,7 +306,7 @@ def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactor
     settings = load_settings(base)
     env = airflow_env(settings, pg.pg_url("airflow"), base=base)
     subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)  # noqa: S603
-    kafka_io.ensure_topics(settings.kafka_bootstrap, settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings)
     # Three past hours of events, then a few minutes into the fourth so the
     # stream's watermark passes the third hour's end.
     for spec in (

@@ -11,6 +11,7 @@ ad and that UTC start), never from the job's code."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ CORPUS = bad_raw_values()
 # US daylight saving time ends on 2026-11-01 at 06:00 UTC (02:00 EDT -> 01:00 EST).
 START = datetime(2026, 11, 1, 5, 57, tzinfo=UTC)
 BIG = 1_500_000  # bytes of padding: over the topics' 1 MiB limit unless compressed
+LONG_ID = 600_000  # characters of an identifier: the value fits 1 MiB, with its key it does not
 
 
 def _event(event_id: str, ad_id: str, event_type: str, event_time: str, pad: int = 0) -> bytes:
@@ -39,8 +41,9 @@ def _event(event_id: str, ad_id: str, event_type: str, event_time: str, pad: int
     return json.dumps(body).encode()
 
 
-def _send_compressed(pipeline, values: list[bytes]) -> None:  # noqa: ANN001
-    """As a producer of large records does: lz4, a client limit above 1 MiB."""
+def _send_compressed(pipeline, values: list[bytes | tuple[bytes, bytes]]) -> None:  # noqa: ANN001
+    """As a producer of large records does: lz4, a client limit above 1 MiB
+    (each value alone, or a (key, value) pair)."""
     producer = Producer(
         {
             "bootstrap.servers": pipeline.settings.kafka_bootstrap,
@@ -50,9 +53,13 @@ def _send_compressed(pipeline, values: list[bytes]) -> None:  # noqa: ANN001
         }
     )
     errors = []
-    for value in values:
+    for item in values:
+        key, value = item if isinstance(item, tuple) else (None, item)
         producer.produce(
-            pipeline.settings.topics.events, value, on_delivery=lambda err, _msg: errors.append(err) if err else None
+            pipeline.settings.topics.events,
+            value,
+            key,
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
         )
     assert producer.flush(60) == 0 and errors == []
 
@@ -64,15 +71,33 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     # produced after it.)
     big_valid = _event("big-valid", "ad-big", "click", "2026-11-01T05:57:30Z", pad=BIG)
     big_malformed = _event("big-bad", "ad-big", "view", "2026-11-01T05:58:30Z", pad=BIG)
+    # 600 KB identifiers, keyed by them as the contract keys raw events: the
+    # broker takes each record (key and value together about 1.2 MB) compressed.
+    long_ad = _event("long-ad", "a" * LONG_ID, "impression", "2026-11-01T05:57:40Z")
+    long_bad = _event("long-bad", "b" * LONG_ID, "view", "2026-11-01T05:57:40Z")
+    long_campaign = json.dumps({**json.loads(_event("long-cmp", "ad-c", "click", "2026-11-01T05:57:40Z")),
+                                "campaign_id": "c" * LONG_ID}).encode()
     _send_compressed(
         pipeline,
         [
             big_valid,
             _event("future-1", "ad-000001", "impression", "2099-01-01T00:00:00Z"),  # the clock of a broken device
             big_malformed,
+            (b"a" * LONG_ID, long_ad),
+            (b"b" * LONG_ID, long_bad),
+            (b"ad-c", long_campaign),
             *(value for _case, _reason, value in CORPUS),  # every bad value of the committed corpus
         ],
     )
+    # A producer whose clock runs 50 minutes fast stamps its record so; the
+    # broker's clock is the record's timestamp, so its event is in the future
+    # and moves no watermark.
+    fast_ms = int(time.time() * 1000) + 50 * 60_000
+    fast_time = f"{datetime.fromtimestamp(fast_ms / 1000, UTC):%Y-%m-%dT%H:%M:%SZ}"
+    fast_clock = _event("fast-clock", "ad-000001", "impression", fast_time)
+    producer = Producer({"bootstrap.servers": pipeline.settings.kafka_bootstrap, "enable.idempotence": True})
+    producer.produce(pipeline.settings.topics.events, fast_clock, b"ad-000001", timestamp=fast_ms)
+    assert producer.flush(30) == 0
     s1 = pipeline.produce(events=900, seed=31, minutes=5, start=START, duplicate_rate=0.03, malformed_rate=0.02)
     killed = pipeline.stream(
         max_offsets=250,
@@ -92,7 +117,11 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     admin.create_partitions([NewPartitions(topic, 6)])[topic].result()
     # After the 2099 event: on-time events go on being counted, late ones listed.
     s2 = pipeline.produce(events=300, seed=32, minutes=2, start=START + timedelta(minutes=5), late_rate=0.05)
-    _send_compressed(pipeline, [_event("big-late", "ad-big", "impression", "2026-11-01T05:58:00Z", pad=BIG)])
+    long_late = _event("l" * LONG_ID, "ad-000001", "impression", "2026-11-01T05:57:10Z")  # its window closed
+    _send_compressed(
+        pipeline,
+        [_event("big-late", "ad-big", "impression", "2026-11-01T05:58:00Z", pad=BIG), (b"ad-000001", long_late)],
+    )
     ends = kafka_io.end_offsets(pipeline.settings.kafka_bootstrap, topic)
     assert len(ends) == 6 and ends[4] > 0 and ends[5] > 0
     after = pipeline.stream(max_offsets=250, env={"TZ": "Europe/Berlin"})
@@ -114,16 +143,27 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     (future,) = [r for r in dlq if b'"future-1"' in (r.value or b"")]
     assert future.header(S.HEADER_REASON) == S.REASON_FUTURE_EVENT_TIME
     cut = [r for r in dlq if r.header(S.HEADER_REASON) == S.REASON_OVERSIZED]
-    assert len(cut) == 1
-    assert cut[0].header(S.HEADER_ORIGINAL_REASON) == S.REASON_BAD_EVENT_TYPE
-    assert cut[0].header(S.HEADER_ORIGINAL_SIZE) == str(len(big_malformed))
-    assert len(cut[0].value) < len(big_malformed) and big_malformed.startswith(cut[0].value)
+    (big_cut,) = [r for r in cut if r.header(S.HEADER_ORIGINAL_SIZE) == str(len(big_malformed))]
+    assert big_cut.header(S.HEADER_ORIGINAL_REASON) == S.REASON_BAD_EVENT_TYPE
+    assert len(big_cut.value) < len(big_malformed) and big_malformed.startswith(big_cut.value)
+    # A 600 KB identifier is never a key or a header: the event is malformed
+    # (field_too_long); a copy whose key and value together pass the topic's
+    # limit keeps its value and 1 KiB of its key.
+    by_value = {r.value: r for r in dlq}
+    for value, reason in ((long_ad, S.REASON_FIELD_TOO_LONG), (long_bad, S.REASON_BAD_EVENT_TYPE)):
+        copy = by_value[value]
+        assert (copy.header(S.HEADER_REASON), copy.header(S.HEADER_ORIGINAL_REASON)) == (S.REASON_OVERSIZED, reason)
+        assert copy.key == value.split(b'"ad_id": "')[1][:1024]
+    for value in (long_campaign, long_late):
+        assert by_value[value].header(S.HEADER_REASON) == S.REASON_FIELD_TOO_LONG
+    assert len(cut) == 3
     reasons_of_value: dict[bytes, set[str]] = {}
     for r in dlq:
         reasons_of_value.setdefault(r.value or b"", set()).add(r.header(S.HEADER_REASON))
     for case, reason, value in CORPUS:
         assert reason in reasons_of_value.get(value, set()), case
-    assert Counter(r.header(S.HEADER_REASON) for r in dlq)[S.REASON_FUTURE_EVENT_TIME] == 2  # 2099, twice
+    assert by_value[fast_clock].header(S.HEADER_REASON) == S.REASON_FUTURE_EVENT_TIME
+    assert Counter(r.header(S.HEADER_REASON) for r in dlq)[S.REASON_FUTURE_EVENT_TIME] == 3  # 2099 twice, fast clock
 
     late = pipeline.read(pipeline.settings.topics.late)
     late_ids = Counter(r.header(S.HEADER_EVENT_ID) for r in late)

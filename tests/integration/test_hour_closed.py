@@ -16,7 +16,7 @@ from adpipe.lakehouse.load import hour_closed
 from adpipe.settings import Settings, load_settings
 from confluent_kafka import Producer
 
-from tests.integration.conftest import Pipeline, make_pipeline
+from tests.integration.conftest import Pipeline, make_pipeline, on_producers_clock
 
 HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
 END = HOUR + timedelta(hours=1)
@@ -55,6 +55,7 @@ def test_a_quiet_region_closes_its_hours_by_the_clock_a_lagging_one_does_not(
     (tmp_path / "busy").mkdir()
     (tmp_path / "quiet").mkdir()
     busy, quiet = make_pipeline(tmp_path / "busy"), make_pipeline(tmp_path / "quiet")
+    on_producers_clock(quiet.settings)  # its records are written 'during' 12:00-13:00 by their timestamps
     # The busy region's watermark passes 13:00: 12:58 .. 13:03 of events.
     busy.produce(events=300, seed=51, minutes=5, start=HOUR + timedelta(minutes=58))
     assert busy.stream().returncode == 0

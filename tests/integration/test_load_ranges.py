@@ -14,7 +14,7 @@ from adpipe.lakehouse.ranges import advance, read_since_ms, region_ranges
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.conftest import Pipeline
+from tests.integration.conftest import Pipeline, on_producers_clock
 
 OLD = datetime(2026, 11, 19, 8, tzinfo=UTC)  # written three days before the hour below
 HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
@@ -98,6 +98,7 @@ def test_a_region_has_input_for_an_hour_only_with_a_valid_event_of_it_written_th
         return json.dumps({"event_id": event_id, "ad_id": "ad-1", "event_type": "click",
                            "event_time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
 
+    on_producers_clock(settings)  # the records below are written 'during' HOUR by their timestamps
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True})
     # Written during HOUR: an event of HOUR, a replayed event of three days before, a malformed record.
     written_ms = int((HOUR + timedelta(minutes=8)).timestamp() * 1000)

@@ -57,7 +57,7 @@ def test_status_reports_the_running_servers_a_budget_service_and_the_stream_jobs
         "ADPIPE_BUDGET_DB": f"sqlite:///{tmp_path / 'budget.db'}",
     }
     settings = load_settings(env)
-    kafka_io.ensure_topics(settings.kafka, settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings)
     plan = produce.plan(produce.ProduceSpec(events=25, seed=3))
     sent = produce.send(settings.kafka, settings.topics.events, plan)
     budget_log = tmp_path / "budget.log"

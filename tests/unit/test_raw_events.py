@@ -277,3 +277,30 @@ def test_the_producers_events_and_the_contracts_example_take_the_fast_path(spark
     fast = raw_events.fast_path_kind(F.col("value").cast("string")).isNotNull()
     rows = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)]).select(fast.alias("fast"))
     assert [r.fast for r in rows.orderBy("offset").collect()] == [True] * (len(produced) + 1) + [False, False]
+
+
+# --- the one length limit of a field (schemas.MAX_FIELD_CHARS) ---------------
+
+AT_LIMIT = "x" * 200  # the contract's limit, written out: not read from the code under test
+NON_BMP_AT_LIMIT = "\U0001f600" * 200  # 200 characters, 800 bytes of UTF-8
+LENGTH_CASES = [
+    ("ad_id_at_limit", body(ad_id=AT_LIMIT), None),
+    ("event_id_at_limit", body(event_id=AT_LIMIT), None),
+    ("campaign_id_at_limit", body(campaign_id=AT_LIMIT), None),
+    ("non_bmp_ad_id_at_limit", json.dumps({**json.loads(body()), "ad_id": NON_BMP_AT_LIMIT}).encode(), None),
+    ("ad_id_over", body(ad_id=AT_LIMIT + "x"), S.REASON_FIELD_TOO_LONG),
+    ("event_id_over", body(event_id=AT_LIMIT + "x"), S.REASON_FIELD_TOO_LONG),
+    ("campaign_id_over", body(campaign_id=AT_LIMIT + "x"), S.REASON_FIELD_TOO_LONG),
+    ("ad_id_600k", body(ad_id="a" * 600_000), S.REASON_FIELD_TOO_LONG),
+    ("campaign_id_number_is_no_field", body(campaign_id=10**300), None),
+]
+
+
+def test_a_field_over_the_limit_is_malformed_in_spark_and_in_verify(spark: SparkSession) -> None:
+    values = [value for _case, value, _reason in LENGTH_CASES]
+    spark_reasons = [v if isinstance(v, str) else None for v in spark_verdicts(spark, values)]
+    python_reasons = [v if isinstance(v, str) else None for v in map(python_verdict, values)]
+    expected = [reason for _case, _value, reason in LENGTH_CASES]
+    assert spark_reasons == expected
+    assert python_reasons == expected
+    assert S.MAX_FIELD_CHARS == len(AT_LIMIT)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 
+from adpipe import schemas as S
 from adpipe.settings import BUDGET_PERIODS as PERIODS
 
 
@@ -80,9 +81,10 @@ def period_of(window_start: str, period: str) -> str:
 
 # What the budget database's columns hold (adpipe.budget.db uses the same
 # numbers): an aggregate that does not fit is quarantined before any
-# transaction, never left for the database to reject on every retry.
+# transaction, never left for the database to reject on every retry. An
+# ad_id holds what the stream job admits: the contract's one field limit.
 MAX_RECORD_UUID = 64
-MAX_AD_ID = 200
+MAX_AD_ID = S.MAX_FIELD_CHARS
 MAX_WINDOW_START = 40
 BIGINT_MAX = 2**63 - 1
 

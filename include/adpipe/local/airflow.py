@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         from adpipe.local import kafka_broker
 
         kafka_broker.up(settings)
-        kafka_io.ensure_topics(settings.kafka, settings.topics.all(), settings.topic_partitions)
+        kafka_io.ensure_pipeline_topics(settings)
     env = airflow_env(settings, database_url)
     airflow_home(settings).mkdir(parents=True, exist_ok=True)
     password_file = ensure_admin_password(settings)

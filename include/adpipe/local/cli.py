@@ -36,7 +36,9 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = cluster.bootstrap
     # Topics are made by the admin user on a secure cluster (no other may).
     admin = kafka_broker.admin_access(settings, bootstrap)
-    created = kafka_io.ensure_topics(admin, settings.topics.all(), settings.topic_partitions)
+    created = kafka_io.ensure_topics(
+        admin, settings.topics.all(), settings.topic_partitions, broker_time=(settings.topics.events,)
+    )
     if created:
         print(f"created topics: {', '.join(created)}")
     if bootstrap != settings.kafka_bootstrap:

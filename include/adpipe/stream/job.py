@@ -115,17 +115,25 @@ def _source(row: dict) -> bytes:
     return f"{row['topic']}/{row['partition']}/{row['offset']}".encode()
 
 
-# Room left in a record batch for its overhead, the key and our headers.
+# Room left in a record batch for its own overhead (batch and record headers).
 RECORD_OVERHEAD_BYTES = 16_384
 # An oversized copy keeps at most this much of its key (the raw record keeps it whole).
 TRUNCATED_KEY_BYTES = 1_024
 
 
 def value_limits(max_message_bytes: dict[str, int]) -> dict[str, int]:
-    """Per topic, the largest value a DLQ or late copy is written with whole:
-    the topic's ``max.message.bytes`` less room for the rest of the record.
-    The sink compresses, so a value within it always fits."""
-    return {topic: max(1_024, limit - RECORD_OVERHEAD_BYTES) for topic, limit in max_message_bytes.items()}
+    """Per topic, the largest record (key, value and headers together) a DLQ
+    or late copy is written with whole: the topic's ``max.message.bytes``
+    less room for the batch's overhead. The sink compresses, so a record
+    within it always fits."""
+    smallest = 4 * TRUNCATED_KEY_BYTES
+    return {topic: max(smallest, limit - RECORD_OVERHEAD_BYTES) for topic, limit in max_message_bytes.items()}
+
+
+def record_bytes(key: bytes | None, value: bytes, headers: Iterable[tuple[str, bytes]]) -> int:
+    """What a record weighs against its topic's limit: key, value and every
+    header's name and value (the broker counts them all)."""
+    return len(key or b"") + len(value) + sum(len(name.encode()) + len(body) for name, body in headers)
 
 
 def _copy(
@@ -137,24 +145,22 @@ def _copy(
     headers: list[tuple[str, bytes]],
     limit: int | None,
 ) -> OutRecord:
-    """The record as it is, or truncated with ``oversized`` headers when its
-    value is over ``limit`` (None: no limit)."""
-    if limit is None or len(value) <= limit:
-        return OutRecord(
-            topic, key, value, [("adpipe.kind", kind.encode()), (S.HEADER_REASON, reason.encode()), *headers]
-        )
-    return OutRecord(
-        topic,
-        None if key is None else key[:TRUNCATED_KEY_BYTES],
-        value[:limit],
-        [
-            ("adpipe.kind", kind.encode()),
-            (S.HEADER_REASON, S.REASON_OVERSIZED.encode()),
-            (S.HEADER_ORIGINAL_REASON, reason.encode()),
-            (S.HEADER_ORIGINAL_SIZE, str(len(value)).encode()),
-            *headers,
-        ],
-    )
+    """The record as it is, or, when key, value and headers together are
+    over ``limit`` (None: no limit), truncated with ``oversized`` headers:
+    the key to ``TRUNCATED_KEY_BYTES``, the value to what room is left."""
+    whole = [("adpipe.kind", kind.encode()), (S.HEADER_REASON, reason.encode()), *headers]
+    if limit is None or record_bytes(key, value, whole) <= limit:
+        return OutRecord(topic, key, value, whole)
+    short_key = None if key is None else key[:TRUNCATED_KEY_BYTES]
+    marked = [
+        ("adpipe.kind", kind.encode()),
+        (S.HEADER_REASON, S.REASON_OVERSIZED.encode()),
+        (S.HEADER_ORIGINAL_REASON, reason.encode()),
+        (S.HEADER_ORIGINAL_SIZE, str(len(value)).encode()),
+        *headers,
+    ]
+    room = max(0, limit - record_bytes(short_key, b"", marked))
+    return OutRecord(topic, short_key, value[:room], marked)
 
 
 @dataclass
@@ -502,7 +508,8 @@ def run(
     checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
     that must not run fails before any batch."""
     with checkpoint_lock(settings):
-        kafka_io.ensure_topics(settings.kafka, settings.topics.all(), settings.topic_partitions)
+        kafka_io.ensure_pipeline_topics(settings)
+        kafka_io.check_broker_time(settings.kafka, settings.topics.events)
         spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
         try:
             checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)

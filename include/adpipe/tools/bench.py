@@ -66,7 +66,7 @@ def stream_caps(settings: Settings, caps: list[int], events: int = 200_000, seed
     work = settings.home / "bench" / run_id
     work.mkdir(parents=True, exist_ok=True)
     kafka_broker.up(settings)
-    kafka_io.ensure_topics(settings.kafka, bench_settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings, bench_settings.topics)
     spec = produce.ProduceSpec(events=events, seed=seed, ads=50, minutes=30, duplicate_rate=0.02, malformed_rate=0.01)
     plan = produce.plan(spec)
     produce.send(settings.kafka, bench_settings.topics.events, plan)
@@ -407,7 +407,7 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
     budget_database = _database_name(run_id)
     pg.ensure_databases(settings, (budget_database,))
     env["ADPIPE_BUDGET_DB"] = settings.pg_url(budget_database)
-    kafka_io.ensure_topics(settings.kafka, bench_settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings, bench_settings.topics)
 
     spec = produce.ProduceSpec(
         events=events, seed=seed, ads=ads, minutes=minutes, duplicate_rate=0.02, malformed_rate=0.01

@@ -32,7 +32,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         malformed_rate=args.malformed_rate,
         events_per_second=args.rate,
     )
-    kafka_io.ensure_topics(settings.kafka, settings.topics.all(), settings.topic_partitions)
+    kafka_io.ensure_pipeline_topics(settings)
     the_plan = produce.plan(spec)
     sent = produce.send(settings.kafka, settings.topics.events, the_plan, spec.events_per_second)
     summary_path = (

@@ -230,7 +230,7 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
     story.step(f"Kafka broker (KRaft) on {settings.kafka_bootstrap}, log {settings.kafka_dir / 'broker.log'}")
     with story.progress("starting the broker"):
         broker = kafka_broker.up(settings)
-        kafka_io.ensure_topics(settings.kafka, topics.all(), settings.topic_partitions)
+        kafka_io.ensure_pipeline_topics(settings, topics)
     prefix = f"{demo_settings.job_id}-"  # the run's own topics and job id (isolated_env)
     names = ", ".join(t.removeprefix(prefix) for t in topics.all())
     story.note(f"{broker.describe()}; topics {prefix}{{{names}}}")

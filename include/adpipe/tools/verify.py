@@ -74,6 +74,10 @@ def classify(value: bytes | None) -> RawEvent | str:
             return reason
     if body.get("event_type") not in S.EVENT_TYPES:
         return S.REASON_BAD_EVENT_TYPE
+    campaign_id = body.get("campaign_id")
+    fields = (body["event_id"], body["ad_id"], campaign_id if isinstance(campaign_id, str) else "")
+    if any(len(text) > S.MAX_FIELD_CHARS for text in fields):
+        return S.REASON_FIELD_TOO_LONG
     raw_time = body.get("event_time")
     event_ms: int | None = None
     if isinstance(raw_time, int) and not isinstance(raw_time, bool):

@@ -204,7 +204,9 @@ def test_copies_over_their_topics_limit_are_truncated_with_what_they_were() -> N
     assert (dlq, late) == (2, 1)
     by_source = {dict(r.headers)["adpipe.source"]: r for r in records}
     late_copy, dlq_copy, small = by_source[b"ad-events/0/3"], by_source[b"ad-events/0/4"], by_source[b"ad-events/0/5"]
-    assert (late_copy.topic, late_copy.value) == ("ad-events-late", big[:4096])
+    # Key, value and headers together fill the limit: the value keeps what room is left.
+    assert late_copy.topic == "ad-events-late"
+    assert late_copy.value == big[: 4096 - _weight(late_copy.key, late_copy.headers)]
     late_headers = dict(late_copy.headers)
     assert late_headers["adpipe.reason"] == b"oversized"
     assert late_headers["adpipe.original_reason"] == b"late"
@@ -212,15 +214,44 @@ def test_copies_over_their_topics_limit_are_truncated_with_what_they_were() -> N
     # The event stays named though its JSON is cut.
     assert (late_headers["adpipe.event_id"], late_headers["adpipe.event_time_ms"]) == (b"e-9", b"1")
     dlq_headers = dict(dlq_copy.headers)
-    assert (dlq_copy.value, len(dlq_copy.key)) == ((b"[" + b"1," * 3000)[:2048], 1024)
+    assert len(dlq_copy.key) == 1024
+    assert dlq_copy.value == (b"[" + b"1," * 3000)[: 2048 - _weight(dlq_copy.key, dlq_copy.headers)]
     assert (dlq_headers["adpipe.reason"], dlq_headers["adpipe.original_reason"]) == (b"oversized", b"not_object")
     assert dlq_headers["adpipe.original_size"] == b"6003"  # 1 + 3000 * 2 + 2
     assert dict(small.headers)["adpipe.reason"] == b"not_json" and small.value == b"{not json"
     assert "adpipe.original_size" not in dict(small.headers)
 
 
+def _weight(key: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    """Key and headers' bytes, added up here by hand."""
+    return len(key or b"") + sum(len(name) + len(value) for name, value in headers)
+
+
+def test_a_copy_is_truncated_when_its_key_and_headers_make_it_too_large() -> None:
+    """A small value with a 600 KB key (the broker took the raw record) is
+    over a 1 MB topic's room too once copied whole with a 600 KB value: the
+    key counts; a copy whose key, value and headers fit stays whole."""
+    settings = load_settings({"ADPIPE_JOB_ID": "region-eu"})
+    huge_key = b"k" * 600_000
+    rows = [
+        exception_row(0, 1, b"x" * 500_000, reason=S.REASON_NOT_JSON, key=huge_key),
+        exception_row(0, 2, b"x" * 10, reason=S.REASON_NOT_JSON, key=huge_key),
+    ]
+    limit = 1_048_588 - 16_384
+    records, dlq, _late = exception_records(settings, rows, OFFSETS, {"ad-events-dlq": limit})
+    assert dlq == 2
+    big, small = records
+    assert dict(big.headers)["adpipe.reason"] == b"oversized"
+    assert dict(big.headers)["adpipe.original_size"] == b"500000"
+    # The key is cut; the value then fits whole in the room left.
+    assert len(big.key) == 1024 and big.value == b"x" * 500_000
+    assert _weight(big.key, big.headers) + len(big.value) <= limit
+    assert (small.key, small.value, dict(small.headers)["adpipe.reason"]) == (huge_key, b"x" * 10, b"not_json")
+    assert _weight(small.key, small.headers) + len(small.value) <= limit
+
+
 def test_value_limits_leave_room_for_the_rest_of_the_record() -> None:
-    assert value_limits({"dlq": 1_048_588, "tiny": 100}) == {"dlq": 1_048_588 - 16_384, "tiny": 1_024}
+    assert value_limits({"dlq": 1_048_588, "tiny": 100}) == {"dlq": 1_048_588 - 16_384, "tiny": 4_096}
 
 
 def test_exception_records_of_a_clean_batch() -> None:
