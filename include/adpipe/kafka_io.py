@@ -331,6 +331,18 @@ def committed_watermark(commits: dict[int, tuple[int, str]]) -> int | None:
     return max(marks) if marks else None
 
 
+def committed_outputs(commits: dict[int, tuple[int, str]]) -> dict[str, dict[int, int]]:
+    """Per output topic and partition, the offset after the last record of
+    the last batch in a stream job's ledger commits (the ``out`` of its
+    metadata, adpipe.stream.sink.ledger_metadata); empty when the ledger
+    does not say."""
+    entries = [json.loads(meta) for _offset, meta in commits.values() if meta]
+    if not entries:
+        return {}
+    last = max(entries, key=lambda e: e.get("batch_id", -1))
+    return {topic: {int(p): int(end) for p, end in ends.items()} for topic, ends in last.get("out", {}).items()}
+
+
 def stream_commits(region: Settings | Region, timeout_s: float = 30.0) -> dict[int, tuple[int, str]]:
     """A region's stream job's committed (offset, metadata) per raw-topic
     partition (see :func:`ledger_group`)."""

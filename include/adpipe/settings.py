@@ -350,6 +350,9 @@ class Settings:
     # The quality gate fails an hour whose late events are more than this
     # share of its valid events (a stream far behind, a producer replaying).
     max_late_share: float = 0.01
+    # How long a load waits for the stream's last batch's output to become
+    # readable (its transaction markers) before it fails, retriably.
+    load_output_wait_s: int = 60
     # Where checkpoints live, as a URI Spark writes (file://, hdfs://, s3a://);
     # empty: ADPIPE_HOME/checkpoints. Each job's is <this>/<job id>.
     checkpoint_base_uri: str = ""
@@ -665,6 +668,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_future_skew_s=_int(env, "ADPIPE_MAX_FUTURE_SKEW_S", 300),
         late_dedupe_retention_s=_int(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", 86_400),
         max_late_share=_share(env, "ADPIPE_MAX_LATE_SHARE", 0.01),
+        load_output_wait_s=_int(env, "ADPIPE_LOAD_OUTPUT_WAIT_S", 60, 0),
         checkpoint_base_uri=_checkpoint_uri(env),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", 120_000, 1000),

@@ -4,9 +4,9 @@ test process never holds a SparkSession of its own with other settings).
     python tests/integration/tables_dump.py [HOUR]
 
 Output: {"versions": {table: latest version}, "rows": {table: [row, ...]},
-"staged": {table: [row, ...]}, "load_runs": [row, ...], "late_corrections":
-[row, ...]} with the rows sorted by their unique key and without
-``loaded_at``."""
+"staged": {table: [row, ...]}, "whole": {table: [row of its whole-hour
+view, ...]}, "load_runs": [row, ...], "late_corrections": [row, ...]} with
+the rows sorted by their unique key and without ``loaded_at``."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ def _rows(df, keys) -> list[dict]:  # noqa: ANN001
 def main() -> None:
     spark = metastore_session(load_settings(), "adpipe-test-dump")
     hour = parse_hour(sys.argv[1]) if len(sys.argv) > 1 else None
-    out: dict = {"versions": {}, "rows": {}, "staged": {}}
+    out: dict = {"versions": {}, "rows": {}, "staged": {}, "whole": {}}
     for name, (_schema, keys) in T.TABLES.items():
         out["versions"][name] = DeltaTable.forName(spark, name).history(1).first()["version"]
-        for section, table in (("rows", name), ("staged", T.staged(name))):
+        for section, table in (("rows", name), ("staged", T.staged(name)), ("whole", T.whole_view(name))):
             df = spark.table(table).drop("loaded_at")
             if hour is not None:
                 df = df.where(F.col("event_hour") == F.lit(hour))

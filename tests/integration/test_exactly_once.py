@@ -101,6 +101,18 @@ def test_steady_state_counts_late_and_dlq_exactly_then_verify_names_an_injected_
     assert s1["duplicates"] > 50 and s2["late"] == 30
     assert_exactly_once(pipeline, [s1, s2], min_windows=20 * 5)
 
+    # The ledger names where the last batch's output ends, per output
+    # partition, for the loads to wait on: each readable, and each written by it.
+    settings = pipeline.settings
+    commits = kafka_io.stream_commits(settings)
+    last_batch = max(json.loads(meta)["batch_id"] for _offset, meta in commits.values())
+    for topic, ends in kafka_io.committed_outputs(commits).items():
+        readable = kafka_io.end_offsets(settings.kafka_bootstrap, topic)
+        by_position = {(r.partition, r.offset): r for r in pipeline.read(topic)}
+        for partition, end in ends.items():
+            assert end <= readable[partition]
+            assert by_position[(partition, end - 1)].header(S.HEADER_BATCH) == str(last_batch)
+
     late = pipeline.read(pipeline.settings.topics.late)
     late_ids = [json.loads(r.value)["event_id"] for r in late]
     assert sorted(late_ids) == sorted(e["event_id"] for e in s2["late_events"])

@@ -23,9 +23,6 @@ of Kafka, never from the loader's code."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,62 +33,11 @@ from adpipe.settings import Settings
 from confluent_kafka import Producer
 
 from tests.integration.conftest import Pipeline, make_pipeline
+from tests.integration.loads import SPARK_SQL, dump, hours, ids, load, ok, run, verify_hour
 
 H09, H10, H11 = "2026-11-21T09", "2026-11-21T10", "2026-11-21T11"
-DUMP = Path(__file__).with_name("tables_dump.py")
-# A script prefix: a Spark session on this home's metastore, as ``s``.
-_SPARK_SQL = (
-    "from adpipe.lakehouse.metastore import metastore_session\n"
-    "from adpipe.settings import load_settings\n"
-    "s = metastore_session(load_settings(), 'test-sql')\n"
-)
 # About eight minutes of Spark processes on two cores: make test-slow.
 pytestmark = pytest.mark.slow
-
-
-def _run(env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(  # noqa: S603
-        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
-    )
-    # The whole output, kept for a post-mortem (an assertion shows its end only).
-    logs = Path(env["ADPIPE_HOME"]) / "test-logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log").write_text(
-        " ".join(args) + "\n" + done.stdout + done.stderr
-    )
-    return done
-
-
-def _load(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return _run(env, "-m", "adpipe", "load", *args)
-
-
-def _ok(proc: subprocess.CompletedProcess) -> str:
-    out = proc.stdout + proc.stderr
-    ours = [line for line in out.splitlines() if " adpipe" in line or "Error" in line or "Exception" in line]
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n" + "\n".join(ours[-40:]) + f"\n--- tail ---\n{out[-3000:]}"
-    return out
-
-
-def _dump(env: dict[str, str], hour: str | None = None) -> dict:
-    out = _run(env, str(DUMP), *([hour] if hour else []))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _verify_hour(env: dict[str, str], hour: str, tmp: Path) -> dict:
-    report = tmp / f"verify-{hour}-{uuid.uuid4().hex[:6]}.json"
-    proc = _run(env, "-m", "adpipe", "verify", "--hour", hour, "--report", str(report))
-    assert report.exists(), (proc.stdout + proc.stderr)[-4000:]
-    return json.loads(report.read_text())["tables"]
-
-
-def _ids(rows: list[dict], key: str = "event_id") -> list[str]:
-    return [r[key] for r in rows]
-
-
-def _hours(rows: list[dict]) -> set[str]:
-    return {r["event_hour"][:13] for r in rows}
 
 
 def _stream(p: Pipeline) -> None:
@@ -115,13 +61,13 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
 
 def test_1_first_load_publishes_the_closed_hours_and_keeps_the_open_one_staged(scene) -> None:  # noqa: ANN001
     p, _ = scene
-    out = _ok(_load(p.env, "--hour", H09))
+    out = ok(load(p.env, "--hour", H09))
     assert "hours 2026-11-21T09, 2026-11-21T10 audited and published" in out, out[-3000:]
-    data = _dump(p.env)
+    data = dump(p.env)
     for table in T.TABLES:
-        assert _hours(data["rows"][table]) <= {H09, H10}, table
-    assert _hours(data["rows"][T.AGGREGATES]) == {H09, H10}
-    assert _hours(data["staged"][T.RAW]) == {H11}  # 11:00..11:06 is open: staged, not published
+        assert hours(data["rows"][table]) <= {H09, H10}, table
+    assert hours(data["rows"][T.AGGREGATES]) == {H09, H10}
+    assert hours(data["staged"][T.RAW]) == {H11}  # 11:00..11:06 is open: staged, not published
     steps = [(r["run_id"], r["step"]) for r in data["load_runs"]]
     assert steps == [(1, "staged"), (1, "published")]
     assert data["late_corrections"] == []
@@ -143,10 +89,10 @@ def test_2_late_events_after_the_hour_was_published_land_in_it_with_the_next_run
     listed = {json.loads(r.value)["event_id"] for r in p.read(p.settings.topics.late)}
     assert set(late_ids) <= listed, "the stream must list them as late"
 
-    out = _ok(_load(p.env, "--hour", H10))
+    out = ok(load(p.env, "--hour", H10))
     assert "late corrections {'2026-11-21T09': 6}" in out, out[-3000:]  # 3 raw rows + 3 quarantine rows
-    data = _dump(p.env, H09)
-    assert set(late_ids) <= set(_ids(data["rows"][T.RAW]))
+    data = dump(p.env, H09)
+    assert set(late_ids) <= set(ids(data["rows"][T.RAW]))
     quarantined = {r["event_key"] for r in data["rows"][T.QUARANTINE] if r["source"] == T.SOURCE_LATE}
     assert set(late_ids) <= quarantined
     corrections = {(r["table_name"], r["load_run"], r["final_run"]): r["rows"] for r in data["late_corrections"]}
@@ -154,7 +100,7 @@ def test_2_late_events_after_the_hour_was_published_land_in_it_with_the_next_run
     published = [r for r in data["load_runs"] if r["step"] == "published"]
     assert json.loads(published[-1]["corrections"]) == {H09: 6}
 
-    tables = _verify_hour(p.env, H09, tmp_path)
+    tables = verify_hour(p.env, H09, tmp_path)
     assert tables["ok"], json.dumps(tables)[:3000]
     on_time_09 = sum(c["events"] for c in sent["first"]["counts"] if c["window_start"].startswith(H09))
     assert tables["raw"]["rows"] == on_time_09 + 3
@@ -173,34 +119,37 @@ def test_3_loads_killed_after_staging_and_between_two_published_tables_lose_and_
     assert len(late_ids) == 3 and all(e["window_start"].startswith(H10) for e in third["late_events"])
     _stream(p)
     # An operator adds a column to a published table: loads go on, leaving it null.
-    _ok(_run(p.env, "-c", _SPARK_SQL + "s.sql('ALTER TABLE ads.ad_events_raw ADD COLUMNS (operator_note STRING)')\n"))
+    ok(run(p.env, "-c", SPARK_SQL + "s.sql('ALTER TABLE ads.ad_events_raw ADD COLUMNS (operator_note STRING)')\n"))
     # Killed once the rows are staged, before the ledger row that advances
     # the offsets: the next run reads the same records again.
-    killed = _load({**p.env, "ADPIPE_FAULT": "load_after_stage"}, "--hour", H10)
+    killed = load({**p.env, "ADPIPE_FAULT": "load_after_stage"}, "--hour", H10)
     assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
-    staged_only = _dump(p.env, H10)
-    assert late_ids <= set(_ids(staged_only["staged"][T.RAW])) and not late_ids & set(_ids(staged_only["rows"][T.RAW]))
+    staged_only = dump(p.env, H10)
+    assert late_ids <= set(ids(staged_only["staged"][T.RAW])) and not late_ids & set(ids(staged_only["rows"][T.RAW]))
     assert not [r for r in staged_only["load_runs"] if r["run_id"] == 3]
     # Then killed after publishing the first of the three tables.
-    killed = _load({**p.env, "ADPIPE_FAULT": "load_after_publish"}, "--hour", H10)
+    killed = load({**p.env, "ADPIPE_FAULT": "load_after_publish"}, "--hour", H10)
     assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
-    half = _dump(p.env, H10)
-    assert late_ids <= set(_ids(half["rows"][T.RAW]))  # the first table was published...
+    half = dump(p.env, H10)
+    assert late_ids <= set(ids(half["rows"][T.RAW]))  # the first table was published...
     assert not late_ids & {r["event_key"] for r in half["rows"][T.QUARANTINE]}  # ...the last was not
+    # A reader of the whole-hour views sees the hour as it was before the run.
+    assert half["whole"] == staged_only["whole"] and not late_ids & set(ids(half["whole"][T.RAW]))
     assert [r["step"] for r in half["load_runs"] if r["run_id"] == 3] == ["staged"]
 
-    _ok(_load(p.env, "--hour", H10))
-    data = _dump(p.env, H10)
+    ok(load(p.env, "--hour", H10))
+    data = dump(p.env, H10)
     for table, (_schema, keys) in T.TABLES.items():
         rows = [tuple(r[k] for k in keys) for r in data["rows"][table]]
         assert len(rows) == len(set(rows)), f"{table}: a key twice"
         assert not data["staged"][table], f"{table}: rows left in staging"
     assert late_ids <= {r["event_key"] for r in data["rows"][T.QUARANTINE]}
+    assert data["whole"] == data["rows"]  # the run that completed it shows all of it
     new_raw = [r for r in data["rows"][T.RAW] if r["event_id"] in late_ids]
     assert len(new_raw) == 3 and all("operator_note" in r and r["operator_note"] is None for r in new_raw)
     # The killed run never committed its publication: the one that did is final for nothing new.
     assert [r["step"] for r in data["load_runs"] if r["run_id"] == 4] == ["staged", "published"]
-    tables = _verify_hour(p.env, H10, tmp_path)
+    tables = verify_hour(p.env, H10, tmp_path)
     assert tables["ok"], json.dumps(tables)[:3000]
 
 
@@ -212,14 +161,14 @@ def test_4_a_failed_gate_publishes_nothing_keeps_the_rows_staged_and_names_the_e
     producer = Producer({"bootstrap.servers": p.settings.kafka_bootstrap, "enable.idempotence": True})
     producer.produce(p.settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate))
     assert producer.flush(30) == 0
-    before = _dump(p.env, H10)
+    before = dump(p.env, H10)
 
-    proc = _load(p.env, "--hour", H10)
+    proc = load(p.env, "--hour", H10)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     assert "expect_compound_columns_to_be_unique(column_list=['region', 'ad_id', 'window_start'])" in out, out[-4000:]
     assert "nothing was published" in out
-    after = _dump(p.env, H10)
+    after = dump(p.env, H10)
     assert after["rows"] == before["rows"], "a failed gate must leave the published tables unchanged"
     assert after["versions"] == before["versions"]
     assert [r["record_uuid"] for r in after["staged"][T.AGGREGATES]] == [duplicate["record_uuid"]]
@@ -227,9 +176,9 @@ def test_4_a_failed_gate_publishes_nothing_keeps_the_rows_staged_and_names_the_e
     assert failed and "expect_compound_columns_to_be_unique" in failed[-1]["message"]
 
     # Inspected and judged unpublishable: discarded, and the next load passes.
-    assert "ads.ad_minute_aggregates': 1" in _ok(_load(p.env, "--hour", H10, "--discard-staged"))
-    _ok(_load(p.env, "--hour", H10))
-    cleared = _dump(p.env, H10)
+    assert "ads.ad_minute_aggregates': 1" in ok(load(p.env, "--hour", H10, "--discard-staged"))
+    ok(load(p.env, "--hour", H10))
+    cleared = dump(p.env, H10)
     assert cleared["staged"][T.AGGREGATES] == [] and cleared["rows"] == before["rows"]
     assert [r["step"] for r in cleared["load_runs"]][-3:] == ["discarded", "staged", "published"]
 
@@ -238,26 +187,26 @@ def test_5_repair_rebuilds_a_damaged_hour_from_kafka_and_a_second_repair_changes
     scene, tmp_path: Path  # noqa: ANN001
 ) -> None:
     p, sent = scene
-    damage = _SPARK_SQL + (
+    damage = SPARK_SQL + (
         "s.sql(\"DELETE FROM ads.ad_events_raw WHERE event_hour = TIMESTAMP'2026-11-21 09:00:00' AND "
         "event_type = 'click'\")\n"
         "s.sql(\"UPDATE ads.ad_minute_aggregates SET impressions = impressions + 1 WHERE "
         "event_hour = TIMESTAMP'2026-11-21 09:00:00'\")\n"
     )
-    _ok(_run({**p.env}, "-c", damage))
-    assert not _verify_hour(p.env, H09, tmp_path)["ok"]
+    ok(run({**p.env}, "-c", damage))
+    assert not verify_hour(p.env, H09, tmp_path)["ok"]
 
-    out = _ok(_load(p.env, "--hour", H09, "--repair"))
+    out = ok(load(p.env, "--hour", H09, "--repair"))
     assert "hours 2026-11-21T09" in out
-    repaired = _dump(p.env, H09)
-    tables = _verify_hour(p.env, H09, tmp_path)
+    repaired = dump(p.env, H09)
+    tables = verify_hour(p.env, H09, tmp_path)
     assert tables["ok"], json.dumps(tables)[:3000]
-    assert set(sent["late_09"]) <= set(_ids(repaired["rows"][T.RAW]))
+    assert set(sent["late_09"]) <= set(ids(repaired["rows"][T.RAW]))
     # The repair is the hour's final run now: test 2's corrections to it are gone (hour 10 keeps test 3's).
     assert [r for r in repaired["late_corrections"] if r["event_hour"].startswith(H09)] == []
     assert {r["event_hour"][:13] for r in repaired["late_corrections"]} == {H10}
 
-    _ok(_load(p.env, "--hour", H09, "--repair"))
-    again = _dump(p.env, H09)
+    ok(load(p.env, "--hour", H09, "--repair"))
+    again = dump(p.env, H09)
     assert again["rows"] == {t: [{**r, "load_run": r["load_run"] + 1} for r in rows]
                              for t, rows in repaired["rows"].items()}

@@ -119,3 +119,42 @@ def test_a_region_has_input_for_an_hour_only_with_a_valid_event_of_it_written_th
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [[settings.job_id], [], []]
+
+
+def test_a_load_waits_for_the_last_batchs_transaction_markers_then_fails_retriably(pipeline: Pipeline) -> None:
+    """The ledger can be visible before an output partition's transaction
+    marker (its leader failing over between the two writes): here a batch's
+    aggregate stays in an open transaction while the ledger names it. A load
+    waits for the marker, bounded, then fails retriably; once the marker is
+    written it reads the batch's output."""
+    import threading
+    import uuid
+
+    import pytest
+    from adpipe.lakehouse.ranges import OutputNotStable
+    from adpipe.settings import load_settings
+    from adpipe.stream.sink import ledger_metadata
+    from confluent_kafka import Consumer
+
+    settings = pipeline.settings
+    aggregates = settings.topics.aggregates
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "transactional.id": f"t-{uuid.uuid4()}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(aggregates, b'{"batch": 3}', b"ad-1", partition=2)
+    assert producer.flush(30) == 0
+    meta = ledger_metadata(3, None, 0, {(aggregates, 2): 1})  # the batch wrote offset 0 of partition 2
+    group = kafka_io.ledger_group(settings.job_id)
+    ledger = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": group})
+    ledger.commit(offsets=[TopicPartition(settings.topics.events, 0, 0, meta)], asynchronous=False)
+    ledger.close()
+    (region,) = settings.regions
+
+    impatient = load_settings({**pipeline.env, "ADPIPE_LOAD_OUTPUT_WAIT_S": "2"})
+    with pytest.raises(OutputNotStable, match=rf"{aggregates}\[2\].*\(0, 1\).*run the load again"):
+        region_ranges(impatient, region, HOUR)
+
+    # The marker comes while the load waits: it reads the batch's aggregate.
+    threading.Timer(2.0, lambda: producer.commit_transaction(30)).start()
+    ranges = region_ranges(load_settings({**pipeline.env, "ADPIPE_LOAD_OUTPUT_WAIT_S": "60"}), region, HOUR)
+    assert ranges.aggregates.end[2] >= 1 and ranges.aggregates.start[2] == 0

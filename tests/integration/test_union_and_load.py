@@ -15,9 +15,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from adpipe.alerting import alerts_file
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
 from adpipe.tools import verify
+from confluent_kafka import Producer
 
 from tests.integration.conftest import Pipeline, _wait_group_gone, make_pipeline
 
@@ -46,6 +48,29 @@ def _streams(*pipelines: Pipeline) -> None:
         _wait_group_gone(proc.pid)
 
 
+def _first_events(p: Pipeline, n: int = 3) -> list[bytes]:
+    """The raw values of the ``n`` earliest valid events of ``p``'s raw topic
+    (12:58: sent first to another region, they move its watermark past none
+    of its own events)."""
+    valid = {e.event_id: (e.event_ms, r.value) for r in p.read(p.settings.topics.events)
+             if not isinstance(e := verify.classify(r.value), str)}  # a retry repeats its event
+    return [value for _ms, value in sorted(valid.values())[:n]]
+
+
+def _send(p: Pipeline, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": p.settings.kafka_bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(p.settings.topics.events, value, json.loads(value)["ad_id"].encode())
+    assert producer.flush(30) == 0
+
+
+def _cross_region_ids(regions: Regions) -> set[str]:
+    """The events both regions' raw topics hold (a plain json reading)."""
+    ids = [{json.loads(v)["event_id"] for v in (r.value for r in p.read(p.settings.topics.events))
+            if not isinstance(verify.classify(v), str)} for p in (regions.a, regions.b)]
+    return ids[0] & ids[1]
+
+
 @pytest.fixture(scope="module")
 def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Regions:
     a, b = make_pipeline(tmp_path_factory.mktemp("a")), make_pipeline(tmp_path_factory.mktemp("b"))
@@ -55,6 +80,10 @@ def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFac
     for p, seed, offset in ((a, 4101, 500), (b, 4102, 600)):
         p.produce(events=700, seed=seed, ads=8, ad_offset=offset, minutes=4,
                   start=datetime(2026, 11, 22, 12, 58, tzinfo=UTC), duplicate_rate=0.05, malformed_rate=0.02)
+        if p is a:
+            # Three of region a's first events reach region b as well, on time there too (a retry routed to
+            # another region): both streams count them.
+            _send(b, _first_events(a))
     for p, seed, offset in ((a, 4201, 500), (b, 4202, 600)):
         p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=2,
                   start=datetime(2026, 11, 22, 13, 2, tzinfo=UTC), late_rate=0.1, late_by_minutes=4)
@@ -136,7 +165,8 @@ def test_two_concurrent_loads_of_overlapping_hours_union_both_regions_once(regio
     assert got == expected["aggregates"]
     assert len(aggregates) == len(got), "a record_uuid landed twice"
     assert {r["region"] for r in aggregates} == regions.names
-    assert max(Counter((r["ad_id"], r["window_start"]) for r in aggregates).values()) == 1
+    # One aggregate per region, ad and minute (the cross-region copies give region b windows of a's ads).
+    assert max(Counter((r["region"], r["ad_id"], r["window_start"]) for r in aggregates).values()) == 1
 
     raw_ids = [r["event_id"] for r in rows[T.RAW]]
     assert len(raw_ids) == len(set(raw_ids))
@@ -146,6 +176,17 @@ def test_two_concurrent_loads_of_overlapping_hours_union_both_regions_once(regio
     keys = [(r["source"], r["event_key"]) for r in quarantine]
     assert len(keys) == len(set(keys))
     assert {k for s, k in keys if s == T.SOURCE_LATE} == expected["late"]
+    # The events that reached both regions: one raw row each, and the other
+    # region's copy listed (both streams counted them); one alert says so.
+    both = _cross_region_ids(regions)
+    assert len(both) == 3 and both <= set(raw_ids)
+    copies = [r for r in quarantine if r["source"] == T.SOURCE_CROSS_REGION]
+    raw_region = {r["event_id"]: r["region"] for r in rows[T.RAW]}
+    assert sorted(r["event_id"] for r in copies) == sorted(both)
+    assert all(r["region"] != raw_region[r["event_id"]] for r in copies)
+    alerts = [json.loads(line) for line in alerts_file(load_settings(regions.env)).read_text().splitlines()]
+    (alert,) = [a for a in alerts if a.get("cross_region_duplicates") and set(a["regions"]) == regions.names]
+    assert alert["cross_region_duplicates"] == 3 and alert["hours"] == [HOUR]
     assert all(r["reason"] for r in quarantine)
     # Every late event is a valid raw event of the hour too.
     assert expected["late"] <= set(raw_ids)
@@ -201,3 +242,4 @@ def test_verify_hour_checks_the_tables_against_kafka(regions: Regions, tmp_path:
     assert tables["aggregates"]["rows"] == len(expected["aggregates"])
     assert tables["raw"]["rows"] == len(expected["raw"])
     assert tables["late"]["rows"] == len(expected["late"])
+    assert tables["cross_region"]["rows"] == tables["cross_region"]["expected"] == 3

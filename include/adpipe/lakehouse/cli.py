@@ -15,6 +15,7 @@ from adpipe.settings import Settings
 log = logging.getLogger("adpipe.lakehouse")
 
 EXIT_HOUR_OPEN = 2
+EXIT_OUTPUT_NOT_STABLE = 3  # retriable: the stream's last batch's markers are not written yet
 
 
 def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
@@ -55,6 +56,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     except load.GateFailed as exc:
         log.error("%s", exc)
         return 1
+    except load.OutputNotStable as exc:
+        log.error("%s", exc)
+        return EXIT_OUTPUT_NOT_STABLE
     print(result.describe())
     return 0
 
@@ -73,8 +77,8 @@ def _one_step(step: str, settings: Settings, spark: object, hour: object, run_fi
     run = load.StagedRun.from_dict(json.loads(run_file.read_text()))
     if step == "audit":
         results = load.audit(settings, spark, run)  # type: ignore[arg-type]
-        failed = [r for r in results if not r.success]
-        text = "\n".join(r.describe() for r in (failed or results))
+        failed = load.failed_asked(run, results)
+        text = load.audit_text(results)
         load.write_json(load.step_file(run_file, "audit"), {"success": not failed, "describe": text})
         print(text)
         return 1 if failed else 0
@@ -117,10 +121,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(a late record lands in its hour). Write-audit-publish: the rows are staged in ads_staging, the Great "
         "Expectations gate checks each closed hour's candidate (published plus staged rows) and what Kafka says "
         "of it, and only then are they published into ads.ad_events_raw, ads.ad_minute_aggregates and "
-        "ads.ad_events_quarantine (insert-if-absent: a rerun changes nothing). A failed gate publishes nothing, "
-        "keeps the staged rows and exits 1 naming the expectations. The ledger is ads.load_runs; rows published "
+        "ads.ad_events_quarantine (insert-if-absent: a rerun changes nothing). Write-audit-publish is per hour: an "
+        "hour that fails its gate keeps its staged rows and is held (the ledger says failed; later runs leave it for "
+        "an operator: load it again, --repair or --discard-staged); every hour that passes is published. Exit 1 "
+        "when an hour asked for fails, naming the expectations; a held hour not asked for is alerted once. "
+        "The ledger is ads.load_runs; rows published "
         "into an hour after its first publication are in the view ads.late_corrections. Regions: ADPIPE_REGIONS "
-        "(default: this job's own topics). Exit 2: an hour asked for is not closed.",
+        "(default: this job's own topics). Exit 2: an hour asked for is not closed; exit 3 (retry): the stream's "
+        "last batch's output is not readable yet (its transaction markers, ADPIPE_LOAD_OUTPUT_WAIT_S).",
     )
     p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour)")
     p.add_argument("--to-hour", help="audit and publish every hour from --hour to this one, inclusive (a backfill)")

@@ -15,11 +15,14 @@ One run (``adpipe load --hour H``; the DAG's tasks do the same steps)
    ledger ``ads.load_runs`` with the coverage after this run.
 2. **Audit**: for each closed hour with staged rows (and the hour asked
    for), the Great Expectations gate on the candidate (published rows plus
-   the staged ones) and what Kafka says of the hour. A failed gate appends a
-   ``failed`` ledger row naming the expectations; nothing is published, the
-   staged rows stay for inspection (and for the next run, which audits
-   them again).
-3. **Publish** (under the load lock): the audited hours' staged rows are
+   the staged ones) and what Kafka says of the hour. Per hour: a failed
+   gate appends a ``failed`` ledger row for that hour naming the
+   expectations, and the hour is *held*: its staged rows stay for
+   inspection, later runs neither audit nor publish it (:func:`held_hours`;
+   an hour they were not asked for is alerted once), until an operator
+   loads it again, repairs it or discards its staged rows. One hour never
+   holds back another.
+3. **Publish** (under the load lock): the staged rows of the hours that passed are
    inserted into ``ads.*`` (insert-if-absent on each key, ``load_run`` =
    this run), removed from staging, and a ``published`` ledger row records
    the hours and, per hour, the late corrections (rows published into an
@@ -57,7 +60,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from adpipe import faults, kafka_io, metrics, raw_events
+from adpipe import alerting, faults, kafka_io, metrics, raw_events
 from adpipe import schemas as S
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
@@ -65,6 +68,7 @@ from adpipe.lakehouse.metastore import metastore_session
 from adpipe.lakehouse.ranges import (
     ONE_HOUR,
     Coverage,
+    OutputNotStable,
     RegionRanges,
     TopicRange,
     advance,
@@ -88,6 +92,7 @@ __all__ = [
     "ONE_HOUR",
     "LoadError",
     "LoadResult",
+    "OutputNotStable",
     "StagedRun",
     "TopicRange",
     "audit",
@@ -123,6 +128,9 @@ _AGGREGATE_JSON = StructType(
     ]
 )
 SOURCE_BAD_AGGREGATE = "bad_aggregate"
+# The raw record a late copy lists ("topic/partition/offset"), beside the
+# quarantine rows until mark_late_repeats has used it.
+RAW_SOURCE = "__raw_source"
 
 
 class LoadError(RuntimeError):
@@ -287,6 +295,7 @@ def quarantine_table_rows(
         }
     )
     late_rows = late.where(F.col("reject_reason").isNull() | _header(S.HEADER_EVENT_ID).isNotNull()).select(
+        _header(S.HEADER_SOURCE).alias(RAW_SOURCE),
         F.lit(T.SOURCE_LATE).alias("source"),
         F.col("event_id").alias("event_key"),
         F.lit("late").alias("reason"),
@@ -315,11 +324,39 @@ def quarantine_table_rows(
         )
     )
     names = T.QUARANTINE_SCHEMA.fieldNames()
+    no_source = F.lit(None).cast("string").alias(RAW_SOURCE)
     return (
-        dlq_rows.select(*names)
-        .unionByName(late_rows.select(*names))
-        .unionByName(bad_aggregates.select(*names))
+        dlq_rows.select(*names, no_source)
+        .unionByName(late_rows.select(*names, RAW_SOURCE))
+        .unionByName(bad_aggregates.select(*names, no_source))
         .where(_in_hour(hour))
+    )
+
+
+def mark_late_repeats(quarantine_df: DataFrame, first_raw_df: DataFrame) -> DataFrame:
+    """Quarantine rows (with :data:`RAW_SOURCE`) -> the same rows, each late
+    listing whose raw record is not the event's first (``first_raw_df``: one
+    raw row per ``event_id``, its Kafka position) made a ``late_repeat``: a
+    producer retry that came after the stream's dedupe retention, listed late
+    again though its first copy was counted or listed before. Such a row is
+    kept to be seen, and never counted as late (the gate and verify count
+    ``late`` rows only). :data:`RAW_SOURCE` is dropped."""
+    first = first_raw_df.select(
+        "event_id", F.concat_ws("/", "kafka_topic", "kafka_partition", "kafka_offset").alias("__first_source")
+    )
+    repeat = (
+        (F.col("source") == F.lit(T.SOURCE_LATE))
+        & F.col(RAW_SOURCE).isNotNull()
+        & F.col("__first_source").isNotNull()
+        & (F.col("__first_source") != F.col(RAW_SOURCE))
+    )
+    return (
+        quarantine_df.join(first, "event_id", "left")
+        .withColumns({
+            "source": F.when(repeat, F.lit(T.SOURCE_LATE_REPEAT)).otherwise(F.col("source")),
+            "reason": F.when(repeat, F.lit(T.SOURCE_LATE_REPEAT)).otherwise(F.col("reason")),
+        })
+        .select(*T.QUARANTINE_SCHEMA.fieldNames())
     )
 
 
@@ -503,11 +540,15 @@ def table_rows(
         parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
         parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
         parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
+    unions = {table: functools.reduce(DataFrame.unionByName, dfs) for table, dfs in parts.items()}
+    unions[T.QUARANTINE] = mark_late_repeats(unions[T.QUARANTINE], _first_raw(spark, unions))
+    if len(ranges) > 1:  # one region has no copy in another
+        loaded = _loaded_raw(spark, unions[T.RAW].select("event_hour", "event_id"))
+        unions[T.QUARANTINE] = unions[T.QUARANTINE].unionByName(
+            cross_region_copies(unions[T.RAW], loaded, loaded_at)
+        )
     out = {}
-    for table, dfs in parts.items():
-        union = dfs[0]
-        for df in dfs[1:]:
-            union = union.unionByName(df)
+    for table, union in unions.items():
         _schema, keys = T.TABLES[table]
         out[table] = _first_per_key(union, list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
     try:
@@ -515,6 +556,79 @@ def table_rows(
     finally:
         for df in shared:
             df.unpersist()
+
+
+def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:
+    """The raw rows earlier runs loaded (published or staged) of the events
+    in ``keys`` (``event_hour``, ``event_id``)."""
+    hours = [parse_hour(h) for h in _hour_labels(keys)]
+    loaded = [
+        spark.table(t).where(_in_hours(hours)).select(*T.RAW_SCHEMA.fieldNames()) for t in (T.RAW, T.staged(T.RAW))
+    ]
+    return functools.reduce(DataFrame.unionByName, loaded).join(
+        keys.distinct(), ["event_hour", "event_id"], "left_semi"
+    )
+
+
+def _ranked_raw(new_df: DataFrame, loaded_df: DataFrame) -> DataFrame:
+    """Raw rows with ``__n``: 1 for the row of each event that counts as its
+    first, the one an earlier run loaded before this run's (then the lowest
+    region and Kafka position), and ``__first_region``, that row's region."""
+    columns = T.RAW_SCHEMA.fieldNames()
+    ranked = loaded_df.select(*columns).withColumn("__new", F.lit(1)).unionByName(
+        new_df.select(*columns).withColumn("__new", F.lit(2))
+    )
+    w = Window.partitionBy("event_id").orderBy("__new", "region", "kafka_topic", "kafka_partition", "kafka_offset")
+    return (
+        ranked.withColumn("__n", F.row_number().over(w))
+        .withColumn("__first_region", F.first("region").over(w))
+        .drop("__new")
+    )
+
+
+def _first_raw(spark: SparkSession, unions: dict[str, DataFrame]) -> DataFrame:
+    """For the events this run's late copies list: the raw row of each event
+    that counts as its first (:func:`_ranked_raw`)."""
+    late = unions[T.QUARANTINE].where(F.col("source") == F.lit(T.SOURCE_LATE))
+    keys = late.select("event_hour", "event_id").distinct()
+    new = unions[T.RAW].join(F.broadcast(keys), ["event_hour", "event_id"], "left_semi")
+    ranked = _ranked_raw(new, _loaded_raw(spark, keys))
+    return ranked.where(F.col("__n") == 1).drop("__n", "__first_region")
+
+
+def cross_region_copies(new_df: DataFrame, loaded_df: DataFrame, loaded_at: datetime) -> DataFrame:
+    """Raw rows of this run (every region's, before the dedupe) and the rows
+    earlier runs loaded of the same events -> a quarantine row
+    (``cross_region``) for each copy of an event in a region other than the
+    one whose row the raw table keeps: that region's stream counted it too,
+    so the spend is charged twice (the README says what is done about it)."""
+    regions = (
+        new_df.select("event_id", "region").unionByName(loaded_df.select("event_id", "region"))
+        .groupBy("event_id").agg(F.countDistinct("region").alias("__regions"))
+        .where(F.col("__regions") > 1)
+        .select("event_id")
+    )
+    copies = _ranked_raw(
+        new_df.join(regions, "event_id", "left_semi"), loaded_df.join(regions, "event_id", "left_semi")
+    ).where(F.col("region") != F.col("__first_region"))
+    copies = _first_per_key(copies.drop("__n", "__first_region"), ["event_id", "region"])
+    return copies.select(
+        F.lit(T.SOURCE_CROSS_REGION).alias("source"),
+        F.concat_ws("@", "event_id", "region").alias("event_key"),
+        F.lit("cross_region_duplicate").alias("reason"),
+        F.lit(None).cast("binary").alias("raw_value"),
+        "event_id",
+        "ad_id",
+        "event_type",
+        "event_time",
+        "event_hour",
+        "region",
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+        F.lit(loaded_at).cast("timestamp").alias("loaded_at"),
+        F.lit(None).cast("long").alias("load_run"),
+    )
 
 
 def _hour_labels(df: DataFrame) -> list[str]:
@@ -614,6 +728,32 @@ def _finalized_hours(spark: SparkSession) -> set[str]:
     return {h for r in done if r["hours"] for h in json.loads(r["hours"])}
 
 
+def held_hours(spark: SparkSession) -> dict[str, str]:
+    """The hours held by a failed gate: their last ledger step of
+    ``failed``, ``published``, ``repaired`` or ``discarded`` is ``failed``.
+    Hour -> that failure's message. Their staged rows wait for an operator
+    (a load asking for the hour again, ``--repair`` or ``--discard-staged``);
+    other runs neither audit nor publish them, and are not held back."""
+    steps = (
+        spark.table(T.LOAD_RUNS)
+        .where(F.col("step").isin("failed", "published", "repaired", "discarded"))
+        .select("run_id", "step", "at", "hours", "message")
+        .collect()
+    )
+    last: dict[str, tuple] = {}
+    for row in sorted(steps, key=lambda r: (r["run_id"], r["at"])):
+        for hour in json.loads(row["hours"] or "[]"):
+            last[hour] = (row["step"], row["message"])
+    return {hour: message or "" for hour, (step, message) in last.items() if step == "failed"}
+
+
+def _failed_before(spark: SparkSession, hour: str, message: str, run_id: int) -> bool:
+    """Whether an earlier run's gate failed ``hour`` with the same message
+    (so its alert went out already)."""
+    rows = spark.table(T.LOAD_RUNS).where((F.col("step") == "failed") & (F.col("run_id") < run_id)).collect()
+    return any(json.loads(r["hours"] or "[]") == [hour] and r["message"] == message for r in rows)
+
+
 LOCK_WAIT_S = 3600.0
 
 
@@ -667,9 +807,14 @@ class StagedRun:
     staged: dict[str, int] = field(default_factory=dict)  # rows staged by this run, per table
     read: list[dict] = field(default_factory=list)  # the ranges read, per region
     lost_to_retention: int = 0
+    asked: list[str] = field(default_factory=list)  # the hours asked for (empty: ``hour`` alone)
+    held: list[str] = field(default_factory=list)  # hours with staged rows a failed gate holds (not audited)
 
     def hour_list(self) -> list[datetime]:
         return [parse_hour(h) for h in self.hours]
+
+    def asked_hours(self) -> list[str]:
+        return self.asked or [self.hour]
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self), default=str))
@@ -699,6 +844,28 @@ def _stage_table(spark: SparkSession, table: str, source: DataFrame, run_id: int
         source.unpersist()
     log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged)
     return staged
+
+
+def _alert_cross_region(settings: Settings, spark: SparkSession, run_id: int) -> None:
+    """One alert for the cross-region copies this run found (each copy is
+    staged once, by the run that found it first)."""
+    label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
+    found = (
+        spark.table(T.staged(T.QUARANTINE))
+        .where((F.col("source") == F.lit(T.SOURCE_CROSS_REGION)) & (F.col("load_run") == F.lit(run_id)))
+        .groupBy(label).count().collect()
+    )
+    if not found:
+        return
+    by_hour = {r["h"]: int(r["count"]) for r in found}
+    log.warning("run %d: events that reached more than one region (counted by each): %s", run_id, by_hour)
+    alerting.send_alert(settings, {
+        "at": datetime.now(UTC).isoformat(), "source": "union_and_load", "run_id": run_id,
+        "hours": sorted(by_hour), "cross_region_duplicates": sum(by_hour.values()),
+        "regions": [r.job_id for r in settings.regions],
+        "message": f"{sum(by_hour.values())} raw events reached more than one region and were counted (and "
+        f"charged) by each region's stream, per hour {by_hour}; listed in {T.CROSS_REGION_DUPLICATES}",
+    })
 
 
 def stage(
@@ -746,15 +913,22 @@ def stage(
             staged = in_threads(
                 {table: functools.partial(_stage_table, spark, table, source, run_id) for table, source in rows.items()}
             )
+        if len(settings.regions) > 1:
+            _alert_cross_region(settings, spark, run_id)
         faults_plan = faults.FaultPlan.from_env()
         if faults_plan is not None:
             faults_plan.hit(faults.LOAD_AFTER_STAGE, run_id, 1)
         pending = [parse_hour(h) for h in _pending_hours(spark, run_id)]
+        held = held_hours(spark)
         ready = {h for h in pending if h not in asked and horizon is not None and h <= horizon}
-        hours = sorted(ready | set(asked))
+        waiting = sorted(hour_label(h) for h in ready if hour_label(h) in held)
+        if waiting:
+            log.warning("run %d: hours held by a failed gate, left for an operator: %s", run_id, ", ".join(waiting))
+        hours = sorted({h for h in ready if hour_label(h) not in held} | set(asked))
         lost = sum(n for rr in ranges for rng in rr.topics() for n in rng.lost.values())
         run = StagedRun(
-            run_id, "load", hour_label(hour), [hour_label(h) for h in hours], staged, [asdict(r) for r in ranges], lost
+            run_id, "load", hour_label(hour), [hour_label(h) for h in hours], staged, [asdict(r) for r in ranges], lost,
+            asked=[hour_label(h) for h in asked], held=waiting,
         )
         _append_ledger(
             spark, run_id, "staged", "load", hour,
@@ -774,24 +948,45 @@ def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quali
     for hour in run.hour_list():
         frames = quality.hour_frames(spark, hour, staged_through=run.run_id)
         results.append(quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour)))
-    failed = [f"{hour_label(r.hour)} {line}" for r in results if not r.success for line in r.failed]
+    failed = {hour_label(r.hour): "\n".join(r.failed) for r in results if not r.success}
+    for label, message in failed.items():
+        # One ledger row per failed hour: publish leaves it out, later runs leave it held (held_hours).
+        _append_ledger(spark, run.run_id, "failed", run.kind, parse_hour(label), hours=[label], message=message)
+        if label not in run.asked_hours() and not _failed_before(spark, label, message, run.run_id):
+            # An hour this run was not asked for fails nobody's task: it is said here, once.
+            alerting.send_alert(settings, {
+                "at": datetime.now(UTC).isoformat(), "source": "union_and_load", "hour": label,
+                "run_id": run.run_id, "message": f"hour {label} held by its quality gate (its staged rows wait for "
+                f"an operator; other hours go on being published): {message}",
+            })
     if failed:
-        _append_ledger(spark, run.run_id, "failed", run.kind, parse_hour(run.hour), hours=run.hours,
-                       message="\n".join(failed))
         _write_manifest(settings, run.run_id, "failed", {"failed": failed})
     gates = [(hour_label(r.hour), r.success) for r in results]
     metrics.load().audited(settings, run.run_id, gates, time.monotonic() - started)
     return results
 
 
+def failed_asked(run: StagedRun, results: list[quality.QualityResult]) -> list[quality.QualityResult]:
+    """The failed results of hours the run was asked for (those fail the
+    command or task; another failed hour is held and alerted by audit)."""
+    return [r for r in results if not r.success and hour_label(r.hour) in run.asked_hours()]
+
+
+def audit_text(results: list[quality.QualityResult]) -> str:
+    """What the audit says: the failed hours' results, or every result."""
+    failed = [r for r in results if not r.success]
+    return "\n".join(r.describe() for r in (failed or results))
+
+
 def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str, dict]:
     """Step 3: the audited hours' staged rows into the published tables.
     Returns ``{"inserted": {table: rows}, "corrections": {hour: rows}}``."""
     started = time.monotonic()
-    hours = run.hour_list()
     inserted: dict[str, int] = {}
     corrections: dict[str, int] = {}
     with load_lock(settings):
+        failed = _failed_in_run(spark, run.run_id)
+        hours = [h for h in run.hour_list() if hour_label(h) not in failed]
         finalized = _finalized_hours(spark)
         fault_plan = faults.FaultPlan.from_env()
         for table, (schema, keys) in T.TABLES.items():
@@ -816,12 +1011,18 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
                 fault_plan.hit(faults.LOAD_AFTER_PUBLISH, run.run_id, 1)
         _clear_staged(spark, hours, run.run_id)
         _append_ledger(spark, run.run_id, "published", run.kind, parse_hour(run.hour), rows=inserted,
-                       hours=run.hours, corrections=corrections)
+                       hours=[hour_label(h) for h in hours], corrections=corrections)
     if corrections:
         log.info("run %d: late corrections to hours already published: %s", run.run_id, corrections)
     _write_manifest(settings, run.run_id, "published", {"inserted": inserted, "corrections": corrections})
     metrics.load().published(settings, run.run_id, inserted, sum(corrections.values()), time.monotonic() - started)
     return {"inserted": inserted, "corrections": corrections}
+
+
+def _failed_in_run(spark: SparkSession, run_id: int) -> set[str]:
+    """The hours whose gate failed in run ``run_id`` (its audit's ledger rows)."""
+    rows = spark.table(T.LOAD_RUNS).where((F.col("run_id") == run_id) & (F.col("step") == "failed")).collect()
+    return {h for r in rows for h in json.loads(r["hours"] or "[]")}
 
 
 def _clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
@@ -843,18 +1044,26 @@ class LoadResult:
     corrections: dict[str, int] = field(default_factory=dict)
     gate: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    held: list[str] = field(default_factory=list)  # hours a failed gate holds, not published
 
     def describe(self) -> str:
         parts = ", ".join(f"{t}: +{self.inserted.get(t, 0)} of {self.staged.get(t, 0)} staged" for t in T.TABLES)
         extra = f"; late corrections {self.corrections}" if self.corrections else ""
+        if self.held:
+            extra += f"; held by a failed gate (not published): {', '.join(sorted(set(self.held)))}"
         hours = ", ".join(self.hours) or "none"
         return f"run {self.run_id}: hours {hours} audited and published in {self.seconds:.1f}s ({parts}){extra}"
 
 
-def _gate_failure(results: list[quality.QualityResult]) -> GateFailed:
-    text = "\n".join(r.describe() for r in results if not r.success)
-    return GateFailed(f"the gate failed; nothing was published (the rows stay staged in {T.STAGING_DATABASE}):\n"
-                      f"{text}", results)
+def _gate_failure(results: list[quality.QualityResult], published: list[str] | None = None) -> GateFailed:
+    failed = [r for r in results if not r.success]
+    text = "\n".join(r.describe() for r in failed)
+    held = ", ".join(hour_label(r.hour) for r in failed)
+    done = (f"hours {', '.join(published)} passed and were published" if published
+            else "nothing was published")
+    return GateFailed(f"the gate failed for {held}: {done}; the failed hours' rows stay staged in "
+                      f"{T.STAGING_DATABASE} (held until an operator reloads, repairs or discards them):\n{text}",
+                      failed)
 
 
 def load_hour(
@@ -871,13 +1080,16 @@ def load_hour(
     spark = spark or metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
     run = stage(settings, spark, hour, last_hour, allow_open)
     results = audit(settings, spark, run)
-    if not all(r.success for r in results):
-        raise _gate_failure(results)
-    done = publish(settings, spark, run)
+    # Write-audit-publish per hour: the hours that passed are published
+    # whatever another hour's gate says.
+    passed = [hour_label(r.hour) for r in results if r.success]
+    done = publish(settings, spark, run) if passed else {"inserted": {}, "corrections": {}}
+    if failed_asked(run, results):
+        raise _gate_failure(results, passed)
     return LoadResult(
-        hour=run.hour, run_id=run.run_id, hours=run.hours, staged=run.staged, inserted=done["inserted"],
+        hour=run.hour, run_id=run.run_id, hours=passed, staged=run.staged, inserted=done["inserted"],
         corrections=done["corrections"], gate=[r.describe().splitlines()[0] for r in results],
-        seconds=time.monotonic() - started,
+        seconds=time.monotonic() - started, held=[hour_label(r.hour) for r in results if not r.success] + run.held,
     )
 
 

@@ -184,7 +184,7 @@ def ensure_schema(settings: Settings) -> bool:
 
 def ensure_tables(spark: SparkSession) -> None:
     """The ``ads`` and ``ads_staging`` databases, the Delta tables, the loads'
-    ledger and the late-corrections view, if missing; a column the code's
+    ledger, the late-corrections, cross-region and whole-hour views, if missing; a column the code's
     schema has and an existing table lacks (a table of an older version) is
     added. Callers hold the init lock: two applications creating the same
     Delta table at once conflict (Delta's ProtocolChangedException on an
@@ -206,6 +206,9 @@ def ensure_tables(spark: SparkSession) -> None:
             (builder.partitionedBy(partition) if partition else builder).execute()
         _add_missing_columns(spark, name, schema)
     spark.sql(T.LATE_CORRECTIONS_SQL)
+    spark.sql(T.CROSS_REGION_SQL)
+    for name in T.TABLES:
+        spark.sql(T.whole_view_sql(name))
 
 
 def _add_missing_columns(spark: SparkSession, name: str, schema: StructType) -> None:

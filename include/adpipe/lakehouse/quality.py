@@ -181,12 +181,18 @@ def expected_minute_counts(raw_df: DataFrame, quarantine_df: DataFrame) -> DataF
     late_ids_df = (
         quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_LATE))
         .where(F.col("event_id").isNotNull())
-        .select("event_id")
+        .select("region", "event_id")
         .distinct()
     )
+    # An event that reached several regions is counted by each one's stream:
+    # the raw table holds one region's row, the quarantine the others' copies.
+    event_columns = ["region", "event_id", "ad_id", "event_type", "event_time"]
+    copies_df = quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_CROSS_REGION)).select(*event_columns)
     return (
         raw_df.dropDuplicates(["event_id"])
-        .join(late_ids_df, on="event_id", how="left_anti")
+        .select(*event_columns)
+        .unionByName(copies_df)
+        .join(late_ids_df, on=["region", "event_id"], how="left_anti")
         .withColumn("window_start", F.date_trunc("minute", F.col("event_time")))
         .groupBy("region", "ad_id", "window_start")
         .agg(

@@ -16,6 +16,12 @@ the next run.
   raw table never holds an event whose late/DLQ fate is still unknown.
 - End of the aggregates, late and DLQ topics: their last stable offsets,
   read *after* the ledger, so every output of those batches is included.
+  The ledger can be visible before an output partition's transaction marker
+  (a partition leader failing over between the two): the ledger names the
+  offsets the last batch wrote up to (``out``), and a load waits, bounded by
+  ``ADPIPE_LOAD_OUTPUT_WAIT_S``, until every output partition's last stable
+  offset has passed them, then fails with :class:`OutputNotStable` (retry
+  later) rather than read a batch without its output.
 - Start: where the coverage ends. The first run of a partition, or a run for
   an hour before the coverage (a first backfill), starts at the first record
   written at or after the hour's start less the larger of the future skew
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -168,6 +175,48 @@ def _plan_topic(
     return TopicRange(topic, start, dict(end), lost)
 
 
+class OutputNotStable(RuntimeError):
+    """An output partition's last stable offset stays below what the
+    stream's ledger says its last batch wrote (a transaction marker not
+    written yet). Retriable: the next run finds it written."""
+
+
+# How often the last stable offsets are read again while waiting.
+OUTPUT_POLL_S = 0.5
+
+
+def wait_for_outputs(
+    kafka: KafkaAccess, outputs: dict[str, dict[int, int]], wait_s: float
+) -> dict[str, dict[int, tuple[int, int]]]:
+    """Each output topic's (low, last stable) offsets per partition, once
+    every partition's last stable offset has reached ``outputs`` (the
+    ledger's ``out``); :class:`OutputNotStable` past ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        bounds = {topic: kafka_io.offset_bounds(kafka, topic) for topic in outputs}
+        behind = {
+            f"{topic}[{p}]": (bounds[topic].get(p, (0, 0))[1], end)
+            for topic, ends in outputs.items()
+            for p, end in ends.items()
+            if bounds[topic].get(p, (0, 0))[1] < end
+        }
+        if not behind:
+            if waited:
+                log.info("the stream's last batch's output is readable now")
+            return bounds
+        if time.monotonic() >= deadline:
+            raise OutputNotStable(
+                f"after {wait_s:.0f} s, output partitions are still below what the stream's last committed batch "
+                f"wrote (last stable offset, needed): {behind}: its transaction markers are not written yet (a "
+                "partition leader failing over?). Nothing was loaded; run the load again."
+            )
+        if not waited:
+            log.warning("waiting up to %.0f s for the last batch's transaction markers: %s", wait_s, behind)
+            waited = True
+        time.sleep(OUTPUT_POLL_S)
+
+
 def region_ranges(
     settings: Settings, region: Region, hour: datetime, coverage: dict[str, dict[str, list[int]]] | None = None
 ) -> RegionRanges:
@@ -187,11 +236,12 @@ def region_ranges(
         return _plan_topic(rs.kafka, topic, end, low, since_ms, coverage.get(topic, {}))
 
     raw = plan(rs.topics.events, kafka_io.offset_bounds(rs.kafka, rs.topics.events), raw=True)
-    # Read after the ledger: every output of the committed batches is below these.
-    outputs = [
-        plan(topic, kafka_io.offset_bounds(rs.kafka, topic))
-        for topic in (rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
-    ]
+    # Read after the ledger: every output of the committed batches is below
+    # these, once the last batch's markers are written.
+    topics = (rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
+    written = kafka_io.committed_outputs(commits)
+    bounds = wait_for_outputs(rs.kafka, {t: written.get(t, {}) for t in topics}, settings.load_output_wait_s)
+    outputs = [plan(topic, bounds[topic]) for topic in topics]
     return RegionRanges(region.job_id, rs.kafka_bootstrap, kafka_io.committed_watermark(commits), raw, *outputs)
 
 

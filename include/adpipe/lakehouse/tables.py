@@ -37,6 +37,14 @@ LATE_CORRECTIONS = f"{DATABASE}.late_corrections"
 # Quarantine sources.
 SOURCE_DLQ = "dlq"
 SOURCE_LATE = "late"
+# A late listing of an event whose first raw record was counted or listed
+# before: a producer retry that came after the stream's dedupe retention
+# (ADPIPE_LATE_DEDUPE_RETENTION_S). Kept to be seen, never counted as late.
+SOURCE_LATE_REPEAT = "late_repeat"
+# A raw event whose event_id reached more than one region: the raw table
+# keeps one row (the first region's), and each other region's copy is listed
+# here (event_key "event_id@region"): that region's stream counted it too.
+SOURCE_CROSS_REGION = "cross_region"
 
 _KAFKA_COLUMNS = [
     StructField("region", StringType(), False),  # the stream job / region the record came through
@@ -76,7 +84,7 @@ AGGREGATES_SCHEMA = StructType(
 
 QUARANTINE_SCHEMA = StructType(
     [
-        StructField("source", StringType(), False),  # SOURCE_DLQ or SOURCE_LATE
+        StructField("source", StringType(), False),  # SOURCE_DLQ, SOURCE_LATE, SOURCE_LATE_REPEAT, SOURCE_CROSS_REGION
         # DLQ: "topic/partition/offset" of the rejected raw record; late: event_id.
         StructField("event_key", StringType(), False),
         StructField("reason", StringType(), False),
@@ -151,3 +159,33 @@ FROM published p JOIN final f ON p.event_hour = f.event_hour
 WHERE p.load_run > f.final_run
 GROUP BY p.event_hour, p.table_name, p.load_run, f.final_run
 """  # noqa: S608 - table names are this module's constants
+
+
+CROSS_REGION_DUPLICATES = f"{DATABASE}.cross_region_duplicates"
+CROSS_REGION_SQL = f"""
+CREATE OR REPLACE VIEW {CROSS_REGION_DUPLICATES} AS
+SELECT event_hour, event_id, region, ad_id, event_type, event_time, kafka_topic, kafka_partition, kafka_offset,
+       load_run
+FROM {QUARANTINE} WHERE source = '{SOURCE_CROSS_REGION}'
+"""  # noqa: S608 - table names are this module's constants
+
+
+# A load publishes the three tables in three Delta commits (one per table),
+# then its ``published`` ledger row. A reader of a table itself may see a
+# run's rows in one table and not yet in the next; a reader of the
+# whole-hour views never does: they show the rows of runs up to the last one
+# whose publication (or repair) completed, by the ledger. A run that died
+# half-way is shown whole once a later run completes it.
+def whole_view(table: str) -> str:
+    """The whole-hour view of a published table (``ads.x`` -> ``ads.x_whole``)."""
+    return f"{table}_whole"
+
+
+def whole_view_sql(table: str) -> str:
+    return f"""
+CREATE OR REPLACE VIEW {whole_view(table)} AS
+SELECT * FROM {table}
+WHERE load_run IS NULL
+   OR load_run <= (SELECT max(run_id) FROM {LOAD_RUNS} WHERE step IN ('published', 'repaired'))
+"""  # noqa: S608 - table names are this module's constants
+

@@ -11,7 +11,9 @@ of an hour does the same thing. Write-audit-publish, one step per task:
    staging tables, each row in its own hour (``adpipe.lakehouse.load.stage``).
 3. ``validate`` - the Great Expectations gate on each hour the run would
    publish (published plus staged rows, and what Kafka says of the hour);
-   a failed expectation raises ``QualityError`` naming it.
+   a failed expectation of the run's own hour raises ``QualityError``
+   naming it; another hour that fails is held (and alerted once) while
+   the hours that passed go on to be published.
 4. ``verify`` - the independent check: ``adpipe verify --hour H
    --candidate-of-run N --tables-only`` in a process of its own (the tools
    sit above this package): the candidate against counts recomputed in
@@ -116,8 +118,8 @@ def validate(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
 
     staged = _staged(path)
     results = load.audit(settings, _session(settings, "validate", hour), staged)
-    failed = [r for r in results if not r.success]
-    text = "\n".join(r.describe() for r in (failed or results))
+    failed = load.failed_asked(staged, results)
+    text = load.audit_text(results)
     load.write_json(load.step_file(path, "audit"), {"success": not failed, "describe": text})
     if failed:
         raise QualityError(text, failed[0])

@@ -122,6 +122,35 @@ class CommitResult:
     by_topic: dict[str, int] = field(default_factory=dict)
 
 
+# Kafka's offset.metadata.max.bytes is 4096 by default: a ledger entry
+# stays well under it, or goes without its output offsets.
+MAX_LEDGER_METADATA_BYTES = 3_000
+
+
+def ledger_metadata(
+    batch_id: int, query_id: str | None, watermark_ms: int, outputs: dict[tuple[str, int], int] | None = None
+) -> str:
+    """The ledger's metadata of a batch: its id, query and watermark, and
+    (``out``) per output topic and partition the offset after the batch's
+    last record there. A load reads raw records up to the ledger and waits
+    until the output partitions' last stable offsets pass ``out``: the
+    ledger can be visible before a partition's transaction marker (its
+    leader failing over), and the batch's output is then not readable yet.
+    Without room for them (thousands of output partitions) ``out`` is left
+    out, and loads do not wait."""
+    meta: dict[str, object] = {"batch_id": batch_id, "query_id": query_id, "watermark_ms": watermark_ms}
+    if outputs:
+        out: dict[str, dict[str, int]] = {}
+        for (topic, partition), end in sorted(outputs.items()):
+            out.setdefault(topic, {})[str(partition)] = end
+        with_out = json.dumps({**meta, "out": out}, separators=(",", ":"))
+        if len(with_out.encode()) <= MAX_LEDGER_METADATA_BYTES:
+            return with_out
+        log.warning("batch %d: its output offsets do not fit the ledger's metadata; loads will not wait for them",
+                    batch_id)
+    return json.dumps(meta)
+
+
 def _fenced(exc: KafkaException) -> bool:
     err: KafkaError = exc.args[0]
     return err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) or (
@@ -168,6 +197,9 @@ class TransactionalSink:
         self._message_max_bytes = message_max_bytes
         self._producer: Producer | None = None
         self._ledger_consumer: Consumer | None = None
+        # Per output (topic, partition): the offset after this transaction's
+        # last record there, from the delivery reports (into the ledger, for loads).
+        self._delivered: dict[tuple[str, int], int] = {}
 
     # Step 1
     def _ensure_producer(self) -> Producer:
@@ -374,9 +406,10 @@ class TransactionalSink:
     ) -> dict[str, int]:
         """Begin the transaction and produce every record; records per topic."""
         by_topic: dict[str, int] = {}
+        self._delivered = {}
         producer.begin_transaction()
         for rec in records:
-            self._produce(producer, rec)
+            self._produce(producer, rec, self._on_delivery)
             by_topic[rec.topic] = by_topic.get(rec.topic, 0) + 1
         undelivered = producer.flush(60)
         if undelivered:  # the commit would fail on them anyway: say why, then abort
@@ -391,7 +424,7 @@ class TransactionalSink:
     ) -> None:
         """The batch's input end offsets, with its id, into the transaction."""
         assert self._ledger_consumer is not None
-        meta = json.dumps({"batch_id": batch_id, "query_id": self.query_id, "watermark_ms": watermark_ms})
+        meta = ledger_metadata(batch_id, self.query_id, watermark_ms, self._delivered)
         offsets = [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())]
         group = self._ledger_consumer.consumer_group_metadata()
         _retrying(
@@ -404,11 +437,18 @@ class TransactionalSink:
             self.fault.run_and_kill(lambda: producer.commit_transaction(60))
         _retrying(lambda: producer.commit_transaction(CALL_TIMEOUT_S), f"batch {batch_id}: commit")
 
+    def _on_delivery(self, err: KafkaError | None, msg: object) -> None:
+        if err is None:
+            key = (msg.topic(), msg.partition())  # type: ignore[attr-defined]
+            end = msg.offset() + 1  # type: ignore[attr-defined]
+            if end > self._delivered.get(key, 0):
+                self._delivered[key] = end
+
     @staticmethod
-    def _produce(producer: Producer, rec: OutRecord) -> None:
+    def _produce(producer: Producer, rec: OutRecord, on_delivery: Callable[..., None] | None = None) -> None:
         while True:
             try:
-                producer.produce(rec.topic, rec.value, rec.key, headers=list(rec.headers))
+                producer.produce(rec.topic, rec.value, rec.key, headers=list(rec.headers), on_delivery=on_delivery)
                 return
             except BufferError:
                 producer.poll(0.1)

@@ -23,11 +23,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import kafka_io
+from adpipe import schemas as S
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.ranges import retention_gaps
 from adpipe.settings import Settings
-from adpipe.tools.verify import LIST_LIMIT, classify, classify_record
+from adpipe.tools.verify import LIST_LIMIT, FirstCopies, classify, classify_record
 
 
 def _hour_of_ms(ms: int) -> datetime:
@@ -40,6 +41,7 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
     records imply."""
     aggregates: dict[str, tuple] = {}
     raw: set[str] = set()
+    regions_of: dict[str, set[str]] = {}  # event_id -> the regions whose raw topic holds it
     late: set[str] = set()
     minutes: dict[tuple, tuple[int, int]] = {}
     for region in settings.regions:
@@ -47,6 +49,7 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
         committed = kafka_io.stream_commits(rs)
         watermark = kafka_io.committed_watermark(committed)
         events: dict[str, object] = {}
+        firsts = FirstCopies()
         for rec in kafka_io.read_topic(rs.kafka, rs.topics.events):
             if rec.offset >= committed.get(rec.partition, (0, ""))[0]:
                 continue  # not processed by the stream job yet: not loadable yet
@@ -54,6 +57,8 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
             if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
                 raw.add(event.event_id)
                 events.setdefault(event.event_id, event)
+                firsts.add(rec, event.event_id)
+                regions_of.setdefault(event.event_id, set()).add(region.job_id)
         for rec in kafka_io.read_topic(rs.kafka, rs.topics.aggregates):
             body = json.loads(rec.value)
             start = datetime.fromisoformat(body["window_start"].replace("Z", "+00:00"))
@@ -64,7 +69,12 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
         region_late: set[str] = set()
         for rec in kafka_io.read_topic(rs.kafka, rs.topics.late):
             event = classify(rec.value)
-            if not isinstance(event, str) and _hour_of_ms(event.event_ms) == hour:
+            # A retry listed again after the dedupe retention is no late event.
+            if (
+                not isinstance(event, str)
+                and _hour_of_ms(event.event_ms) == hour
+                and firsts.lists_first(event.event_id, rec.header(S.HEADER_SOURCE))
+            ):
                 region_late.add(event.event_id)
         late |= region_late
         counts: dict[tuple, list[int]] = {}
@@ -80,6 +90,8 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
         "raw": {e: () for e in raw},
         "late": {e: () for e in late},
         "minutes": minutes,
+        # Events that reached more than one region (each region's stream counted them).
+        "cross_region": {e: () for e, where in regions_of.items() if len(where) > 1},
     }
 
 
@@ -103,7 +115,14 @@ def actual_rows(frames: quality.HourFrames, regions: list[str]) -> dict[str, lis
         (r.event_key, ())
         for r in of_regions(frames.quarantine_df).where(F.col("source") == T.SOURCE_LATE).select("event_key").collect()
     ]
-    return {"aggregates": aggregates, "raw": raw, "late": late, "minutes": minutes}
+    cross_region = {
+        (r.event_id, ())
+        for r in of_regions(frames.quarantine_df)
+        .where(F.col("source") == T.SOURCE_CROSS_REGION)
+        .select("event_id")
+        .collect()
+    }
+    return {"aggregates": aggregates, "raw": raw, "late": late, "minutes": minutes, "cross_region": list(cross_region)}
 
 
 def compare(expected: dict[str, dict], actual: dict[str, list[tuple]]) -> dict:

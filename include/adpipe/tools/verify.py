@@ -112,6 +112,37 @@ def _late_copy(rec: kafka_io.Record, valid: dict[str, RawEvent]) -> RawEvent | s
     return event if event is not None else "oversized copy of no valid raw event"
 
 
+class FirstCopies:
+    """The first raw copy of each valid event: the lowest (record
+    timestamp, partition, offset). The stream counts or lists that copy; a
+    late listing of another copy is a producer retry that came after the
+    dedupe retention, listed late again (the contract allows it), and must
+    not be taken for the event being late."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+    def add(self, rec: kafka_io.Record, event_id: str) -> None:
+        order = (rec.timestamp_ms, rec.partition, rec.offset)
+        known = self._first.get(event_id)
+        if known is None or order < known[0]:
+            self._first[event_id] = (order, f"{rec.topic}/{rec.partition}/{rec.offset}")
+
+    def lists_first(self, event_id: str, source: str | None) -> bool:
+        """Whether a late copy whose header names ``source`` lists the
+        event's first copy (an unknown event or source: taken as first)."""
+        known = self._first.get(event_id)
+        return known is None or source is None or known[1] == source
+
+
+def relisted_in_time(event: RawEvent, watermark_ms: int, retention_ms: int) -> bool:
+    """Whether a relisting is one the contract allows: its batch's
+    watermark had passed the event's window end plus the dedupe retention
+    (before that, the stream must skip the retry as a repeat)."""
+    window_end_ms = (event.event_ms // 60_000 + 1) * 60_000
+    return watermark_ms >= window_end_ms + retention_ms
+
+
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
     """The watermark of the last batch the stream job committed."""
     return kafka_io.committed_watermark(kafka_io.group_commits(settings.kafka, group, settings.topics.events))
@@ -127,6 +158,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
 
     # Raw events: distinct valid events and malformed messages.
     valid: dict[str, RawEvent] = {}
+    firsts = FirstCopies()
     malformed: dict[str, str] = {}  # "topic/partition/offset" -> reason
     raw_records = 0
     for rec in kafka_io.read_topic(kafka, topics.events):
@@ -136,21 +168,30 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
             malformed[f"{rec.topic}/{rec.partition}/{rec.offset}"] = verdict
         else:
             valid.setdefault(verdict.event_id, verdict)
+            firsts.add(rec, verdict.event_id)
 
     watermark = ledger_watermark_ms(settings, ledger_group)
 
     # Late events listed by the job.
     late_counts: Counter[str] = Counter()
+    relisted: Counter[str] = Counter()  # retries listed again after the dedupe retention
     not_late: list[dict] = []
+    retention_ms = settings.late_dedupe_retention_s * 1000
     for rec in kafka_io.read_topic(kafka, topics.late):
         verdict = _late_copy(rec, valid)
         if isinstance(verdict, str):
             not_late.append({"source": rec.header(S.HEADER_SOURCE), "why": f"malformed: {verdict}"})
             continue
-        late_counts[verdict.event_id] += 1
         cut = int(rec.header(S.HEADER_WATERMARK) or -1)
         if verdict.event_ms > cut:
             not_late.append({"event_id": verdict.event_id, "why": f"event time after the watermark {cut}"})
+        if firsts.lists_first(verdict.event_id, rec.header(S.HEADER_SOURCE)):
+            late_counts[verdict.event_id] += 1
+            continue
+        relisted[verdict.event_id] += 1
+        if not relisted_in_time(verdict, cut, retention_ms):
+            not_late.append({"event_id": verdict.event_id, "why": f"a retry listed again within the dedupe "
+                             f"retention ({settings.late_dedupe_retention_s} s; watermark {cut})"})
     late_ids = set(late_counts)
 
     # DLQ: exactly the malformed messages, once each.
@@ -247,8 +288,9 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
             "unexpected": _limited([{"ad_id": a, "window_start": w} for a, w in unexpected]),
         },
         "late": {
-            "records": sum(late_counts.values()),
+            "records": sum(late_counts.values()) + sum(relisted.values()),
             "distinct_events": len(late_ids),
+            "relisted_after_retention": sum(relisted.values()),
             "duplicated": _limited(late_dups),
             "not_valid_raw": _limited(late_unknown),
             "not_late": _limited(not_late),

@@ -312,3 +312,45 @@ def test_closed_through_finds_the_latest_closed_hour_by_bisection(monkeypatch: p
     monkeypatch.setattr(ranges, "hour_closed", closed_until(None))
     assert ranges.closed_through(settings, first, last) is None
     assert ranges.closed_through(settings, last, first) is None
+
+
+# --- late repeats and cross-region copies ----------------------------------------------------
+
+
+def _raw_row(event_id: str, region: str, partition: int, offset: int, minute: int = 10) -> tuple:
+    at = datetime(2026, 11, 22, 12, minute, 5)
+    return (event_id, "ad-1", None, "impression", at, datetime(2026, 11, 22, 12), region, f"raw-{region}",
+            partition, offset, datetime(2026, 11, 23, 9), None)
+
+
+def _raw(spark: SparkSession, rows: list[tuple]) -> DataFrame:
+    return spark.createDataFrame(rows, T.RAW_SCHEMA)
+
+
+def test_a_late_copy_of_a_records_that_is_not_the_events_first_is_a_late_repeat(spark: SparkSession) -> None:
+    # late-1: listed by the copy of its first raw record (a late event);
+    # again-1: the copy names a retry at offset 40, the event's first record is at offset 3.
+    late = _kafka(spark, [_event("late-1", 30), _event("again-1", 10)],
+                  [{S.HEADER_SOURCE: "raw-r1/0/7"}, {S.HEADER_SOURCE: "raw-r1/1/40"}])
+    empty = _kafka(spark, [])
+    quarantine = load.quarantine_table_rows(empty, late, empty, "r1", HOUR, LOADED)
+    first = _raw(spark, [_raw_row("late-1", "r1", 0, 7, 30), _raw_row("again-1", "r1", 1, 3)])
+    rows = {r.event_key: (r.source, r.reason) for r in load.mark_late_repeats(quarantine, first).collect()}
+    assert rows == {"late-1": (T.SOURCE_LATE, "late"), "again-1": (T.SOURCE_LATE_REPEAT, T.SOURCE_LATE_REPEAT)}
+    assert load.mark_late_repeats(quarantine, first).columns == T.QUARANTINE_SCHEMA.fieldNames()
+
+
+def test_copies_of_an_event_in_other_regions_are_listed_once_per_region(spark: SparkSession) -> None:
+    new = _raw(spark, [
+        _raw_row("both", "r1", 0, 5), _raw_row("both", "r2", 0, 2), _raw_row("both", "r2", 1, 9),  # r2 twice
+        _raw_row("alone", "r2", 0, 3),
+        _raw_row("earlier", "r1", 0, 6),  # r2 loaded it in an earlier run: r1's copy is the other one
+    ])
+    loaded = _raw(spark, [_raw_row("earlier", "r2", 0, 1)])
+    rows = load.cross_region_copies(new, loaded, LOADED).collect()
+    got = sorted((r.source, r.event_key, r.region, r.kafka_offset, r.reason) for r in rows)
+    assert got == [
+        (T.SOURCE_CROSS_REGION, "both@r2", "r2", 2, "cross_region_duplicate"),
+        (T.SOURCE_CROSS_REGION, "earlier@r1", "r1", 6, "cross_region_duplicate"),
+    ]
+    assert load.cross_region_copies(new, loaded, LOADED).columns == T.QUARANTINE_SCHEMA.fieldNames()

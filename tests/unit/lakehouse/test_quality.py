@@ -179,6 +179,24 @@ def test_reconciliation_frame_shows_every_kind_of_difference(spark: SparkSession
     assert_frame(got, expected)
 
 
+def test_each_region_is_reconciled_with_its_own_copy_of_an_event_that_reached_two(spark: SparkSession) -> None:
+    """e1 reached regions a and b: the raw table keeps a's row, the
+    quarantine lists b's copy; each region's aggregate counted it. A
+    late_repeat (a retry listed again after the retention) is no late event."""
+    raw_rows = [raw("e1", "ad-1", "impression", at(0, 5), region="a"), raw("e2", "ad-1", "click", at(0, 9), region="b")]
+    copy = (tables.SOURCE_CROSS_REGION, "e1@b", "cross_region_duplicate", None, "e1", "ad-1", "impression", at(0, 5),
+            HOUR, *kafka(3, "b"))
+    repeat = (tables.SOURCE_LATE_REPEAT, "e2", "late_repeat", None, "e2", "ad-1", "click", at(0, 9), HOUR,
+              *kafka(4, "b"))
+    agg_rows = [agg("ua", "ad-1", at(0), 1, 0, region="a"), agg("ub", "ad-1", at(0), 1, 1, region="b")]
+    f = frames(spark, raw_rows, [copy, repeat], agg_rows)
+    got = Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df)
+    expected = spark.createDataFrame(
+        [("a", "ad-1", at(0), 1, 0, 1, 0, 1, 0, 0), ("b", "ad-1", at(0), 1, 1, 1, 1, 1, 0, 0)], RECON_SCHEMA
+    )
+    assert_frame(got, expected)
+
+
 def test_reconciliation_frame_empty(spark: SparkSession) -> None:
     f = frames(spark, [], [], [])
     assert Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df).count() == 0
