@@ -41,9 +41,12 @@ def _event(event_id: str, ad_id: str, event_type: str, event_time: str, pad: int
     return json.dumps(body).encode()
 
 
-def _send_compressed(pipeline, values: list[bytes | tuple[bytes, bytes]]) -> None:  # noqa: ANN001
+def _send_compressed(pipeline, values: list[bytes | tuple]) -> None:  # noqa: ANN001
     """As a producer of large records does: lz4, a client limit above 1 MiB
-    (each value alone, or a (key, value) pair)."""
+    (each value alone, or (key, value[, timestamp ms])). Spread over the
+    partitions in turn: micro-batches take the same share of each
+    partition's backlog, so extra records at the head of one partition would
+    hold its events back and make some late by the others' watermark."""
     producer = Producer(
         {
             "bootstrap.servers": pipeline.settings.kafka_bootstrap,
@@ -53,12 +56,14 @@ def _send_compressed(pipeline, values: list[bytes | tuple[bytes, bytes]]) -> Non
         }
     )
     errors = []
-    for item in values:
-        key, value = item if isinstance(item, tuple) else (None, item)
+    for n, item in enumerate(values):
+        key, value, *stamp = item if isinstance(item, tuple) else (None, item)
         producer.produce(
             pipeline.settings.topics.events,
             value,
             key,
+            partition=n % pipeline.settings.topic_partitions,
+            timestamp=stamp[0] if stamp else 0,
             on_delivery=lambda err, _msg: errors.append(err) if err else None,
         )
     assert producer.flush(60) == 0 and errors == []
@@ -77,6 +82,12 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     long_bad = _event("long-bad", "b" * LONG_ID, "view", "2026-11-01T05:57:40Z")
     long_campaign = json.dumps({**json.loads(_event("long-cmp", "ad-c", "click", "2026-11-01T05:57:40Z")),
                                 "campaign_id": "c" * LONG_ID}).encode()
+    # A producer whose clock runs 50 minutes fast stamps its record so; the
+    # broker's clock is the record's timestamp, so its event is in the future
+    # and moves no watermark.
+    fast_ms = int(time.time() * 1000) + 50 * 60_000
+    fast_time = f"{datetime.fromtimestamp(fast_ms / 1000, UTC):%Y-%m-%dT%H:%M:%SZ}"
+    fast_clock = _event("fast-clock", "ad-000001", "impression", fast_time)
     _send_compressed(
         pipeline,
         [
@@ -86,18 +97,10 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
             (b"a" * LONG_ID, long_ad),
             (b"b" * LONG_ID, long_bad),
             (b"ad-c", long_campaign),
+            (b"ad-000001", fast_clock, fast_ms),
             *(value for _case, _reason, value in CORPUS),  # every bad value of the committed corpus
         ],
     )
-    # A producer whose clock runs 50 minutes fast stamps its record so; the
-    # broker's clock is the record's timestamp, so its event is in the future
-    # and moves no watermark.
-    fast_ms = int(time.time() * 1000) + 50 * 60_000
-    fast_time = f"{datetime.fromtimestamp(fast_ms / 1000, UTC):%Y-%m-%dT%H:%M:%SZ}"
-    fast_clock = _event("fast-clock", "ad-000001", "impression", fast_time)
-    producer = Producer({"bootstrap.servers": pipeline.settings.kafka_bootstrap, "enable.idempotence": True})
-    producer.produce(pipeline.settings.topics.events, fast_clock, b"ad-000001", timestamp=fast_ms)
-    assert producer.flush(30) == 0
     s1 = pipeline.produce(events=900, seed=31, minutes=5, start=START, duplicate_rate=0.03, malformed_rate=0.02)
     killed = pipeline.stream(
         max_offsets=250,

@@ -131,6 +131,7 @@ SOURCE_BAD_AGGREGATE = "bad_aggregate"
 # The raw record a late copy lists ("topic/partition/offset"), beside the
 # quarantine rows until mark_late_repeats has used it.
 RAW_SOURCE = "__raw_source"
+LISTED_WATERMARK = "__listed_watermark_ms"  # the watermark of the batch that listed a late copy
 
 
 class LoadError(RuntimeError):
@@ -296,6 +297,7 @@ def quarantine_table_rows(
     )
     late_rows = late.where(F.col("reject_reason").isNull() | _header(S.HEADER_EVENT_ID).isNotNull()).select(
         _header(S.HEADER_SOURCE).alias(RAW_SOURCE),
+        _header(S.HEADER_WATERMARK).cast("long").alias(LISTED_WATERMARK),
         F.lit(T.SOURCE_LATE).alias("source"),
         F.col("event_id").alias("event_key"),
         F.lit("late").alias("reason"),
@@ -324,31 +326,36 @@ def quarantine_table_rows(
         )
     )
     names = T.QUARANTINE_SCHEMA.fieldNames()
-    no_source = F.lit(None).cast("string").alias(RAW_SOURCE)
+    listing = [F.lit(None).cast("string").alias(RAW_SOURCE), F.lit(None).cast("long").alias(LISTED_WATERMARK)]
     return (
-        dlq_rows.select(*names, no_source)
-        .unionByName(late_rows.select(*names, RAW_SOURCE))
-        .unionByName(bad_aggregates.select(*names, no_source))
+        dlq_rows.select(*names, *listing)
+        .unionByName(late_rows.select(*names, RAW_SOURCE, LISTED_WATERMARK))
+        .unionByName(bad_aggregates.select(*names, *listing))
         .where(_in_hour(hour))
     )
 
 
-def mark_late_repeats(quarantine_df: DataFrame, first_raw_df: DataFrame) -> DataFrame:
-    """Quarantine rows (with :data:`RAW_SOURCE`) -> the same rows, each late
-    listing whose raw record is not the event's first (``first_raw_df``: one
-    raw row per ``event_id``, its Kafka position) made a ``late_repeat``: a
-    producer retry that came after the stream's dedupe retention, listed late
-    again though its first copy was counted or listed before. Such a row is
-    kept to be seen, and never counted as late (the gate and verify count
-    ``late`` rows only). :data:`RAW_SOURCE` is dropped."""
+def mark_late_repeats(quarantine_df: DataFrame, first_raw_df: DataFrame, retention_ms: int) -> DataFrame:
+    """Quarantine rows (with :data:`RAW_SOURCE` and :data:`LISTED_WATERMARK`)
+    -> the same rows, each late listing whose raw record is not the event's
+    first (``first_raw_df``: one raw row per ``event_id``, its Kafka
+    position) and whose batch's watermark had passed the event's window end
+    plus the dedupe retention (``retention_ms``) made a ``late_repeat``: a
+    producer retry that came after the retention, listed late again though
+    its first copy was counted or listed before. (Within the retention the
+    stream still knew the id: that listing is the event's one.) Such a row
+    is kept to be seen, and never counted as late (the gate and verify count
+    ``late`` rows only). The two helper columns are dropped."""
     first = first_raw_df.select(
         "event_id", F.concat_ws("/", "kafka_topic", "kafka_partition", "kafka_offset").alias("__first_source")
     )
+    window_end_ms = (F.floor(F.unix_millis("event_time") / 60_000) + 1) * 60_000
     repeat = (
         (F.col("source") == F.lit(T.SOURCE_LATE))
         & F.col(RAW_SOURCE).isNotNull()
         & F.col("__first_source").isNotNull()
         & (F.col("__first_source") != F.col(RAW_SOURCE))
+        & F.coalesce(F.col(LISTED_WATERMARK) >= window_end_ms + F.lit(retention_ms), F.lit(False))
     )
     return (
         quarantine_df.join(first, "event_id", "left")
@@ -541,7 +548,9 @@ def table_rows(
         parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
         parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
     unions = {table: functools.reduce(DataFrame.unionByName, dfs) for table, dfs in parts.items()}
-    unions[T.QUARANTINE] = mark_late_repeats(unions[T.QUARANTINE], _first_raw(spark, unions))
+    unions[T.QUARANTINE] = mark_late_repeats(
+        unions[T.QUARANTINE], _first_raw(spark, unions), settings.late_dedupe_retention_s * 1000
+    )
     if len(ranges) > 1:  # one region has no copy in another
         loaded = _loaded_raw(spark, unions[T.RAW].select("event_hour", "event_id"))
         unions[T.QUARANTINE] = unions[T.QUARANTINE].unionByName(

@@ -203,12 +203,43 @@ def ensure_tables(spark: SparkSession) -> None:
     for name, schema, partition in wanted:
         if name.lower() not in present:
             builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
-            (builder.partitionedBy(partition) if partition else builder).execute()
+            builder = builder.partitionedBy(partition) if partition else builder
+            try:
+                builder.execute()
+            except Exception as exc:
+                if "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" not in str(exc) or not _clear_unregistered(spark, name):
+                    raise
+                builder.execute()
         _add_missing_columns(spark, name, schema)
     spark.sql(T.LATE_CORRECTIONS_SQL)
     spark.sql(T.CROSS_REGION_SQL)
     for name in T.TABLES:
         spark.sql(T.whole_view_sql(name))
+
+
+def _clear_unregistered(spark: SparkSession, name: str) -> bool:
+    """A process killed while it created table ``name`` can leave its
+    folder with the create commit begun and no metastore entry; every later
+    start then fails to create it. Such a folder holds no data (no file
+    outside ``_delta_log``, no commit past the create): it is removed, and
+    True returned. Anything else is left alone (False)."""
+    from urllib.parse import urlparse
+
+    warehouse = urlparse(spark.conf.get("spark.sql.warehouse.dir") or "")
+    if warehouse.scheme not in ("", "file"):
+        return False
+    database, table = name.split(".", 1)
+    folder = Path(warehouse.path) / f"{database}.db" / table
+    data = [p for p in folder.rglob("*") if p.is_file() and "_delta_log" not in p.relative_to(folder).parts]
+    commits = [p for p in (folder / "_delta_log").glob("*.json") if p.stem.isdigit() and int(p.stem) > 0]
+    if not folder.is_dir() or data or commits:
+        return False
+    import shutil
+
+    log.warning("%s: its folder %s holds a create that never finished (no data, no metastore entry): removed",
+                name, folder)
+    shutil.rmtree(folder)
+    return True
 
 
 def _add_missing_columns(spark: SparkSession, name: str, schema: StructType) -> None:

@@ -197,9 +197,10 @@ class TransactionalSink:
         self._message_max_bytes = message_max_bytes
         self._producer: Producer | None = None
         self._ledger_consumer: Consumer | None = None
-        # Per output (topic, partition): the offset after this transaction's
-        # last record there, from the delivery reports (into the ledger, for loads).
+        # Per output (topic, partition): at or past the offset after this
+        # transaction's last record there (into the ledger, for loads).
         self._delivered: dict[tuple[str, int], int] = {}
+        self._offsets_consumer: Consumer | None = None
 
     # Step 1
     def _ensure_producer(self) -> Producer:
@@ -406,14 +407,14 @@ class TransactionalSink:
     ) -> dict[str, int]:
         """Begin the transaction and produce every record; records per topic."""
         by_topic: dict[str, int] = {}
-        self._delivered = {}
         producer.begin_transaction()
         for rec in records:
-            self._produce(producer, rec, self._on_delivery)
+            self._produce(producer, rec)
             by_topic[rec.topic] = by_topic.get(rec.topic, 0) + 1
         undelivered = producer.flush(60)
         if undelivered:  # the commit would fail on them anyway: say why, then abort
             raise RuntimeError(f"{undelivered} records of batch {batch_id} not delivered within 60 s")
+        self._delivered = self._written_through(by_topic)
         if self.fault:
             self.fault.hit(AFTER_PRODUCE, batch_id, aggregates, sum(by_topic.values()))
         return by_topic
@@ -437,18 +438,41 @@ class TransactionalSink:
             self.fault.run_and_kill(lambda: producer.commit_transaction(60))
         _retrying(lambda: producer.commit_transaction(CALL_TIMEOUT_S), f"batch {batch_id}: commit")
 
-    def _on_delivery(self, err: KafkaError | None, msg: object) -> None:
-        if err is None:
-            key = (msg.topic(), msg.partition())  # type: ignore[attr-defined]
-            end = msg.offset() + 1  # type: ignore[attr-defined]
-            if end > self._delivered.get(key, 0):
-                self._delivered[key] = end
+    def _written_through(self, by_topic: dict[str, int]) -> dict[tuple[str, int], int]:
+        """Per partition of the topics the batch wrote: the high watermark
+        once its records are delivered, so at or past its last record there
+        (this job is the topics' one writer, and its previous transaction
+        was complete before this one could add a partition). Per-record
+        delivery callbacks would say it exactly, but a callback that runs
+        while librdkafka reports a fatal error replaces that error."""
+        if self._offsets_consumer is None:
+            # read_uncommitted: the high watermark, not the last stable
+            # offset (which this open transaction holds back).
+            self._offsets_consumer = Consumer(
+                client_config(
+                    self._kafka,
+                    {
+                        "group.id": "adpipe-offsets-probe",
+                        "isolation.level": "read_uncommitted",
+                        "enable.auto.commit": False,
+                    },
+                )
+            )
+        ends: dict[tuple[str, int], int] = {}
+        for topic in sorted(t for t, n in by_topic.items() if n):
+            partitions = self._offsets_consumer.list_topics(topic, timeout=CALL_TIMEOUT_S).topics[topic].partitions
+            for partition in sorted(partitions):
+                _low, high = self._offsets_consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=CALL_TIMEOUT_S, cached=False
+                )
+                ends[(topic, partition)] = high
+        return ends
 
     @staticmethod
-    def _produce(producer: Producer, rec: OutRecord, on_delivery: Callable[..., None] | None = None) -> None:
+    def _produce(producer: Producer, rec: OutRecord) -> None:
         while True:
             try:
-                producer.produce(rec.topic, rec.value, rec.key, headers=list(rec.headers), on_delivery=on_delivery)
+                producer.produce(rec.topic, rec.value, rec.key, headers=list(rec.headers))
                 return
             except BufferError:
                 producer.poll(0.1)
@@ -467,6 +491,7 @@ class TransactionalSink:
         fails, and the error that stopped the job is the one to report."""
         for close in (
             lambda: self._ledger_consumer and self._ledger_consumer.close(),
+            lambda: self._offsets_consumer and self._offsets_consumer.close(),
             lambda: self._producer and self._producer.flush(10),
         ):
             try:

@@ -8,10 +8,13 @@ Union & Load runs as real processes on the local cluster (the brokers of
 a producer writes at a steady rate. For ``--duration`` seconds it injects
 faults drawn from a seeded schedule (``--seed`` replays one): SIGKILL of the
 stream driver, of a Spark worker, of a budget instance, of a load; SIGSTOP
-and, seconds later, SIGCONT of the driver; SIGTERM or SIGKILL of one broker
+of the driver past the transaction timeout while a successor driver takes
+over, then SIGCONT (a real zombie); SIGTERM or SIGKILL of one broker
 at a time, and of the leader of the transaction-state partition that holds
 the stream job's transactional id. Killed parts are restarted as a
-supervisor would. Then it drains (every window closed, every hour loaded)
+supervisor would (a failed restart is retried with backoff, and a part
+that stays down is reported in the verdict). A fault counts only when it
+happened; fewer than planned make the run SHORT. Then it drains (every window closed, every hour loaded)
 and checks the output against the producer's own record of what it sent.
 
 Each run has its own topics, job id, budget database and metastore
@@ -74,6 +77,27 @@ QUIET_S = 15.0
 # while input waits is stalled: killed and restarted, as the stream DAG's
 # supervisor does (ADPIPE_STREAM_STALL_S), and counted in the report.
 STALL_S = 240.0
+# How long a planned fault may wait for its target (a paused driver, a
+# broker catching up, an hour to load) before it is dropped.
+FAULT_WAIT_S = 600.0
+# A failed restart of a part (a Spark worker whose web UI port the killed
+# one's JVM still held: BindException) is tried again after each of these
+# waits; after the last the part is reported down and the run goes on.
+RESTART_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 80.0)
+# A stream_pause is a real zombie: the driver stays stopped past the
+# transaction timeout (plus this margin) while a successor driver takes
+# over the checkpoint, and is resumed once the successor has committed a
+# batch (at most PAUSE_MAX_S). The resumed zombie must then stop by itself
+# (fenced) within ZOMBIE_EXIT_S, or it is killed and the fault says so.
+PAUSE_MARGIN_S = 10.0
+PAUSE_MAX_S = 240.0
+ZOMBIE_EXIT_S = 90.0
+
+
+def restart_backoff(attempt: int) -> float | None:
+    """Seconds to wait before attempt ``attempt + 1`` at restarting a part
+    whose attempt ``attempt`` (1-based) failed; None: give up."""
+    return RESTART_BACKOFF_S[attempt - 1] if 1 <= attempt <= len(RESTART_BACKOFF_S) else None
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,33 @@ class FaultRecord:
     restored_at_s: float | None = None
     recovery_s: float | None = None
     note: str = ""
+    # False when it turned out not to have happened (the broker had already
+    # stopped; the paused driver got no successor): not counted.
+    injected: bool = True
+
+
+@dataclass
+class ZombiePause:
+    """A stream_pause in progress: the stopped driver, its successor, and
+    the ledger position when it stopped."""
+
+    record: FaultRecord
+    zombie: Part
+    successor: Part
+    stopped_at: float  # monotonic
+    min_s: float
+    committed_before: int
+    resumed_at: float | None = None
+
+
+def _has_fenced(part: Part) -> bool:
+    """Whether a stream driver's sink has taken its transactional id (its
+    log says so: adpipe.stream.sink's "older instances fenced")."""
+    log_path = part.log_dir / f"{part.name}-{part.starts}.log"
+    try:
+        return "older instances fenced" in log_path.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 class Part:
@@ -282,6 +333,9 @@ class Monitor:
     hours: list[str] = field(default_factory=list)
     closed_hours: set[str] = field(default_factory=set)
     errors: int = 0
+    # The ledger's batch boundaries as sampled (the verdict bounds each
+    # batch's watermark with them): batch id -> boundary.
+    boundaries: dict[int, chaos_check.LedgerBoundary] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def sample(self) -> None:
@@ -299,6 +353,7 @@ class Monitor:
             self.errors += 1
             log.debug("monitor: %s", exc)
             return
+        self.note_boundary(commits)
         now = time.monotonic()
         self.sampled_at = now
         if done > self.stream_committed:
@@ -307,6 +362,11 @@ class Monitor:
             self.budget_committed, self.budget_progress_at = budget_done, now
         self.stream_lag, self.budget_lag = lag, max(0, budget_end - budget_done)
         self.max_stream_lag = max(self.max_stream_lag, lag)
+
+    def note_boundary(self, commits: dict[int, tuple[int, str]]) -> None:
+        boundary = chaos_check.ledger_boundary(commits)
+        if boundary is not None:
+            self.boundaries[boundary.batch_id] = boundary
 
     def sample_hours(self) -> None:
         """Which of the run's hours the stream has closed (loads wait for it)."""
@@ -359,7 +419,14 @@ class ChaosRun:
         self.load_rcs: Counter[int] = Counter()
         self.hour_labels: list[str] = []
         self.restarted: Counter[str] = Counter()
-        self.skipped: list[PlannedFault] = []
+        # Planned faults that did not happen, and why.
+        self.skipped: list[dict] = []
+        self.restart_failures: list[str] = []
+        self.down: dict[str, str] = {}  # part -> why its restarts gave up
+        self.broker_stops: dict[int, threading.Thread] = {}
+        self.pause: ZombiePause | None = None
+        self.successors = 0
+        self._pending_lock = threading.Lock()  # broker threads schedule too
         self.stalls = 0
         self.warm_up_s = 0.0
         self.faults: list[FaultRecord] = []
@@ -431,40 +498,48 @@ class ChaosRun:
         return time.monotonic() - self.t0
 
     def _later(self, delay_s: float, action: str, arg: object = None) -> None:
-        self.pending.append((time.monotonic() + delay_s, action, arg))
+        with self._pending_lock:
+            self.pending.append((time.monotonic() + delay_s, action, arg))
+
+    def _skip(self, planned: PlannedFault, why: str) -> None:
+        self.skipped.append({**asdict(planned), "why": why, "at_run_s": round(self._elapsed(), 1)})
 
     def inject(self, planned: PlannedFault) -> FaultRecord | None:
-        """Carry out one planned fault; None when it must wait (a broker is
-        still down or catching up, a worker is still down)."""
+        """Carry out one planned fault; None when it must wait (its target
+        does not run now, a broker is still down or catching up, a worker is
+        still down, a stream_pause is still on). A fault is recorded only
+        once its signal reached a live target; a load kill is deferred, and
+        recorded when it lands (:meth:`_kill_load`)."""
         kind, pick = planned.kind, planned.pick
         record = FaultRecord(kind, "", round(self._elapsed(), 1), round(planned.down_s, 1))
         if kind in (STREAM_KILL, STREAM_PAUSE):
-            if not self.stream.alive:
+            if not self.stream.alive or self.pause is not None:
                 return None
             record.target = f"stream pid {self.stream.proc.pid}"  # type: ignore[union-attr]
-            if kind == STREAM_KILL:
-                self.stream.signal(signal.SIGKILL)
-            else:
-                self.stream.signal(signal.SIGSTOP)
-                self._later(planned.down_s, "resume_stream")
+            if not self.stream.signal(signal.SIGKILL if kind == STREAM_KILL else signal.SIGSTOP):
+                return None
+            if kind == STREAM_PAUSE:
+                self._start_successor(record)
         elif kind == BUDGET_KILL:
             part = self.budgets[int(pick * len(self.budgets))]
-            if not part.alive:
-                return None
             record.target = part.name
-            part.signal(signal.SIGKILL)
+            if not part.signal(signal.SIGKILL):
+                return None
             part.hold_until = time.monotonic() + planned.down_s
         elif kind == LOAD_KILL:
-            if self.load is None or not self.load.alive:
+            if self.load is not None and self.load.alive:
+                record.target = f"load {self.load_hour}"
+                if not self.load.signal(signal.SIGKILL):
+                    return None
+            else:
                 self._start_load()
                 if self.load is None:
                     return None
                 # Killed a few seconds into its run (Spark start-up, staging or publish).
-                self._later(3 + 30 * pick, "kill_load", self.load)
-                record.target = f"load {self.load_hour} (killed {3 + 30 * pick:.0f} s into it)"
-            else:
-                record.target = f"load {self.load_hour}"
-                self.load.signal(signal.SIGKILL)
+                delay = 3 + 30 * pick
+                record.target = f"load {self.load_hour} (killed {delay:.0f} s into it)"
+                self._later(delay, "kill_load", (self.load, record, planned))
+                return record
         elif kind == WORKER_KILL:
             cluster = self._spark_cluster()
             if cluster is None or self.worker_down is not None:
@@ -473,10 +548,11 @@ class ChaosRun:
             if not workers:
                 return None
             index = workers[int(pick * len(workers))]
-            cluster.kill_worker(self.base, index, signal.SIGKILL)
+            if not cluster.kill_worker(self.base, index, signal.SIGKILL):
+                return None
             self.worker_down = index
             record.target = f"spark worker {index}"
-            self._later(planned.down_s, "start_worker", index)
+            self._later(planned.down_s, "start_worker", (index, 1))
         else:
             if self.broker_down is not None or not fully_replicated(self.settings.kafka):
                 return None
@@ -493,11 +569,21 @@ class ChaosRun:
                 record.target = f"broker {node}"
             sig = signal.SIGTERM if kind == BROKER_TERM else signal.SIGKILL
             self.broker_down = node
-            threading.Thread(target=kafka_broker.stop_node, args=(self.base, node, sig), daemon=True).start()
-            self._later(planned.down_s, "start_broker", node)
+            stopper = threading.Thread(target=self._stop_broker, args=(node, sig, record), daemon=True)
+            self.broker_stops[node] = stopper
+            stopper.start()
+            self._later(planned.down_s, "start_broker", (node, 1))
         log.info("fault %s: %s at %.1f s", kind, record.target, record.at_s)
         self.faults.append(record)
         return record
+
+    def _kill_load(self, load: Part, record: FaultRecord, planned: PlannedFault) -> None:
+        """A deferred load kill: a fault only if that load still ran."""
+        if load is self.load and load.signal(signal.SIGKILL):
+            record.at_s = round(self._elapsed(), 1)
+            self.faults.append(record)
+        else:
+            self._skip(planned, f"{record.target}: the load had finished first")
 
     def _start_load(self) -> None:
         """Load the next hour that is closed (in turn), unless one runs."""
@@ -517,32 +603,147 @@ class ChaosRun:
 
     def _due(self) -> None:
         now = time.monotonic()
-        ready = [p for p in self.pending if p[0] <= now]
-        self.pending = [p for p in self.pending if p[0] > now]
+        with self._pending_lock:
+            ready = [p for p in self.pending if p[0] <= now]
+            self.pending = [p for p in self.pending if p[0] > now]
         for _, action, arg in ready:
             if action == "resume_stream":
-                self.stream.signal(signal.SIGCONT)
-                self._restored(STREAM_PAUSE)
-            elif action == "kill_load" and arg is self.load and self.load is not None:
-                self.load.signal(signal.SIGKILL)
+                self._resume_zombie()
+            elif action == "retire_zombie":
+                self._retire_zombie()
+            elif action == "kill_load":
+                self._kill_load(*arg)  # type: ignore[misc]
             elif action == "start_worker":
-                self._spark_cluster().start_worker(self.base, arg)  # type: ignore[union-attr]
-                self.worker_down = None
-                self.restarted["spark_worker"] += 1
-                self._restored(WORKER_KILL)
+                self._start_worker(*arg)  # type: ignore[misc]
             elif action == "start_broker":
-                threading.Thread(target=self._start_broker, args=(arg,), daemon=True).start()
+                threading.Thread(target=self._start_broker, args=arg, daemon=True).start()
 
-    def _start_broker(self, node: int) -> None:
+    # -- restarts ------------------------------------------------------------
+
+    def _restart_failed(self, part: str, exc: BaseException, attempt: int, action: str, arg: object) -> None:
+        """Try again after a backoff, or give up: the part is reported down
+        in the verdict, and the run goes on without it."""
+        self.restart_failures.append(f"{part}, attempt {attempt}: {str(exc)[:300]}")
+        delay = restart_backoff(attempt)
+        if delay is None:
+            log.error("restarting %s failed %d times; it stays down: %s", part, attempt, exc)
+            self.down[part] = str(exc)[:300]
+            return
+        log.warning("restarting %s failed (attempt %d), again in %.0f s: %s", part, attempt, delay, exc)
+        self._later(delay, action, (arg, attempt + 1))
+
+    def parts_down(self) -> list[str]:
+        return [f"{part} ({why})" for part, why in sorted(self.down.items())]
+
+    def _start_worker(self, index: int, attempt: int) -> None:
+        # The module itself: with its only worker down, _spark_cluster() finds none.
+        from adpipe.local import spark_cluster
+
+        try:
+            spark_cluster.start_worker(self.base, index)
+        except Exception as exc:  # noqa: BLE001 - SparkClusterError, OSError: retried, then reported
+            self._restart_failed(f"spark worker {index}", exc, attempt, "start_worker", index)
+            return
+        self.worker_down = None
+        self.restarted["spark_worker"] += 1
+        self._restored(WORKER_KILL)
+
+    def _stop_broker(self, node: int, sig: int, record: FaultRecord) -> None:
+        """Signal the broker and wait until its process has exited (its
+        restart waits for this thread)."""
+        try:
+            ran = kafka_broker.stop_node(self.base, node, sig)
+        except Exception as exc:  # noqa: BLE001 - then it was not injected
+            ran, record.note = False, f"stopping it failed: {exc}"
+        if not ran:
+            record.injected = False
+            record.note = record.note or "the broker was not running"
+
+    def _start_broker(self, node: int, attempt: int) -> None:
+        # Only after its old process has exited: a broker still shutting
+        # down answers too, and would pass for restarted.
+        stopper = self.broker_stops.get(node)
+        if stopper is not None:
+            stopper.join()
         try:
             kafka_broker.start_node(self.base, node)
-        except kafka_broker.BrokerError as exc:
-            log.error("restarting broker %d: %s", node, exc)
-            self._later(5, "start_broker", node)
+        except Exception as exc:  # noqa: BLE001 - BrokerError, OSError: retried, then reported
+            self._restart_failed(f"broker {node}", exc, attempt, "start_broker", node)
             return
         self.restarted["broker"] += 1
         self._restored(*BROKER_KINDS)
         self.broker_down = None
+
+    # -- the zombie driver ---------------------------------------------------
+
+    def _start_successor(self, record: FaultRecord) -> None:
+        """Start a second driver on the stopped one's checkpoint. On one host
+        the checkpoint's flock (adpipe.stream.checkpoint_lock) would refuse
+        it: the stopped driver still holds it. The successor reaches the same
+        checkpoint through another name, so its lock is another file, as a
+        driver on another host would (where only the transactional.id's
+        fencing and Spark's own offset-log checks stand between them)."""
+        self.successors += 1
+        # A base of its own whose <job id> entry is the checkpoint itself: the
+        # successor's checkpoint is the same folder, its lock (<job id>.lock
+        # beside it) another file.
+        view = self.home / f"checkpoint-view-{self.successors}"
+        view.mkdir(parents=True, exist_ok=True)
+        (view / self.settings.job_id).symlink_to(self.settings.checkpoint_dir, target_is_directory=True)
+        env = {**self.stream.env, "ADPIPE_CHECKPOINT_URI": f"file://{view}"}
+        successor = Part(f"stream-successor{self.successors}", self.stream.argv, env, self.logs)
+        successor.start()
+        min_s = self.settings.transaction_timeout_ms / 1000 + PAUSE_MARGIN_S
+        record.down_s = round(max(record.down_s, min_s), 1)
+        self.pause = ZombiePause(
+            record, self.stream, successor, time.monotonic(), record.down_s, self.monitor.stream_committed
+        )
+        self._later(record.down_s, "resume_stream")
+
+    def _resume_zombie(self) -> None:
+        """SIGCONT the stopped driver once its transaction timed out and its
+        successor committed a batch (or PAUSE_MAX_S passed)."""
+        pause = self.pause
+        assert pause is not None
+        stopped_s = time.monotonic() - pause.stopped_at
+        # Taken over: the successor committed a batch, or (no input waits)
+        # its sink fenced the stopped driver's transactional id.
+        took_over = self.monitor.stream_committed > pause.committed_before or _has_fenced(pause.successor)
+        if not took_over and pause.successor.alive and stopped_s < PAUSE_MAX_S:
+            self._later(2, "resume_stream")
+            return
+        if not took_over:
+            pause.record.injected = False
+            pause.record.note = (
+                f"no real zombie: the successor committed nothing in {stopped_s:.0f} s "
+                f"(it {'ran' if pause.successor.alive else 'exited'})"
+            )
+        pause.zombie.signal(signal.SIGCONT)
+        pause.resumed_at = time.monotonic()
+        pause.record.down_s = round(stopped_s, 1)
+        self._later(1, "retire_zombie")
+
+    def _retire_zombie(self) -> None:
+        """Wait for the resumed driver to stop by itself (fenced, or refused
+        by the checkpoint); then its successor is the stream job."""
+        pause = self.pause
+        assert pause is not None and pause.resumed_at is not None
+        since = time.monotonic() - pause.resumed_at
+        if pause.zombie.alive and since < ZOMBIE_EXIT_S:
+            self._later(1, "retire_zombie")
+            return
+        if pause.zombie.alive:
+            pause.record.note = f"{pause.record.note}; the zombie still ran {since:.0f} s after its resume: killed"
+            pause.zombie.signal(signal.SIGKILL)
+            pause.zombie.proc.wait(timeout=30)  # type: ignore[union-attr]
+        rc = pause.zombie.proc.poll() if pause.zombie.proc is not None else None
+        pause.zombie.reap()
+        pause.record.note = f"{pause.record.note}; the resumed zombie exited {rc} after {since:.0f} s".lstrip("; ")
+        # The successor is the stream job now (restarted as one if it died).
+        self.stream = pause.successor
+        self.restarted["stream_takeover"] += 1
+        self.pause = None
+        self._restored(STREAM_PAUSE)
 
     def _restored(self, *kinds: str) -> None:
         for record in reversed(self.faults):
@@ -554,7 +755,7 @@ class ChaosRun:
         """Restart what died (a supervisor's job), note loads that finished."""
         now = time.monotonic()
         m = self.monitor
-        paused = any(a == "resume_stream" for _, a, _ in self.pending)
+        paused = self.pause is not None
         if (
             self.stream.alive
             and not paused
@@ -566,7 +767,9 @@ class ChaosRun:
             )
             self.stalls += 1
             self.stream.signal(signal.SIGKILL)
-        for part in [self.stream, *self.budgets]:
+        # During a stream_pause the stopped driver and its successor are the
+        # pause's to handle: a restart now would be a third driver.
+        for part in [*([self.stream] if self.pause is None else []), *self.budgets]:
             if part.proc is not None and part.proc.poll() is not None:
                 part.reap()
                 part.hold_until = max(part.hold_until, now + 1)
@@ -634,7 +837,7 @@ class ChaosRun:
             flush=True,
         )
         pg.ensure_databases(self.base, (_db_name(self.run_id, "budget"), _db_name(self.run_id, "ms")))
-        kafka_io.ensure_topics(self.settings.kafka, self.settings.topics.all(), self.settings.topic_partitions)
+        kafka_io.ensure_pipeline_topics(self.settings)
         main, closer, closer_start = self.plans()
         produce.write_summary(main.summary, self.home / "produced.json")
         self.hour_labels = self.hours(main)
@@ -645,7 +848,8 @@ class ChaosRun:
             return self._run(schedule, main, closer, closer_start)
         finally:
             # Whatever happened (an error here, Ctrl-C): no part outlives the run.
-            for part in [self.stream, *self.budgets, self.load]:
+            successor = self.pause.successor if self.pause is not None else None
+            for part in [self.stream, successor, *self.budgets, self.load]:
                 if part is not None:
                     part.signal(signal.SIGCONT)
                     part.signal(signal.SIGKILL)
@@ -676,15 +880,19 @@ class ChaosRun:
         last_note = retry_at = 0.0
         while queue or self._elapsed() < spec.duration_s or producer.is_alive() or self.pending:
             if queue and self._elapsed() >= max(queue[0].at_s, retry_at):
-                # A fault that cannot happen yet (a broker still catching up,
-                # no hour to load) is tried again every few seconds, for two
-                # minutes at most; then it is dropped from the schedule.
-                if self.inject(queue[0]) is not None:
-                    queue.pop(0)
-                elif self._elapsed() > queue[0].at_s + 120:
-                    self.skipped.append(queue.pop(0))
-                else:
-                    retry_at = self._elapsed() + 3
+                # The due faults in order; one that cannot happen yet (a
+                # broker still catching up, the driver paused, no hour to
+                # load) waits, tried again every few seconds, without holding
+                # back the faults after it; past FAULT_WAIT_S it is dropped
+                # (and the run is short of its target).
+                for planned in [f for f in queue if f.at_s <= self._elapsed()]:
+                    if self.inject(planned) is not None:
+                        queue.remove(planned)
+                        break  # one per turn: the next finds its target's state after this one
+                    if self._elapsed() > planned.at_s + FAULT_WAIT_S:
+                        queue.remove(planned)
+                        self._skip(planned, f"its target was not there for {FAULT_WAIT_S:.0f} s")
+                retry_at = self._elapsed() + 3
             self._due()
             self._supervise()
             self._judge_recovery()
@@ -708,7 +916,7 @@ class ChaosRun:
         drain_s = time.monotonic() - drain_started
         for part in [self.stream, *self.budgets]:
             part.stop()
-        return self._report(main, closer_minute, drain_s, len(schedule))
+        return self._report(main, closer_minute, drain_s, schedule)
 
     def _drain(self, started: float, timeout_s: float = 1800) -> None:
         """Until the stream job has committed everything and its output has
@@ -764,19 +972,38 @@ class ChaosRun:
         """Restarts per part (loads: runs that did not finish)."""
         return {**self.restarted, "load_failed": sum(n for rc, n in self.load_rcs.items() if rc != 0)}
 
-    def _report(self, main: produce.Plan, closer_minute: str, drain_s: float, planned: int) -> dict:
+    def _report(self, main: produce.Plan, closer_minute: str, drain_s: float, schedule: list[PlannedFault]) -> dict:
         s = self.settings
-        aggregates = [r.value for r in kafka_io.read_topic(s.kafka, s.topics.aggregates)]
-        late = [r.value for r in kafka_io.read_topic(s.kafka, s.topics.late)]
-        dlq = [r.header(S.HEADER_SOURCE) for r in kafka_io.read_topic(s.kafka, s.topics.dlq)]
-        truth = chaos_check.Truth.from_summaries([main.summary], closed_before=closer_minute)
-        judged = [a for a in aggregates if json.loads(a)["window_start"] < closer_minute]
-        check = chaos_check.check_events(truth, judged, late, dlq)
+        check, judged, (raw, late, dlq) = self._check_events(main, closer_minute)
         spend = chaos_check.check_spend(
             judged, self._spend_rows(), (s.budget_default_cpm_micros, s.budget_default_cpc_micros)
         )
         tables = self._tables()
-        ok = check["ok"] and spend["ok"] and tables["ok"] and self.producer_error is None
+        # The same tables read with delta-rs, when it is installed.
+        rows = chaos_check.read_delta_tables(s.warehouse_dir / "ads.db")
+        tables_delta_rs = (
+            {"ok": None, "skipped": rows}
+            if isinstance(rows, str)
+            else chaos_check.compare_tables(rows, judged, raw, late, dlq, set(self.hour_labels))
+        )
+        faults = chaos_check.summarize_faults([asdict(f) for f in self.faults], Counter(f.kind for f in schedule))
+        verdict, reasons = chaos_check.run_verdict(
+            {
+                "events": check["ok"],
+                "spend": spend["ok"],
+                "tables": tables["ok"],
+                **({"tables (delta-rs)": tables_delta_rs["ok"]} if tables_delta_rs["ok"] is not None else {}),
+                "producer": not self.producer_error,
+            },
+            faults,
+            self.parts_down(),
+            self.stalls,
+        )
+        explained = {
+            "PASS": "zero lost, zero duplicated, budgets exact, tables match, every planned fault injected",
+            "SHORT": "the output is right, but the run fell short: " + "; ".join(reasons),
+            "FAIL": "; ".join(reasons) + ": see check, spend and tables",
+        }[verdict]
         report = {
             "run_id": self.run_id,
             "seed": self.seed,
@@ -786,16 +1013,19 @@ class ChaosRun:
             "duration_s": self._elapsed(),
             "events": {
                 "sent_messages": main.summary["messages"],
-                "distinct_events": truth.distinct_events,
+                "distinct_events": check["raw_valid_events"],
                 "duplicates_sent": main.summary["duplicates"],
-                "malformed": truth.malformed,
+                "malformed": main.summary["malformed"],
                 "late_planned": main.summary["late"],
             },
-            "faults_planned": planned,
-            "faults_skipped": [asdict(f) for f in self.skipped],
-            "faults": chaos_check.summarize_faults([asdict(f) for f in self.faults]),
+            "faults_planned": len(schedule),
+            "faults_injected": sum(row["injected"] for row in faults.values()),
+            "faults_skipped": self.skipped,
+            "faults": faults,
             "fault_log": [asdict(f) for f in self.faults],
             "restarts": self.restarts(),
+            "restart_failures": self.restart_failures,
+            "parts_down": self.parts_down(),
             "exits": {
                 "stream": dict(self.stream.exits),
                 "budget": dict(sum((p.exits for p in self.budgets), Counter())),
@@ -809,14 +1039,44 @@ class ChaosRun:
             "check": check,
             "spend": spend,
             "tables": tables,
-            "verdict": "PASS: zero lost, zero duplicated, budgets exact, tables match"
-            if ok
-            else "FAIL: see check, spend and tables",
-            "ok": ok,
+            "tables_delta_rs": tables_delta_rs,
+            "verdict": f"{verdict}: {explained}",
+            "ok": verdict == "PASS",
             "logs": str(self.logs),
         }
         (self.home / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         return report
+
+    def _check_events(self, main: produce.Plan, closer_minute: str) -> tuple[dict, list[bytes], tuple]:
+        """The verdict on the stream's output (chaos_check.check_stream_output):
+        the producer's summary, the raw topic, the ledger boundaries sampled
+        during the run (and once more now), the output topics; and the
+        aggregates it judged (those of windows before the closer's), and the
+        raw topic, late listings and DLQ sources it read."""
+        s = self.settings
+        try:
+            self.monitor.note_boundary(kafka_io.stream_commits(s))
+        except Exception as exc:  # noqa: BLE001 - the sampled ones still bound the watermarks
+            log.warning("reading the ledger once more: %s", exc)
+        rules = chaos_check.StreamRules(s.lateness_ms, s.max_future_skew_ms, s.late_dedupe_retention_s * 1000)
+        raw = chaos_check.RawTopic(
+            (
+                chaos_check.RawRecord(r.partition, r.offset, r.timestamp_ms, r.value)
+                for r in kafka_io.read_topic(s.kafka, s.topics.events)
+            ),
+            rules,
+        )
+        bounds = chaos_check.WatermarkBounds(raw, self.monitor.boundaries.values(), rules.lateness_ms)
+        aggregates = [r.value for r in kafka_io.read_topic(s.kafka, s.topics.aggregates)]
+        late = [
+            chaos_check.LateListing.from_record(r.value, {name: r.header(name) for name in r.headers})
+            for r in kafka_io.read_topic(s.kafka, s.topics.late)
+        ]
+        dlq = [r.header(S.HEADER_SOURCE) for r in kafka_io.read_topic(s.kafka, s.topics.dlq)]
+        truth = chaos_check.Truth.from_summaries([main.summary], closed_before=closer_minute)
+        judged = [a for a in aggregates if json.loads(a)["window_start"] < closer_minute]
+        check = chaos_check.check_stream_output(truth, raw, bounds, judged, late, dlq, rules, closer_minute)
+        return check, judged, (raw, late, dlq)
 
     def command(self) -> list[str]:
         spec = self.spec

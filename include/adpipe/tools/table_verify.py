@@ -23,12 +23,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import kafka_io
-from adpipe import schemas as S
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.ranges import retention_gaps
 from adpipe.settings import Settings
-from adpipe.tools.verify import LIST_LIMIT, FirstCopies, classify, classify_record
+from adpipe.tools.verify import LIST_LIMIT, FirstCopies, classify, classify_record, is_relisting
 
 
 def _hour_of_ms(ms: int) -> datetime:
@@ -73,7 +72,7 @@ def expected_rows(settings: Settings, hour: datetime) -> dict[str, dict]:
             if (
                 not isinstance(event, str)
                 and _hour_of_ms(event.event_ms) == hour
-                and firsts.lists_first(event.event_id, rec.header(S.HEADER_SOURCE))
+                and not is_relisting(firsts, event, rec, rs.late_dedupe_retention_s * 1000)
             ):
                 region_late.add(event.event_id)
         late |= region_late

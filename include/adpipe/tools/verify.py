@@ -135,12 +135,18 @@ class FirstCopies:
         return known is None or source is None or known[1] == source
 
 
-def relisted_in_time(event: RawEvent, watermark_ms: int, retention_ms: int) -> bool:
-    """Whether a relisting is one the contract allows: its batch's
-    watermark had passed the event's window end plus the dedupe retention
-    (before that, the stream must skip the retry as a repeat)."""
+def is_relisting(firsts: FirstCopies, event: RawEvent, late_copy: kafka_io.Record, retention_ms: int) -> bool:
+    """Whether a late copy lists a producer retry that came after the dedupe
+    retention (its event was counted or listed before): it names another
+    raw record than the event's first, and its batch's watermark had passed
+    the event's window end plus the retention. Within the retention the
+    stream still knew the id, so a listing then is the event's one listing
+    (whichever of its copies in that batch came first by position)."""
     window_end_ms = (event.event_ms // 60_000 + 1) * 60_000
-    return watermark_ms >= window_end_ms + retention_ms
+    watermark_ms = int(late_copy.header(S.HEADER_WATERMARK) or -1)
+    return watermark_ms >= window_end_ms + retention_ms and not firsts.lists_first(
+        event.event_id, late_copy.header(S.HEADER_SOURCE)
+    )
 
 
 def ledger_watermark_ms(settings: Settings, group: str) -> int | None:
@@ -185,13 +191,10 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
         cut = int(rec.header(S.HEADER_WATERMARK) or -1)
         if verdict.event_ms > cut:
             not_late.append({"event_id": verdict.event_id, "why": f"event time after the watermark {cut}"})
-        if firsts.lists_first(verdict.event_id, rec.header(S.HEADER_SOURCE)):
+        if is_relisting(firsts, verdict, rec, retention_ms):
+            relisted[verdict.event_id] += 1
+        else:
             late_counts[verdict.event_id] += 1
-            continue
-        relisted[verdict.event_id] += 1
-        if not relisted_in_time(verdict, cut, retention_ms):
-            not_late.append({"event_id": verdict.event_id, "why": f"a retry listed again within the dedupe "
-                             f"retention ({settings.late_dedupe_retention_s} s; watermark {cut})"})
     late_ids = set(late_counts)
 
     # DLQ: exactly the malformed messages, once each.

@@ -330,14 +330,28 @@ def _raw(spark: SparkSession, rows: list[tuple]) -> DataFrame:
 def test_a_late_copy_of_a_records_that_is_not_the_events_first_is_a_late_repeat(spark: SparkSession) -> None:
     # late-1: listed by the copy of its first raw record (a late event);
     # again-1: the copy names a retry at offset 40, the event's first record is at offset 3.
-    late = _kafka(spark, [_event("late-1", 30), _event("again-1", 10)],
-                  [{S.HEADER_SOURCE: "raw-r1/0/7"}, {S.HEADER_SOURCE: "raw-r1/1/40"}])
+    # soon-1: a copy other than the first, listed within the retention (the
+    # stream still knew the id: the copies came in one batch, this one first by position).
+    end_12_10 = int(datetime(2026, 11, 22, 12, 11, tzinfo=UTC).timestamp() * 1000)  # again-1's window end
+    retention_ms = 60_000
+    late = _kafka(
+        spark, [_event("late-1", 30), _event("again-1", 10), _event("soon-1", 10)],
+        [{S.HEADER_SOURCE: "raw-r1/0/7", S.HEADER_WATERMARK: str(end_12_10 + 30 * 60_000)},
+         {S.HEADER_SOURCE: "raw-r1/1/40", S.HEADER_WATERMARK: str(end_12_10 + retention_ms)},
+         {S.HEADER_SOURCE: "raw-r1/2/41", S.HEADER_WATERMARK: str(end_12_10 + retention_ms - 1)}],
+    )
     empty = _kafka(spark, [])
     quarantine = load.quarantine_table_rows(empty, late, empty, "r1", HOUR, LOADED)
-    first = _raw(spark, [_raw_row("late-1", "r1", 0, 7, 30), _raw_row("again-1", "r1", 1, 3)])
-    rows = {r.event_key: (r.source, r.reason) for r in load.mark_late_repeats(quarantine, first).collect()}
-    assert rows == {"late-1": (T.SOURCE_LATE, "late"), "again-1": (T.SOURCE_LATE_REPEAT, T.SOURCE_LATE_REPEAT)}
-    assert load.mark_late_repeats(quarantine, first).columns == T.QUARANTINE_SCHEMA.fieldNames()
+    first = _raw(spark, [_raw_row("late-1", "r1", 0, 7, 30), _raw_row("again-1", "r1", 1, 3),
+                         _raw_row("soon-1", "r1", 3, 2)])
+    marked = load.mark_late_repeats(quarantine, first, retention_ms)
+    rows = {r.event_key: (r.source, r.reason) for r in marked.collect()}
+    assert rows == {
+        "late-1": (T.SOURCE_LATE, "late"),
+        "again-1": (T.SOURCE_LATE_REPEAT, T.SOURCE_LATE_REPEAT),
+        "soon-1": (T.SOURCE_LATE, "late"),
+    }
+    assert marked.columns == T.QUARANTINE_SCHEMA.fieldNames()
 
 
 def test_copies_of_an_event_in_other_regions_are_listed_once_per_region(spark: SparkSession) -> None:
@@ -354,3 +368,25 @@ def test_copies_of_an_event_in_other_regions_are_listed_once_per_region(spark: S
         (T.SOURCE_CROSS_REGION, "earlier@r1", "r1", 6, "cross_region_duplicate"),
     ]
     assert load.cross_region_copies(new, loaded, LOADED).columns == T.QUARANTINE_SCHEMA.fieldNames()
+
+
+def test_a_table_folder_left_by_a_killed_create_is_cleared_and_one_with_data_is_not(tmp_path) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    from adpipe.lakehouse.metastore import _clear_unregistered
+
+    spark = SimpleNamespace(conf=SimpleNamespace(get=lambda _key: f"file:{tmp_path}"))
+    begun = tmp_path / "ads.db" / "ad_events_raw" / "_delta_log"
+    (begun / "_staged_commits").mkdir(parents=True)
+    (begun / "00000000000000000000.json").write_text("{}")
+    assert _clear_unregistered(spark, "ads.ad_events_raw") and not begun.parent.exists()
+
+    with_data = tmp_path / "ads.db" / "ad_minute_aggregates"
+    (with_data / "_delta_log").mkdir(parents=True)
+    (with_data / "event_hour=x").mkdir()
+    (with_data / "event_hour=x" / "part-0.parquet").write_bytes(b"PAR1")
+    assert not _clear_unregistered(spark, "ads.ad_minute_aggregates") and with_data.exists()
+    committed = tmp_path / "ads.db" / "load_runs" / "_delta_log"
+    committed.mkdir(parents=True)
+    (committed / "00000000000000000001.json").write_text("{}")
+    assert not _clear_unregistered(spark, "ads.load_runs") and committed.exists()

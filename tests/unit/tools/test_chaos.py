@@ -136,6 +136,7 @@ def test_percentiles_and_the_report_table() -> None:
     ]
     summary = chaos_check.summarize_faults(faults)
     assert summary["stream_kill"] == {
+        "planned": 2,  # none given: as injected
         "injected": 2,
         "recovered": 2,
         "recovery_p50_s": 30.0,
@@ -149,3 +150,29 @@ def test_percentiles_and_the_report_table() -> None:
 def test_a_spec_out_of_range_is_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         chaos.ChaosSpec(**bad)
+
+
+def test_the_report_table_shows_planned_and_injected_faults_and_parts_left_down() -> None:
+    report = {
+        "run_id": "r1",
+        "seed": 7,
+        "events": {"sent_messages": 10, "distinct_events": 8, "malformed": 1},
+        "brokers": 3,
+        "spark_master": "local[2]",
+        "duration_s": 60.0,
+        "faults": chaos_check.summarize_faults([{"kind": "load_kill", "recovery_s": 5.0}], {"load_kill": 5}),
+        "restarts": {"stream": 1},
+        "max_stream_lag": 0,
+        "stream_stalls_killed": 0,
+        "drain_s": 3.0,
+        "check": {"lost": 0, "duplicated": 0, "aggregates": 4, "late_listed": 1, "late_justified": 1, "dlq": 1},
+        "tables": {"ok": True, "hours": ["2026-11-22T12"]},
+        "spend": {"ok": True, "actual_micros": 12},
+        "parts_down": ["spark worker 1 (BindException)"],
+        "verdict": "SHORT: load_kill: injected 1 of 5 planned",
+    }
+    table = chaos_check.render_table(report)
+    assert "load_kill                    5        1         1" in table
+    assert "total                        5        1" in table
+    assert "left down: spark worker 1 (BindException)" in table
+    assert "1 late (1 justified)" in table and table.endswith("verdict: SHORT: load_kill: injected 1 of 5 planned")
