@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from confluent_kafka import KafkaException
+
 from adpipe import kafka_io
 from adpipe.settings import KafkaAccess, Region, Settings
 
@@ -181,8 +183,11 @@ class OutputNotStable(RuntimeError):
     written yet). Retriable: the next run finds it written."""
 
 
-# How often the last stable offsets are read again while waiting.
+# How often the last stable offsets are read again while waiting, and how
+# long one reading may take (a leader that does not answer is not waited on
+# past the whole wait).
 OUTPUT_POLL_S = 0.5
+OUTPUT_QUERY_S = 10.0
 
 
 def wait_for_outputs(
@@ -194,13 +199,16 @@ def wait_for_outputs(
     deadline = time.monotonic() + wait_s
     waited = False
     while True:
-        bounds = {topic: kafka_io.offset_bounds(kafka, topic) for topic in outputs}
-        behind = {
-            f"{topic}[{p}]": (bounds[topic].get(p, (0, 0))[1], end)
-            for topic, ends in outputs.items()
-            for p, end in ends.items()
-            if bounds[topic].get(p, (0, 0))[1] < end
-        }
+        try:
+            bounds = {topic: kafka_io.offset_bounds(kafka, topic, timeout_s=OUTPUT_QUERY_S) for topic in outputs}
+            behind = {
+                f"{topic}[{p}]": (bounds[topic].get(p, (0, 0))[1], end)
+                for topic, ends in outputs.items()
+                for p, end in ends.items()
+                if bounds[topic].get(p, (0, 0))[1] < end
+            }
+        except KafkaException as exc:  # a partition leader not answering (failing over): not yet
+            behind = {"offsets": str(exc)}
         if not behind:
             if waited:
                 log.info("the stream's last batch's output is readable now")
