@@ -50,11 +50,11 @@ jars: venv ## JVM jars from Maven Central into .cache/jvm, and the Spark drivers
 demo: jars ## the pipeline end to end with a crash injected, ending in the verify report
 	$(BIN)/adpipe demo
 
-test: jars ## the suite: real broker + Spark + SIGKILL tests on one worker, unit tests beside them (under 30 min)
+test: jars ## the suite on two workers, each with its own broker, PostgreSQL and ports: a test file runs on one worker, in order (under 30 min)
 	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not ui"
 
-test-slow: jars ## the long scenarios kept out of make test's 30 minutes (CI runs both)
-	$(BIN)/pytest -m slow
+test-slow: jars ## the long scenarios kept out of make test's 30 minutes, on two workers as make test (CI runs both)
+	$(BIN)/pytest -n 2 --dist loadgroup -m slow
 
 test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real scheduler; screenshots under ADPIPE_TEST_HOME/ui/screenshots
 	$(BIN)/pytest -m ui

@@ -11,8 +11,13 @@ from adpipe.settings import PROJECT_ROOT
 
 # Two suites may run side by side (e.g. while developing) when each sets its
 # own ADPIPE_TEST_HOME and ADPIPE_TEST_PORT_BASE (Kafka, controller, PostgreSQL).
-TEST_HOME = Path(os.environ.get("ADPIPE_TEST_HOME") or PROJECT_ROOT / ".adpipe-test").resolve()
-PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092"))
+# Under pytest-xdist each worker is such a suite: worker gwN (N > 0) has the
+# home ``<home>-gwN`` and ports 1,000 N higher (a suite uses base .. base+299),
+# so two workers each run integration files on a broker of their own.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_HOME = Path(os.environ.get("ADPIPE_TEST_HOME") or PROJECT_ROOT / ".adpipe-test").resolve()
+TEST_HOME = _HOME if _WORKER == 0 else _HOME.with_name(f"{_HOME.name}-gw{_WORKER}")
+PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092")) + 1000 * _WORKER
 # The tests' JVMs (Spark drivers, the broker) are short-lived on few cores:
 # C1 only spends about a third less CPU per stream run (adpipe.settings).
 # C1's code cache is smaller, and a driver that runs many Great Expectations
@@ -26,7 +31,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in item.nodeid.split("/"):
             item.add_marker(pytest.mark.integration)
-            # Under `pytest -n N --dist loadgroup` (make test) the integration
-            # tests share one worker, its broker and PostgreSQL, in file
-            # order; unit tests run on the other workers meanwhile.
-            item.add_marker(pytest.mark.xdist_group("integration"))
+            # Under `pytest -n N --dist loadgroup` (make test) a file's tests
+            # run on one worker, in order, on that worker's broker and
+            # PostgreSQL; the files and the unit tests are shared out.
+            item.add_marker(pytest.mark.xdist_group(f"integration-{item.path.stem}"))

@@ -291,6 +291,10 @@ class Settings:
     # _PASSWORD_FILE or _PASSWORD, _CA_FILE); clients use self.kafka.
     kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
     kafka_controller_port: int = 9093
+    # Lines added to (and overriding) the server.properties of the brokers
+    # `adpipe kafka up` starts (ADPIPE_KAFKA_BROKER_PROPERTIES, "key=value"
+    # entries separated by ";" or new lines).
+    kafka_broker_properties: tuple[str, ...] = ()
     spark_master: str = "local[2]"
     # Extra options for the JVMs adpipe starts (Spark driver, Kafka broker).
     # The tests use -XX:TieredStopAtLevel=1: short JVMs on few cores spend
@@ -549,6 +553,15 @@ def _kafka_credentials(
     return KafkaCredentials(security, username, password, password_file, ca_file)
 
 
+def _broker_properties(raw: str) -> tuple[str, ...]:
+    """``ADPIPE_KAFKA_BROKER_PROPERTIES``: ``key=value`` entries."""
+    entries = tuple(e.strip() for e in re.split(r"[;\n]", raw) if e.strip())
+    bad = [e for e in entries if not re.fullmatch(r"[A-Za-z0-9._-]+=.*", e)]
+    if bad:
+        raise SettingsError(f"ADPIPE_KAFKA_BROKER_PROPERTIES: {bad[0]!r} is not key=value")
+    return entries
+
+
 def isolated_env(prefix: str) -> dict[str, str]:
     """The variables that give one run (a demo, a chaos run, a test) topics
     and a job id of its own, all named ``<prefix>-...``: runs side by side on
@@ -645,6 +658,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         kafka_bootstrap=bootstrap,
         kafka_credentials=credentials,
         kafka_controller_port=_int(env, "ADPIPE_KAFKA_CONTROLLER_PORT", 9093, 1),
+        kafka_broker_properties=_broker_properties(env.get("ADPIPE_KAFKA_BROKER_PROPERTIES", "")),
         spark_master=env.get("ADPIPE_SPARK_MASTER", "local[2]"),
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
         spark_driver_memory=_jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", "2g"),

@@ -3,19 +3,23 @@ min.insync.replicas 2, and transactions that survive a node's SIGKILL."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from adpipe import kafka_io
 from adpipe.local import kafka_broker
 from adpipe.settings import Settings, load_settings
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
@@ -26,6 +30,10 @@ CLUSTER_ENV = {
     "ADPIPE_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORT_BASE + 30}",
     "ADPIPE_KAFKA_CONTROLLER_PORT": str(PORT_BASE + 31),
     "ADPIPE_JVM_OPTIONS": JVM_OPTIONS,
+    # A follower that stops fetching leaves the ISR after 2 s (default 30):
+    # before the controller fences its node (9 s), so a transaction can
+    # commit while one of its partitions' leader is stopped (the last test).
+    "ADPIPE_KAFKA_BROKER_PROPERTIES": "replica.lag.time.max.ms=2000",
 }
 
 
@@ -123,3 +131,140 @@ def test_transactions_commit_while_a_node_is_killed_and_back(cluster: Settings) 
             break
         time.sleep(1)
     assert sorted(seen) == sorted(sent) and len(seen) == 150
+
+
+def _quorum_leader(cluster: Settings) -> int:
+    """The active KRaft controller, as the nodes recorded it."""
+    for node in kafka_broker.nodes(cluster):
+        state = node.directory / "data" / "__cluster_metadata-0" / "quorum-state"
+        if state.exists() and json.loads(state.read_text()).get("leaderId", -1) > 0:
+            return json.loads(state.read_text())["leaderId"]
+    raise AssertionError("no node knows the quorum's leader")
+
+
+def _leaders(cluster: Settings, topic: str) -> dict[int, int]:
+    md = kafka_io.admin(cluster.kafka).list_topics(topic, timeout=30)
+    return {p: meta.leader for p, meta in md.topics[topic].partitions.items()}
+
+
+def _victim(cluster: Settings, aggregates: str) -> tuple[int, int, str, str] | None:
+    """A node to stop, a partition of ``aggregates`` it leads, a transactional
+    id and a job whose coordinators it is not, and which is not the quorum's
+    leader: so that only the marker of that partition has to wait."""
+    busy = {_quorum_leader(cluster)}
+    tid, job = f"sink-{uuid.uuid4().hex[:8]}", f"paused-{uuid.uuid4().hex[:8]}"
+    busy.add(kafka_io.coordinator_node(cluster.kafka_bootstrap, tid, kafka_io.TRANSACTION_STATE))
+    busy.add(kafka_io.coordinator_node(cluster.kafka_bootstrap, kafka_io.ledger_group(job), kafka_io.CONSUMER_OFFSETS))
+    for partition, leader in sorted(_leaders(cluster, aggregates).items()):
+        if leader > 0 and leader not in busy:
+            return leader, partition, tid, job
+    return None
+
+
+def _ledger(settings: Settings) -> dict[int, tuple[int, str]]:
+    try:
+        return kafka_io.stream_commits(settings, timeout_s=15)
+    except KafkaException:  # asked of the stopped node first: not yet
+        return {}
+
+
+def test_a_load_waits_while_an_output_partitions_leader_is_stopped(cluster: Settings) -> None:
+    """The ledger visible before a batch's output marker, for real: a batch
+    (an aggregate and the ledger's offsets in one transaction, as the sink
+    writes them) commits while the leader of the aggregate's partition is
+    SIGSTOPped. The ledger's partition and the coordinators live on other
+    nodes, so the commit and the ledger come through while the marker waits
+    for the partition's leadership to move. A load's read of the region
+    (region_ranges) as soon as the ledger is visible includes the aggregate:
+    it waits for the marker (and for leaders that do not answer) instead of
+    reading the raw records without their aggregate or failing. Measured
+    here: the ledger 3 s after the stop, the aggregate readable at 34 s; how
+    long the window stays open varies with which node the clients ask first
+    (printed with -s)."""
+    from adpipe.lakehouse.ranges import region_ranges
+    from adpipe.settings import Topics
+    from adpipe.stream.sink import ledger_metadata
+    from confluent_kafka import Consumer, TopicPartition
+
+    # A fresh aggregates topic; then a transactional id and a job (its ledger
+    # group) are drawn until their coordinators and the quorum's leader are
+    # on nodes other than the leader of one of its partitions.
+    aggregates = f"paused-{uuid.uuid4().hex[:6]}-{Topics.aggregates}"
+    env = {**CLUSTER_ENV, "ADPIPE_KAFKA_BOOTSTRAP": cluster.kafka_bootstrap, "ADPIPE_TOPIC_AGGREGATES": aggregates}
+    kafka_io.ensure_pipeline_topics(load_settings(env))
+    for _ in range(100):
+        picked = _victim(cluster, aggregates)
+        if picked is not None:
+            break
+        time.sleep(0.2)
+    assert picked is not None, f"no node other than the coordinators leads a partition: {_leaders(cluster, aggregates)}"
+    victim, partition, transactional_id, job = picked
+    env = {**env, "ADPIPE_JOB_ID": job}
+    settings = load_settings(env)
+
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": 120_000,  # as the sink's
+            # A request the client happens to send to the stopped node (a
+            # coordinator lookup before EndTxn) is given up after 10 s, not
+            # 60: the commit comes through seconds late, never aborted.
+            "socket.timeout.ms": 10_000,
+        }
+    )
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    written: list[int] = []
+    producer.produce(
+        aggregates, b'{"batch": 0}', b"ad-1", partition=partition, on_delivery=lambda _e, m: written.append(m.offset())
+    )
+    assert producer.flush(30) == 0 and written
+    meta = ledger_metadata(0, None, 0, {(aggregates, partition): written[0] + 1})
+    ledger = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": kafka_io.ledger_group(job)})
+    producer.send_offsets_to_transaction(
+        [TopicPartition(settings.topics.events, 0, 0, meta)], ledger.consumer_group_metadata(), 30
+    )
+    pid = kafka_broker.status(cluster).nodes[victim - 1].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        commit_s: list[float | BaseException] = []
+
+        def commit() -> None:
+            try:
+                producer.commit_transaction(90)
+                commit_s.append(time.monotonic() - stopped)
+            except BaseException as exc:  # noqa: BLE001 - reported by the asserts below
+                commit_s.append(exc)
+
+        committed = threading.Thread(target=commit)
+        committed.start()
+        while not _ledger(settings):
+            assert time.monotonic() - stopped < 60, (
+                f"the ledger never became visible; the commit: {commit_s}; node {victim} stopped, leading "
+                f"{aggregates}[{partition}]; {transactional_id}, {job}"
+            )
+            time.sleep(0.2)
+        ledger_after_s = time.monotonic() - stopped
+        (region,) = settings.regions
+        hour = datetime(2026, 11, 22, 12, tzinfo=UTC)
+        # Patient: the partition's leadership moves, the marker is written,
+        # and the load reads the aggregate.
+        ranges = region_ranges(load_settings({**env, "ADPIPE_LOAD_OUTPUT_WAIT_S": "120"}), region, hour)
+        readable_after_s = time.monotonic() - stopped
+        print(f"node {victim}: ledger after {ledger_after_s:.1f} s, aggregate {readable_after_s:.1f} s, {commit_s}")
+        committed.join(60)
+        assert ranges.aggregates.end[partition] >= written[0] + 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        ledger.close()
+    # Committed once, whatever the failover did (the resumed node rejoins).
+    deadline = time.monotonic() + 60
+    while True:
+        seen = [r.value for r in kafka_io.read_topic(cluster.kafka_bootstrap, aggregates, "read_committed")]
+        if seen or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert seen == [b'{"batch": 0}']

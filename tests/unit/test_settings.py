@@ -161,3 +161,23 @@ def test_pg_url_redacted_for_printing() -> None:
     assert settings.pg_url("db") == "postgresql+psycopg2://adpipe:s3cret-Pw@127.0.0.1:5433/db"
     shown = settings.pg_url("db", redacted=True)
     assert "s3cret-Pw" not in shown and shown == "postgresql+psycopg2://adpipe:***@127.0.0.1:5433/db"
+
+
+def test_broker_properties_are_key_value_entries_added_last(tmp_path: Path) -> None:
+    from adpipe.local.kafka_broker import server_properties
+
+    raw = "replica.lag.time.max.ms=3000; log.retention.hours=1\nnum.io.threads=2"
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_KAFKA_BROKER_PROPERTIES": raw})
+    assert settings.kafka_broker_properties == (
+        "replica.lag.time.max.ms=3000",
+        "log.retention.hours=1",
+        "num.io.threads=2",
+    )
+    lines = server_properties(settings).splitlines()
+    # Java's Properties keeps the last of two equal keys: the operator's wins.
+    assert [line for line in lines if line.startswith("log.retention.hours=")] == [
+        "log.retention.hours=168",
+        "log.retention.hours=1",
+    ]
+    with pytest.raises(SettingsError, match="'no-equals-sign' is not key=value"):
+        load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_KAFKA_BROKER_PROPERTIES": "a=1;no-equals-sign"})

@@ -39,8 +39,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from confluent_kafka import KafkaException
 
@@ -48,6 +50,7 @@ from adpipe import kafka_io
 from adpipe.settings import KafkaAccess, Region, Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ONE_HOUR = timedelta(hours=1)
 
@@ -180,7 +183,8 @@ def _plan_topic(
 class OutputNotStable(RuntimeError):
     """An output partition's last stable offset stays below what the
     stream's ledger says its last batch wrote (a transaction marker not
-    written yet). Retriable: the next run finds it written."""
+    written yet), or a partition's leader does not answer (failing over).
+    Retriable: the next run finds it written, or the new leader."""
 
 
 # How often the last stable offsets are read again while waiting, and how
@@ -225,6 +229,31 @@ def wait_for_outputs(
         time.sleep(OUTPUT_POLL_S)
 
 
+def _answered(what: str, call: Callable[[], T], wait_s: float) -> T:
+    """``call()``'s answer, asked again while a partition's leader does not
+    answer (Kafka moves its leadership within seconds), up to ``wait_s``;
+    then :class:`OutputNotStable`."""
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        try:
+            answer = call()
+        except KafkaException as exc:
+            if time.monotonic() >= deadline:
+                raise OutputNotStable(
+                    f"after {wait_s:.0f} s, {what} still cannot be read ({exc}): a partition leader failing over? "
+                    "Nothing was loaded; run the load again."
+                ) from exc
+            if not waited:
+                log.warning("%s cannot be read (%s); asking again for up to %.0f s", what, exc, wait_s)
+                waited = True
+            time.sleep(OUTPUT_POLL_S)
+        else:
+            if waited:
+                log.info("%s can be read now", what)
+            return answer
+
+
 def region_ranges(
     settings: Settings, region: Region, hour: datetime, coverage: dict[str, dict[str, list[int]]] | None = None
 ) -> RegionRanges:
@@ -233,7 +262,7 @@ def region_ranges(
     rs = settings.for_region(region)
     since_ms = read_since_ms(settings, hour)
     coverage = coverage or {}
-    commits = kafka_io.stream_commits(rs)
+    commits = _answered("the stream's ledger", lambda: kafka_io.stream_commits(rs), settings.load_output_wait_s)
 
     def plan(topic: str, end_of: dict[int, tuple[int, int]], raw: bool = False) -> TopicRange:
         low = {p: lo for p, (lo, _hi) in end_of.items()}
@@ -243,13 +272,20 @@ def region_ranges(
             end = {p: hi for p, (_lo, hi) in end_of.items()}
         return _plan_topic(rs.kafka, topic, end, low, since_ms, coverage.get(topic, {}))
 
-    raw = plan(rs.topics.events, kafka_io.offset_bounds(rs.kafka, rs.topics.events), raw=True)
+    wait_s = settings.load_output_wait_s
+    raw = _answered(
+        f"{rs.topics.events}'s offsets",
+        lambda: plan(
+            rs.topics.events, kafka_io.offset_bounds(rs.kafka, rs.topics.events, timeout_s=OUTPUT_QUERY_S), raw=True
+        ),
+        wait_s,
+    )
     # Read after the ledger: every output of the committed batches is below
     # these, once the last batch's markers are written.
     topics = (rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
     written = kafka_io.committed_outputs(commits)
-    bounds = wait_for_outputs(rs.kafka, {t: written.get(t, {}) for t in topics}, settings.load_output_wait_s)
-    outputs = [plan(topic, bounds[topic]) for topic in topics]
+    bounds = wait_for_outputs(rs.kafka, {t: written.get(t, {}) for t in topics}, wait_s)
+    outputs = _answered("the output topics' offsets", lambda: [plan(topic, bounds[topic]) for topic in topics], wait_s)
     return RegionRanges(region.job_id, rs.kafka_bootstrap, kafka_io.committed_watermark(commits), raw, *outputs)
 
 

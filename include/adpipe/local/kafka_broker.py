@@ -262,6 +262,8 @@ def server_properties(
             # job stopped that long would then find no ledger. Keep them 10 years.
             "offsets.retention.minutes=5256000",
             "log.segment.bytes=67108864",
+            # The operator's own (ADPIPE_KAFKA_BROKER_PROPERTIES): last, so they win.
+            *settings.kafka_broker_properties,
             "",
         ]
     )

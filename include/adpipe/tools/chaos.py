@@ -160,6 +160,10 @@ class FaultRecord:
     # False when it turned out not to have happened (the broker had already
     # stopped; the paused driver got no successor): not counted.
     injected: bool = True
+    # "window", or "drain": a load kill carried over because no hour had
+    # closed during the window (the stream job behind), landed on the
+    # drain's load of the closed hours.
+    phase: str = "window"
 
 
 @dataclass
@@ -235,26 +239,6 @@ class Part:
                 self.signal(signal.SIGKILL)
                 self.proc.wait()  # type: ignore[union-attr]
         self.reap()
-
-
-def java_string_hash(text: str) -> int:
-    """Java's String.hashCode (Kafka places a transactional id by it)."""
-    h = 0
-    for unit in text.encode("utf-16-be").hex(" ", 2).split():
-        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def coordinator_node(kafka: KafkaAccess, transactional_id: str) -> int | None:
-    """The broker that leads the transaction-state partition of an id (its
-    transaction coordinator), from metadata: partition = abs(hash) % count."""
-    md = kafka_io.admin(kafka).list_topics("__transaction_state", timeout=5)
-    topic = md.topics.get("__transaction_state")
-    if topic is None or topic.error is not None or not topic.partitions:
-        return None
-    partition = (java_string_hash(transactional_id) & 0x7FFFFFFF) % len(topic.partitions)
-    leader = topic.partitions[partition].leader
-    return leader if leader >= 0 else None
 
 
 def fully_replicated(kafka: KafkaAccess) -> bool:
@@ -431,6 +415,9 @@ class ChaosRun:
         self.warm_up_s = 0.0
         self.faults: list[FaultRecord] = []
         self.pending: list[tuple[float, str, object]] = []  # (monotonic due, action, arg)
+        # Load kills that found no hour to load in the window (the stream job
+        # had closed none): carried over to the drain's load (_drain_load_kills).
+        self.carried: list[PlannedFault] = []
         self.broker_down: int | None = None
         self.worker_down: int | None = None
         self.t0 = 0.0
@@ -560,7 +547,7 @@ class ChaosRun:
             if kind == COORDINATOR_KILL:
                 from adpipe.stream.job import transactional_id
 
-                node = coordinator_node(self.settings.kafka, transactional_id(self.settings))
+                node = kafka_io.coordinator_node(self.settings.kafka, transactional_id(self.settings))
                 if node is None:
                     return None
                 record.target = f"broker {node} (coordinator of {transactional_id(self.settings)})"
@@ -889,7 +876,13 @@ class ChaosRun:
                     if self.inject(planned) is not None:
                         queue.remove(planned)
                         break  # one per turn: the next finds its target's state after this one
-                    if self._elapsed() > planned.at_s + FAULT_WAIT_S:
+                    window_over = self._elapsed() >= spec.duration_s and not producer.is_alive()
+                    if planned.kind == LOAD_KILL and not self.monitor.closed_hours and (
+                        window_over or self._elapsed() > planned.at_s + FAULT_WAIT_S
+                    ):
+                        queue.remove(planned)
+                        self.carried.append(planned)
+                    elif self._elapsed() > planned.at_s + FAULT_WAIT_S:
                         queue.remove(planned)
                         self._skip(planned, f"its target was not there for {FAULT_WAIT_S:.0f} s")
                 retry_at = self._elapsed() + 3
@@ -938,13 +931,10 @@ class ChaosRun:
             time.sleep(1)
         # Every hour once more, in one run (a backfill: one Spark start-up).
         first, last = self.hour_labels[0], self.hour_labels[-1]
+        argv = [sys.executable, "-m", "adpipe", "load", "--hour", first, "--to-hour", last]
+        self._drain_load_kills(argv)
         for attempt in range(1, 6):
-            part = Part(
-                f"final-load{attempt}",
-                [sys.executable, "-m", "adpipe", "load", "--hour", first, "--to-hour", last],
-                self.env,
-                self.logs,
-            )
+            part = Part(f"final-load{attempt}", argv, self.env, self.logs)
             part.start()
             rc = part.proc.wait()  # type: ignore[union-attr]
             part.reap()
@@ -967,6 +957,29 @@ class ChaosRun:
                 return
             time.sleep(1)
         log.error("the budget service did not charge every aggregate within %.0f s of the drain", timeout_s)
+
+    def _drain_load_kills(self, argv: list[str]) -> None:
+        """The carried-over load kills, each on a load of every hour (closed
+        now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one that had
+        finished first is skipped, as in the window. The final load then
+        recovers from all of them."""
+        for n, planned in enumerate(self.carried, start=1):
+            load = Part(f"drain-load{n}", argv, self.env, self.logs)
+            load.start()
+            delay = 3 + 30 * planned.pick
+            target = f"load {self.hour_labels[0]}..{self.hour_labels[-1]} (killed {delay:.0f} s into it, drain)"
+            record = FaultRecord(LOAD_KILL, target, round(self._elapsed(), 1), round(planned.down_s, 1), phase="drain")
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline and load.alive:
+                time.sleep(0.2)
+            if load.signal(signal.SIGKILL):
+                record.at_s = round(self._elapsed(), 1)
+                self.faults.append(record)
+                log.info("fault %s: %s at %.1f s", LOAD_KILL, target, record.at_s)
+            else:
+                self._skip(planned, f"{target}: the load had finished first")
+            self.load_rcs[load.proc.wait()] += 1  # type: ignore[union-attr]
+            load.reap()
 
     def restarts(self) -> dict[str, int]:
         """Restarts per part (loads: runs that did not finish)."""

@@ -708,8 +708,10 @@ def render_table(report: dict) -> str:
         )
     total = sum(r["injected"] for r in report["faults"].values())
     planned = sum(r.get("planned", r["injected"]) for r in report["faults"].values())
+    in_drain = sum(f.get("phase") == "drain" and f.get("injected", True) for f in report.get("fault_log", []))
     lines += [
         f"{'total':<22}{planned:>8}{total:>9}",
+        *([f"(of which {in_drain} load kill(s) in the drain: no hour closed in the window)"] if in_drain else []),
         "",
         "restarts: " + ", ".join(f"{k} {v}" for k, v in sorted(report["restarts"].items())),
         f"max stream lag: {report['max_stream_lag']} records; stalled stream jobs killed: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from adpipe import kafka_io
 from adpipe.tools import chaos, chaos_check
 
 SUMMARY = {
@@ -110,12 +111,21 @@ def test_the_schedule_replays_from_its_seed() -> None:
 
 def test_java_string_hash_matches_java() -> None:
     # Values from Java's "...".hashCode().
-    assert chaos.java_string_hash("") == 0
-    assert chaos.java_string_hash("a") == 97
-    assert chaos.java_string_hash("hello") == 99162322
-    assert chaos.java_string_hash("adpipe-agg-region-local-ad-aggregates") == _java_hash(
+    assert kafka_io.java_string_hash("") == 0
+    assert kafka_io.java_string_hash("a") == 97
+    assert kafka_io.java_string_hash("hello") == 99162322
+    assert kafka_io.java_string_hash("adpipe-agg-region-local-ad-aggregates") == _java_hash(
         "adpipe-agg-region-local-ad-aggregates"
     )
+
+
+def test_the_coordinator_partition_is_javas_abs_of_the_hash_not_a_mask() -> None:
+    # "sink-a" hashes negative: Math.abs and a 0x7fffffff mask give
+    # different partitions of four (Kafka uses Math.abs).
+    h = kafka_io.java_string_hash("sink-a")
+    assert h < 0 and abs(h) % 4 != (h & 0x7FFFFFFF) % 4
+    assert kafka_io.coordinator_partition("sink-a", 4) == abs(h) % 4 == 1
+    assert kafka_io.coordinator_partition("hello", 4) == 99162322 % 4
 
 
 def _java_hash(text: str) -> int:
@@ -161,6 +171,7 @@ def test_the_report_table_shows_planned_and_injected_faults_and_parts_left_down(
         "spark_master": "local[2]",
         "duration_s": 60.0,
         "faults": chaos_check.summarize_faults([{"kind": "load_kill", "recovery_s": 5.0}], {"load_kill": 5}),
+        "fault_log": [{"kind": "load_kill", "phase": "drain"}],
         "restarts": {"stream": 1},
         "max_stream_lag": 0,
         "stream_stalls_killed": 0,
@@ -174,5 +185,6 @@ def test_the_report_table_shows_planned_and_injected_faults_and_parts_left_down(
     table = chaos_check.render_table(report)
     assert "load_kill                    5        1         1" in table
     assert "total                        5        1" in table
+    assert "(of which 1 load kill(s) in the drain" in table
     assert "left down: spark worker 1 (BindException)" in table
     assert "1 late (1 justified)" in table and table.endswith("verdict: SHORT: load_kill: injected 1 of 5 planned")

@@ -84,6 +84,25 @@ def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun
     assert run.load.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
 
 
+def test_load_kills_carried_to_the_drain_count_only_when_they_hit_a_running_load(
+    run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run.hour_labels = ["2026-11-22T12", "2026-11-22T13"]
+    # pick 0.0: killed 3 s into the load; the first load ends after 1 s, the
+    # second runs 30 s.
+    run.carried = [chaos.PlannedFault(at, chaos.LOAD_KILL, 0.0, 3.0) for at in (1.0, 2.0)]
+    lengths = iter(["1", "30"])
+    real_part = chaos.Part
+    monkeypatch.setattr(
+        chaos, "Part", lambda name, _argv, env, logs: real_part(name, ["sleep", next(lengths)], env, logs)
+    )
+    run._drain_load_kills(["adpipe", "load"])
+    assert [(f.kind, f.phase) for f in run.faults] == [(chaos.LOAD_KILL, "drain")]
+    assert "2026-11-22T12..2026-11-22T13" in run.faults[0].target
+    assert len(run.skipped) == 1 and "finished first" in run.skipped[0]["why"]
+    assert run.load_rcs == {0: 1, -signal.SIGKILL: 1}
+
+
 def test_a_worker_that_will_not_start_is_retried_then_reported_down(
     run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
