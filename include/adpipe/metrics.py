@@ -59,8 +59,8 @@ log = logging.getLogger(__name__)
 STREAM, BUDGET, LOAD = "stream", "budget", "load"
 LOAD_STEPS = ("stage", "audit", "publish")
 
-# A micro-batch takes from a fraction of a second to a few minutes (README,
-# Performance); a budget transaction milliseconds to seconds.
+# A micro-batch takes from a fraction of a second to a few minutes
+# (docs/performance.md); a budget transaction milliseconds to seconds.
 STREAM_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 BUDGET_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # A scrape waits this long at most for the raw topic's end offsets.

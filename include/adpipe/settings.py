@@ -339,10 +339,11 @@ class Settings:
     trigger_interval_s: int = 5
     # Records per micro-batch at most (0: no cap), so a backlog after an
     # outage becomes many bounded batches, never one giant one that outlives
-    # the transaction timeout or the driver's memory. Measured (README,
-    # "Bounded batches"): 500,000 cuts most of the per-batch cost of smaller
-    # caps (state stores committed, planning, one transaction per batch) and
-    # keeps a batch near 14 s here and its transaction near 2 s.
+    # the transaction timeout or the driver's memory. Measured
+    # (docs/performance.md, "Bounded batches"): 500,000 cuts most of the
+    # per-batch cost of smaller caps (state stores committed, planning, one
+    # transaction per batch) and keeps a batch near 14 s here and its
+    # transaction near 2 s.
     max_offsets_per_trigger: int = 500_000
     # An event_time more than this after its Kafka record's own timestamp is
     # malformed (future_event_time): a clock far ahead never moves the watermark.

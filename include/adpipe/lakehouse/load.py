@@ -610,7 +610,7 @@ def cross_region_copies(new_df: DataFrame, loaded_df: DataFrame, loaded_at: date
     earlier runs loaded of the same events -> a quarantine row
     (``cross_region``) for each copy of an event in a region other than the
     one whose row the raw table keeps: that region's stream counted it too,
-    so the spend is charged twice (the README says what is done about it)."""
+    so the spend is charged twice (docs/design.md says what is done about it)."""
     regions = (
         new_df.select("event_id", "region").unionByName(loaded_df.select("event_id", "region"))
         .groupBy("event_id").agg(F.countDistinct("region").alias("__regions"))

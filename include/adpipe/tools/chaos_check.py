@@ -174,7 +174,7 @@ def _check_dlq(malformed: int, dlq_sources: list[str | None], verdict: Verdict) 
         verdict.add(0, copies, f"{copies} DLQ records repeat a source offset")
 
 
-# The contract's one length limit of a string field (the README states it);
+# The contract's one length limit of a string field (docs/design.md states it);
 # an event over it is malformed.
 MAX_FIELD_CHARS = 200
 MINUTE_MS = 60_000
@@ -689,7 +689,7 @@ def run_verdict(
 
 
 def render_table(report: dict) -> str:
-    """The report as a plain-text table for the terminal and the README."""
+    """The report as a plain-text table for the terminal and docs/operations.md."""
 
     def secs(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
