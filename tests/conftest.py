@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 from adpipe.settings import PROJECT_ROOT
 
+# The helpers modules' asserts explain a failure as a test's own do (pytest
+# rewrites test modules and conftests only, unless told before the import).
+pytest.register_assert_rewrite("tests.integration.helpers", "tests.unit.helpers")
+
 # Two suites may run side by side (e.g. while developing) when each sets its
 # own ADPIPE_TEST_HOME and ADPIPE_TEST_PORT_BASE (Kafka, controller, PostgreSQL).
 # Under pytest-xdist each worker is such a suite: worker gwN (N > 0) has the

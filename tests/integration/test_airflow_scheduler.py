@@ -27,11 +27,10 @@ from adpipe.local.airflow import admin_password
 from adpipe.settings import Settings
 
 from tests.conftest import PORT_BASE
-from tests.integration.conftest import Pipeline, airflow_standalone, make_pipeline, until
+from tests.integration.helpers import Pipeline, airflow_standalone, dump, make_pipeline, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 DAG = "ad_union_and_load"
-DUMP = Path(__file__).with_name("tables_dump.py")
 
 
 @dataclass
@@ -110,12 +109,6 @@ def _task_states(api: Api, run: dict) -> dict[str, str]:
     return {t["task_id"]: t["state"] for t in api("GET", path)["task_instances"]}
 
 
-def _dump(env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, str(DUMP)], env=env, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_nothing(scene: Scene) -> None:
     password = until("the admin password", lambda: admin_password(scene.settings), 120, scene.log_path)
     api = Api(scene.settings.airflow_port, str(password))
@@ -130,7 +123,7 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
         assert run["state"] == "success" and set(states.values()) == {"success"}, (run, states)
         assert set(states) == {"wait_for_hour_closed", "stage", "validate", "verify", "publish", "publish_data_docs"}
 
-    tables = _dump(scene.env)
+    tables = dump(scene.env)
     published_hours = {r["event_hour"][:13] for r in tables["rows"]["ads.ad_minute_aggregates"]}
     # (A test that runs past the next hour's end sees that hour's own run too.)
     assert set(labels) <= published_hours and not {h for h in published_hours if h < labels[0]}
@@ -157,10 +150,10 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
     backfilled = until("two backfill runs", lambda: _finished(_runs(api), "backfill", labels), 1500, scene.log_path)
     assert [r["data_interval_start"][:13] for r in backfilled] == labels
     assert all(r["state"] == "success" for r in backfilled), backfilled
-    again = _dump(scene.env)
+    again = dump(scene.env)
 
-    def of_labels(dump: dict) -> dict:
-        return {t: [r for r in rows if r["event_hour"][:13] in labels] for t, rows in dump["rows"].items()}
+    def of_labels(dumped: dict) -> dict:
+        return {t: [r for r in rows if r["event_hour"][:13] in labels] for t, rows in dumped["rows"].items()}
 
     assert of_labels(again) == of_labels(tables)
     if all(r["data_interval_start"][:13] in labels for r in _runs(api)):  # no later hour's run published meanwhile

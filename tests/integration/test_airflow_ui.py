@@ -46,15 +46,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from adpipe import kafka_io
 from adpipe.local.airflow import ADMIN_USER, DAGS_FOLDER
 from adpipe.orchestration.alerts import alerts_file
 from adpipe.settings import Settings
-from confluent_kafka import Producer
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.conftest import PORT_BASE, TEST_HOME
-from tests.integration.conftest import Standalone, airflow_standalone, make_pipeline
+from tests.integration.helpers import Standalone, airflow_standalone, inject_duplicate_aggregate, make_pipeline
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(2400)]
 
@@ -203,19 +201,6 @@ def _open_task_log(page: Page, scene: Scene, run_id: str, task: str) -> Locator:
     return log
 
 
-def _inject_duplicate_aggregate(settings: Settings, hour: str) -> dict:
-    """A second aggregate for an (ad_id, window_start) of ``hour`` under a new
-    record_uuid: what a broken upstream would write."""
-    records = kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.aggregates)
-    aggregates = [json.loads(r.value) for r in records]
-    original = next(a for a in aggregates if a["window_start"].startswith(hour))
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True})
-    duplicate = {**original, "record_uuid": str(uuid.uuid4())}
-    producer.produce(settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate).encode())
-    assert producer.flush(30) == 0
-    return original
-
-
 def test_login_lists_every_dag_with_its_docs(scene: Scene, page: Page) -> None:
     docs = _dag_docs()
     assert {"ad_aggregation_stream", DAG} <= set(docs)
@@ -253,7 +238,7 @@ def test_a_triggered_hour_succeeds_then_a_duplicate_fails_it_with_the_alert_and_
     page.mouse.move(0, 0)
 
     # 3. A duplicated aggregate, the hour again: the gate fails the run.
-    original = _inject_duplicate_aggregate(scene.settings, scene.hour)
+    original, _duplicate = inject_duplicate_aggregate(scene.settings, scene.hour)
     bad_run = _trigger(page, scene, "06-trigger-again")
     assert _wait_for_run_end(page, scene, bad_run) == "failed"
     states = _grid_states(page, scene, bad_run)

@@ -71,6 +71,6 @@ def test_broker_runs_with_transactions_on_one_node(broker) -> None:  # noqa: ANN
 def _env(settings) -> dict[str, str]:  # noqa: ANN001
     import os
 
-    from tests.integration.conftest import BROKER_ENV
+    from tests.integration.helpers import BROKER_ENV
 
     return {**os.environ, **BROKER_ENV}

@@ -5,7 +5,7 @@ held elsewhere, budgets changed live.
 
 Aggregates are written here (plain JSON of the contract), and every
 expected spend is computed here with Decimal arithmetic from what this file
-wrote (``independent_spend`` of test_budget), never with the service's code."""
+wrote (``independent_spend`` of helpers.py), never with the service's code."""
 
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ from adpipe.settings import Settings
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.test_budget import (
+from tests.integration.helpers import (
     BudgetEnv,
     SourceRecord,
-    _assignment,
-    _wait,
+    assignment,
     expected_pauses,
     finish,
     independent_spend,
+    wait_until,
 )
 
 BIGINT_MAX = 2**63 - 1
@@ -69,11 +69,6 @@ def normal_records(n: int, ads: int = 12) -> list[SourceRecord]:
 
 def as_kafka(records: list[SourceRecord]) -> list[kafka_io.Record]:
     return [kafka_io.Record("", r.partition, 0, r.key, r.value, {}) for r in records]
-
-
-@pytest.fixture
-def budget(pg: Settings, tmp_path: Path) -> BudgetEnv:
-    return BudgetEnv(pg, tmp_path)
 
 
 def test_records_the_database_refuses_are_quarantined_and_the_rest_charged(budget: BudgetEnv) -> None:
@@ -226,13 +221,13 @@ def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Se
     second, second_log = budget.start(tight)
     logs = (first_log, second_log)
     try:
-        _wait(
+        wait_until(
             "two instances sharing the partitions",
-            lambda: all((a := _assignment(path)) is not None and len(a) == 2 for path in logs),
+            lambda: all((a := assignment(path)) is not None and len(a) == 2 for path in logs),
         )
         shared_from = [len(path.read_text()) for path in logs]  # the rebalance of the second one's join is before
         with SteadyProducer(budget) as steady:
-            _wait("both applying", lambda: all("batch 3:" in path.read_text() for path in logs))
+            wait_until("both applying", lambda: all("batch 3:" in path.read_text() for path in logs))
             postgres.down(pg)
             outage_ends = time.monotonic() + OUTAGE_S
             while time.monotonic() < outage_ends:  # alive at every moment of the outage
@@ -240,7 +235,7 @@ def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Se
                 time.sleep(1)
             postgres.up(pg)
             time.sleep(5)
-        _wait("the service catching up", lambda: _caught_up(budget), timeout=120)
+        wait_until("the service catching up", lambda: _caught_up(budget), timeout=120)
         assert first.poll() is None and second.poll() is None
         time.sleep(1)
         before_stop = [path.read_text()[start:] for path, start in zip(logs, shared_from, strict=True)]
@@ -268,20 +263,22 @@ def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: Budg
     survivor, survivor_log = budget.start()
     doomed, _doomed_log = budget.start()
     try:
-        _wait("two instances sharing the partitions", lambda: len(_assignment(survivor_log) or []) == 2)
+        wait_until("two instances sharing the partitions", lambda: len(assignment(survivor_log) or []) == 2)
         postgres.down(pg)
         try:
             os.killpg(doomed.pid, signal.SIGKILL)
             doomed.wait()
-            _wait("the assignment without offsets", lambda: "cannot be read now" in survivor_log.read_text())
+            wait_until("the assignment without offsets", lambda: "cannot be read now" in survivor_log.read_text())
             time.sleep(3)
             assert survivor.poll() is None, survivor_log.read_text()[-3000:]
         finally:
             postgres.up(pg)
         records = normal_records(40)
         budget.copy(records)
-        _wait("the partitions positioned", lambda: survivor_log.read_text().count("positioned at database offset") == 4)
-        _wait("the records charged", lambda: _caught_up(budget))
+        wait_until(
+            "the partitions positioned", lambda: survivor_log.read_text().count("positioned at database offset") == 4
+        )
+        wait_until("the records charged", lambda: _caught_up(budget))
     finally:
         for proc in (survivor, doomed):
             finish(proc)
@@ -297,21 +294,21 @@ def test_a_frozen_zombie_is_refused_by_the_offsets_compare_and_set(budget: Budge
     zombie, zombie_log = budget.start({**small, **freeze})
     survivor = None
     try:
-        _wait("the zombie owning every partition", lambda: _assignment(zombie_log) == [0, 1, 2, 3])
+        wait_until("the zombie owning every partition", lambda: assignment(zombie_log) == [0, 1, 2, 3])
         records = normal_records(80)
         budget.copy(records)
-        _wait(
+        wait_until(
             "the zombie frozen with a batch read",
             lambda: "SIGSTOP at budget_before_db_transaction" in zombie_log.read_text(),
         )
         assert budget.db_offsets() == {}  # no offsets row for any partition yet
         survivor, survivor_log = budget.start(small)
         # The zombie's session expires; the survivor takes every partition and applies them.
-        _wait("the survivor owning every partition", lambda: _assignment(survivor_log) == [0, 1, 2, 3])
-        _wait("the survivor catching up", lambda: _caught_up(budget))
+        wait_until("the survivor owning every partition", lambda: assignment(survivor_log) == [0, 1, 2, 3])
+        wait_until("the survivor catching up", lambda: _caught_up(budget))
         before = budget.snapshot()
         zombie.send_signal(signal.SIGCONT)
-        _wait(
+        wait_until(
             "the zombie's late batch refused", lambda: "this instance's records of it refused" in zombie_log.read_text()
         )
         time.sleep(3)
@@ -350,7 +347,7 @@ def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(bu
         holder.close()
     service, log_path = budget.start({"ADPIPE_BUDGET_PUBLISH_INTERVAL_MS": "500"})
     try:
-        _wait("the pauses published", lambda: sum(budget.budget_events().values()) == len(paused))
+        wait_until("the pauses published", lambda: sum(budget.budget_events().values()) == len(paused))
         # Raise every budget far above the spend: each pause lifts, once.
         prices = budget.workdir / "raise.csv"
         prices.write_text(
@@ -365,7 +362,7 @@ def test_publisher_skips_while_another_holds_its_lock_and_budgets_change_live(bu
         # Ads priced by the default row alone (not ad-000002, not cmp-A's) pause again.
         repaused = {k for k, v in expected.items() if v > 0 and k[0] not in ("ad-000001", "ad-000002", "ad-000003")}
         assert repaused and repaused <= paused
-        _wait(
+        wait_until(
             "the resumes and the re-pauses published",
             lambda: sum(budget.budget_events().values()) == 2 * len(paused) + len(repaused),
         )

@@ -45,11 +45,10 @@ from adpipe.lakehouse.load import hour_closed
 from adpipe.local.airflow import DAGS_FOLDER, airflow_env
 from adpipe.orchestration.alerts import alerts_file
 from adpipe.orchestration.stream_supervisor import process_alive, read_state
-from adpipe.settings import Settings, load_settings
+from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce
-from confluent_kafka import Producer
 
-from tests.integration.conftest import BROKER_ENV
+from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate
 
 H0 = datetime(2026, 11, 22, 6, tzinfo=UTC)
 HOURS = [H0 + timedelta(hours=i) for i in range(3)]
@@ -293,12 +292,7 @@ def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactor
     base = {
         **os.environ,
         **BROKER_ENV,
-        "ADPIPE_TOPIC_EVENTS": f"{name}-ad-events",
-        "ADPIPE_TOPIC_AGGREGATES": f"{name}-ad-aggregates",
-        "ADPIPE_TOPIC_DLQ": f"{name}-ad-events-dlq",
-        "ADPIPE_TOPIC_LATE": f"{name}-ad-events-late",
-        "ADPIPE_TOPIC_BUDGET_EVENTS": f"{name}-ad-budget-events",
-        "ADPIPE_JOB_ID": name,
+        **isolated_env(name),
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
         "ADPIPE_ALERT_WEBHOOK": webhook,
         "ADPIPE_LOAD_START": H0.isoformat(),
@@ -430,16 +424,7 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
 @pytest.mark.slow
 def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expectation(flow: Flow) -> None:
     # A second record for an existing (region, ad_id, window_start) under a new record_uuid.
-    aggregates = [
-        json.loads(r.value) for r in kafka_io.read_topic(flow.settings.kafka_bootstrap, flow.settings.topics.aggregates)
-    ]
-    original = next(a for a in aggregates if a["window_start"].startswith(HOURS[1].strftime("%Y-%m-%dT%H")))
-    duplicate = {**original, "record_uuid": str(uuid.uuid4())}
-    producer = Producer({"bootstrap.servers": flow.settings.kafka_bootstrap, "enable.idempotence": True})
-    producer.produce(
-        flow.settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate).encode()
-    )
-    producer.flush(30)
+    original, duplicate = inject_duplicate_aggregate(flow.settings, HOURS[1].strftime("%Y-%m-%dT%H"))
 
     # The backfill's tables (hours 0..2 loaded): the rerun of hour 1 stages
     # the duplicate, whose record_uuid is new. The Spark steps are submitted

@@ -22,7 +22,7 @@ from adpipe import pg as pg_client
 from adpipe.local import postgres
 from adpipe.settings import Settings, load_settings
 
-from tests.integration.conftest import BROKER_ENV
+from tests.integration.helpers import BROKER_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +18,9 @@ from adpipe import schemas as S
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT
 from adpipe.stream import job as stream
 from adpipe.stream.sink import TransactionalSink
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
+
+from tests.integration.helpers import assert_exactly_once, wait_for
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -35,57 +36,6 @@ REASON_OF_KIND = {
     "naive_event_time": S.REASON_BAD_EVENT_TIME,
     "bool_event_time": S.REASON_BAD_EVENT_TIME,
 }
-
-
-def expected_windows(*summaries: dict) -> dict[tuple[str, str], tuple[int, int]]:
-    """(ad_id, window_start) -> (impressions, clicks) from producer summaries."""
-    counts: dict[tuple[str, str], list[int]] = {}
-    for summary in summaries:
-        for row in summary["counts"]:
-            slot = counts.setdefault((row["ad_id"], row["window_start"]), [0, 0])
-            slot[0 if row["event_type"] == "impression" else 1] += row["events"]
-    return {k: (v[0], v[1]) for k, v in counts.items()}
-
-
-def closed_watermark_ms(pipeline) -> int:  # noqa: ANN001
-    """How far the job got: the watermark recorded with its last commit."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": pipeline.settings.kafka_bootstrap,
-            "group.id": kafka_io.ledger_group(pipeline.settings.job_id),
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        topic = pipeline.settings.topics.events
-        parts = [TopicPartition(topic, p) for p in range(pipeline.settings.topic_partitions)]
-        return max(json.loads(tp.metadata)["watermark_ms"] for tp in kafka_io.committed_offsets(consumer, parts))
-    finally:
-        consumer.close()
-
-
-def _window_end_ms(window_start: str) -> int:
-    return int(datetime.fromisoformat(window_start).timestamp() * 1000) + 60_000
-
-
-def assert_exactly_once(pipeline, summaries: list[dict], min_windows: int) -> list[dict]:  # noqa: ANN001
-    aggregates = pipeline.aggregates()
-    keys = Counter((a["ad_id"], a["window_start"]) for a in aggregates)
-    assert [k for k, n in keys.items() if n > 1] == [], "an (ad_id, window_start) was emitted twice"
-    assert len({a["record_uuid"] for a in aggregates}) == len(aggregates)
-    watermark = closed_watermark_ms(pipeline)
-    expected = {k: v for k, v in expected_windows(*summaries).items() if _window_end_ms(k[1]) <= watermark}
-    actual = {(a["ad_id"], a["window_start"]): (a["impressions"], a["clicks"]) for a in aggregates}
-    assert len(expected) >= min_windows
-    assert actual == expected
-    for a in aggregates:
-        assert a["record_uuid"] == stream.record_uuid(
-            pipeline.settings.job_id, a["ad_id"], datetime.fromisoformat(a["window_start"])
-        )
-        assert _window_end_ms(a["window_start"]) == _window_end_ms(a["window_end"]) - 60_000
-    report = pipeline.verify()
-    assert report["ok"], json.dumps(report, indent=1)
-    return aggregates
 
 
 def test_steady_state_counts_late_and_dlq_exactly_then_verify_names_an_injected_duplicate(pipeline) -> None:  # noqa: ANN001
@@ -182,20 +132,14 @@ def test_sigkill_at_each_commit_point_then_restart_is_exactly_once(pipeline, poi
         assert skipped == (len(everything) == len(aggregates))
 
 
-def _wait_for(condition, job: subprocess.Popen, log_path, what: str, timeout_s: float = 180) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert job.poll() is None, log_path.read_text()[-3000:]
-        assert time.monotonic() < deadline, what
-        time.sleep(1)
-
-
 def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipeline) -> None:  # noqa: ANN001
     s1 = pipeline.produce(events=600, seed=31, minutes=3, start=START)
     # 1. SIGTERM to the driver only, as a supervisor would: it finishes the
     # current batch and exits 0.
     with pipeline.continuous_stream() as (job, log_path):
-        _wait_for(pipeline.aggregates, job, log_path, "the stream job never committed aggregates")
+        wait_for(
+            pipeline.aggregates, job, log_path, "the stream job never committed aggregates", timeout_s=180, interval_s=1
+        )
         job.terminate()
         assert job.wait(timeout=120) == 0, log_path.read_text()[-3000:]
     log = log_path.read_text()
@@ -208,7 +152,14 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
     # then stays so: nothing the zombie writes after the fence is seen.
     s2 = pipeline.produce(events=600, seed=32, minutes=3, start=START + timedelta(minutes=3))
     with pipeline.continuous_stream() as (zombie, log_path):
-        _wait_for(lambda: "adpipe.stream: batch" in log_path.read_text(), zombie, log_path, "no batch after restart")
+        wait_for(
+            lambda: "adpipe.stream: batch" in log_path.read_text(),
+            zombie,
+            log_path,
+            "no batch after restart",
+            timeout_s=180,
+            interval_s=1,
+        )
         # A second driver on the checkpoint in use is refused before it starts.
         second = pipeline.stream(timeout=120)
         assert second.returncode == 4, second.log[-3000:]

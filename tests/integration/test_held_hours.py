@@ -28,10 +28,8 @@ import pytest
 from adpipe.alerting import alerts_file
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
-from confluent_kafka import Producer
 
-from tests.integration.conftest import Pipeline, make_pipeline
-from tests.integration.loads import dump, hours, ids, load, ok, verify_hour
+from tests.integration.helpers import Pipeline, dump, hours, ids, load, make_pipeline, ok, send, verify_hour
 
 A, B, C, D = (datetime(2026, 11, 19, h, tzinfo=UTC) for h in (10, 11, 12, 13))
 LABEL = {h: f"{h:%Y-%m-%dT%H}" for h in (A, B, C, D)}
@@ -41,13 +39,6 @@ pytestmark = pytest.mark.slow
 def _stream(p: Pipeline) -> None:
     run = p.stream(max_offsets=5000)  # each produce in one batch: no event is late by a partition running ahead
     assert run.returncode == 0, run.log[-3000:]
-
-
-def _send(p: Pipeline, values: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": p.settings.kafka_bootstrap, "enable.idempotence": True})
-    for value in values:
-        producer.produce(p.settings.topics.events, value, json.loads(value)["ad_id"].encode())
-    assert producer.flush(30) == 0
 
 
 def _event_ms(value: bytes) -> int:
@@ -83,7 +74,7 @@ def test_a_held_hour_holds_back_no_other_and_retries_past_the_retention_count_on
                     "event_time": f"{B + timedelta(minutes=20, seconds=n):%Y-%m-%dT%H:%M:%SZ}"}).encode()
         for n in range(40)
     ]
-    _send(p, [*retries, *spike])
+    send(p, [*retries, *spike])
     _stream(p)
     retry_ids = {json.loads(v)["event_id"] for v in retries}
     listed = [r.header("adpipe.event_id") for r in p.read(p.settings.topics.late)]

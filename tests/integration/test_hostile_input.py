@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
 from tests.corpus import bad_raw_values
-from tests.integration.test_exactly_once import assert_exactly_once
+from tests.integration.helpers import assert_exactly_once
 
 CORPUS = bad_raw_values()
 

@@ -16,7 +16,7 @@ from adpipe.lakehouse.load import hour_closed
 from adpipe.settings import Settings, load_settings
 from confluent_kafka import Producer
 
-from tests.integration.conftest import Pipeline, make_pipeline, on_producers_clock
+from tests.integration.helpers import Pipeline, make_pipeline, on_producers_clock
 
 HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
 END = HOUR + timedelta(hours=1)

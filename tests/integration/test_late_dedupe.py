@@ -17,7 +17,7 @@ from adpipe import schemas as S
 from adpipe.faults import AFTER_PRODUCE
 from confluent_kafka import Producer
 
-from tests.integration.test_exactly_once import assert_exactly_once
+from tests.integration.helpers import assert_exactly_once
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -13,7 +13,7 @@ from adpipe.stream.cli import EXIT_FENCED
 from adpipe.stream.offset_log import LocalCheckpoint, last_committed_batch
 from confluent_kafka import Consumer, TopicPartition
 
-from tests.integration.conftest import make_pipeline
+from tests.integration.helpers import make_pipeline
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -23,17 +23,26 @@ of Kafka, never from the loader's code."""
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings
-from confluent_kafka import Producer
 
-from tests.integration.conftest import Pipeline, make_pipeline
-from tests.integration.loads import SPARK_SQL, dump, hours, ids, load, ok, run, verify_hour
+from tests.integration.helpers import (
+    SPARK_SQL,
+    Pipeline,
+    dump,
+    hours,
+    ids,
+    inject_duplicate_aggregate,
+    load,
+    make_pipeline,
+    ok,
+    run,
+    verify_hour,
+)
 
 H09, H10, H11 = "2026-11-21T09", "2026-11-21T10", "2026-11-21T11"
 # About eight minutes of Spark processes on two cores: make test-slow.
@@ -155,12 +164,7 @@ def test_3_loads_killed_after_staging_and_between_two_published_tables_lose_and_
 
 def test_4_a_failed_gate_publishes_nothing_keeps_the_rows_staged_and_names_the_expectation(scene) -> None:  # noqa: ANN001
     p, _ = scene
-    aggregates = [json.loads(r.value) for r in p.read(p.settings.topics.aggregates)]
-    original = next(a for a in aggregates if a["window_start"].startswith(H10))
-    duplicate = {**original, "record_uuid": str(uuid.uuid4())}
-    producer = Producer({"bootstrap.servers": p.settings.kafka_bootstrap, "enable.idempotence": True})
-    producer.produce(p.settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate))
-    assert producer.flush(30) == 0
+    _original, duplicate = inject_duplicate_aggregate(p.settings, H10)
     before = dump(p.env, H10)
 
     proc = load(p.env, "--hour", H10)

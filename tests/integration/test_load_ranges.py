@@ -14,7 +14,7 @@ from adpipe.lakehouse.ranges import advance, read_since_ms, region_ranges
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.conftest import Pipeline, on_producers_clock
+from tests.integration.helpers import Pipeline, on_producers_clock
 
 OLD = datetime(2026, 11, 19, 8, tzinfo=UTC)  # written three days before the hour below
 HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings
 
-from tests.integration.conftest import BROKER_ENV, _reaped
+from tests.integration.helpers import BROKER_ENV, reaped
 
 PROBE = Path(__file__).with_name("maintenance_probe.py")
 DAY_S = 86_400
@@ -56,7 +56,7 @@ def test_maintain_compacts_vacuums_past_the_retention_and_keeps_rows(pg: Setting
             [sys.executable, str(PROBE), probe_table, T.RAW],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
         )
-    with _reaped(probe):
+    with reaped(probe):
         before = _json_line(probe, probe_log)
         assert [r[0] for r in before["rows"]] == [f"p{i}" for i in range(6)]
         folder = Path(urlparse(before["location"]).path)

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 from adpipe import kafka_io, metrics
 from adpipe import pg as pg_client
+from adpipe.faults import wait_group_gone
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PORT_BASE
-from tests.integration.conftest import _wait_group_gone, make_pipeline
-from tests.integration.test_exactly_once import closed_watermark_ms, expected_windows
+from tests.integration.helpers import closed_watermark_ms, expected_windows, make_pipeline, window_end_ms
 
 STREAM_PORT, BUDGET_PORT, LOAD_PORT = PORT_BASE + 73, PORT_BASE + 74, PORT_BASE + 75
 HOUR = "2026-11-22T12"
@@ -91,7 +91,7 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    _wait_group_gone(proc.pid)
+    wait_group_gone(proc.pid)
 
 
 def adpipe(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen:
@@ -169,7 +169,7 @@ def test_stream_budget_and_load_metrics_match_what_was_produced(broker: Settings
             if get(s, "adpipe_stream_events_in_total") != produced:
                 return False
             ledger["watermark"], ledger["batches"] = closed_watermark_ms(pipe), committed_batches(settings)
-            closed = [k for k in expected_windows(first, second) if _window_end_ms(k[1]) <= ledger["watermark"]]
+            closed = [k for k in expected_windows(first, second) if window_end_ms(k[1]) <= ledger["watermark"]]
             return (
                 get(s, "adpipe_stream_windows_out_total") == len(closed)
                 and bool(ledger["batches"])
@@ -179,7 +179,7 @@ def test_stream_budget_and_load_metrics_match_what_was_produced(broker: Settings
 
         s = wait_for("every closed window", STREAM_PORT, all_windows_out, 300, procs)
         watermark, batches = ledger["watermark"], ledger["batches"]
-        expected = {k: v for k, v in expected_windows(first, second).items() if _window_end_ms(k[1]) <= watermark}
+        expected = {k: v for k, v in expected_windows(first, second).items() if window_end_ms(k[1]) <= watermark}
         assert len(expected) > 40 and any(k[1].startswith("2026-11-22T13") for k in expected)
         assert get(s, "adpipe_stream_events_in_total") == produced
         assert get(s, "adpipe_stream_windows_out_total") == len(expected)
@@ -261,7 +261,3 @@ def test_stream_budget_and_load_metrics_match_what_was_produced(broker: Settings
     assert len(run_ids) == 1 and run_ids != {0}
     for step, f in files.items():
         assert get(f, f"adpipe_load_{step}_duration_seconds") > 0  # type: ignore[operator]
-
-
-def _window_end_ms(window_start: str) -> int:
-    return int(datetime.fromisoformat(window_start).timestamp() * 1000) + 60_000

@@ -10,7 +10,7 @@ from adpipe import kafka_io
 from adpipe.lakehouse.ranges import retention_gaps
 from confluent_kafka import TopicPartition
 
-from tests.integration.conftest import Pipeline
+from tests.integration.helpers import Pipeline
 
 
 def test_an_hour_whose_records_were_deleted_is_a_gap_a_later_hour_is_not(pipeline: Pipeline) -> None:

@@ -26,7 +26,7 @@ from adpipe.settings import KafkaAccess, KafkaCredentials, Settings, isolated_en
 from confluent_kafka import KafkaError, Producer
 
 from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
-from tests.integration.test_exactly_once import expected_windows
+from tests.integration.helpers import expected_windows
 
 BOOTSTRAP = f"127.0.0.1:{PORT_BASE + 50}"
 

@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,8 +32,17 @@ from adpipe.settings import Settings, load_settings
 from adpipe.tools import verify
 
 from tests.conftest import PORT_BASE
-from tests.integration.conftest import BROKER_ENV, Pipeline, StreamRun, _reaped, make_pipeline
-from tests.integration.test_exactly_once import assert_exactly_once
+from tests.integration.helpers import (
+    BROKER_ENV,
+    Pipeline,
+    StreamRun,
+    assert_exactly_once,
+    dump,
+    in_hour,
+    make_pipeline,
+    reaped,
+    wait_for,
+)
 
 # The cluster's ports: master PORT_BASE+10, its web UI +11, the workers' UIs +12 and +13.
 SPARK_ENV = {
@@ -50,7 +58,6 @@ MASTER = f"spark://127.0.0.1:{PORT_BASE + 10}"
 # the stream closes hour 06, which the load then loads.
 HOUR = "2026-11-20T06"
 START = datetime(2026, 11, 20, 6, 56, tzinfo=UTC)
-DUMP = Path(__file__).with_name("tables_dump.py")
 
 
 @pytest.fixture(scope="module")
@@ -148,14 +155,6 @@ def _address(hex_address: str) -> str:
     return f"[{address.ipv4_mapped or address}]:{int(port, 16)}"
 
 
-def _wait_for(condition, proc: subprocess.Popen, log_path: Path, what: str, timeout_s: float = 300) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert proc.poll() is None, f"{what}: the job ended first\n{log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"{what}\n{log_path.read_text()[-3000:]}"
-        time.sleep(0.2)
-
-
 def _batches(log_path: Path) -> int:
     return sum("adpipe.stream: batch" in line for line in log_path.read_text().splitlines())
 
@@ -174,11 +173,11 @@ def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> K
         malformed_rate=0.02, late_rate=0.02,
     )  # fmt: skip
     proc, log_path = pipeline.start_stream("--available-now", "--max-offsets-per-trigger", "250")
-    with _reaped(proc):
+    with reaped(proc):
         # One batch done (both workers run an executor of the job), then
         # the kill once worker 1's executor has been running a task for
         # 0.1 s at least: mid-batch, the task still in flight.
-        _wait_for(lambda: _batches(log_path) >= 1, proc, log_path, "no batch was committed")
+        wait_for(lambda: _batches(log_path) >= 1, proc, log_path, "no batch was committed")
         logs = _executor_logs(cluster, 1)
         assert logs, "worker 1 runs no executor of the job"
         listening = _listening(cluster, proc.pid)
@@ -190,7 +189,7 @@ def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> K
             in_flight, seen = running & seen, running
             return bool(in_flight)
 
-        _wait_for(task_in_flight, proc, log_path, "worker 1's executor ran no task", timeout_s=120)
+        wait_for(task_in_flight, proc, log_path, "worker 1's executor ran no task", timeout_s=120)
         batches_before_kill = _batches(log_path)
         killed = spark_cluster.kill_worker(cluster, 1)
         in_flight = _running(logs)  # what the dead executor had started and not finished
@@ -241,10 +240,6 @@ def test_a_worker_sigkilled_mid_batch_is_survived_exactly_once(killed_run: Kille
     assert len({r.header(S.HEADER_SOURCE) for r in dlq}) == len(dlq) == summary["malformed"]
 
 
-def _in_hour(ms: int) -> bool:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H") == HOUR
-
-
 @pytest.mark.slow  # about 2 minutes (the load, then the tables read back): make test-slow
 def test_union_and_load_on_the_cluster_loads_the_hour_once(
     killed_run: KilledRun, pg: Settings, tmp_path: Path
@@ -280,20 +275,12 @@ def test_union_and_load_on_the_cluster_loads_the_hour_once(
     for topic, ids in ((pipeline.settings.topics.events, raw), (pipeline.settings.topics.late, late)):
         for record in pipeline.read(topic):
             event = verify.classify(record.value)
-            if not isinstance(event, str) and _in_hour(event.event_ms):
+            if not isinstance(event, str) and in_hour(event.event_ms, HOUR):
                 ids.add(event.event_id)
     assert len(aggregates) >= 10 * 4 and late
 
     # Read back on the local master: the check does not run on what it checks.
-    dump = subprocess.run(
-        [sys.executable, str(DUMP), HOUR],
-        env={**tables_env, "ADPIPE_SPARK_MASTER": "local[2]"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert dump.returncode == 0, dump.stderr[-3000:]
-    rows = json.loads(dump.stdout.strip().splitlines()[-1])["rows"]
+    rows = dump({**tables_env, "ADPIPE_SPARK_MASTER": "local[2]"}, HOUR)["rows"]
     region = pipeline.settings.job_id
     ours = {t: [r for r in table_rows if r["region"] == region] for t, table_rows in rows.items()}
     got = {

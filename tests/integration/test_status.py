@@ -20,7 +20,7 @@ from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce
 
 from tests.conftest import PORT_BASE
-from tests.integration.conftest import BROKER_ENV
+from tests.integration.helpers import BROKER_ENV
 
 # Ports nothing listens on, so that a developer's Airflow or Spark cluster
 # on the default ports never shows up here.

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 from adpipe.alerting import alerts_file
+from adpipe.faults import wait_group_gone
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
 from adpipe.tools import verify
-from confluent_kafka import Producer
 
-from tests.integration.conftest import Pipeline, _wait_group_gone, make_pipeline
+from tests.integration.helpers import Pipeline, dump, in_hour, make_pipeline, send
 
 HOUR = "2026-11-22T12"
-DUMP = Path(__file__).with_name("tables_dump.py")
 
 
 @dataclass
@@ -45,7 +44,7 @@ def _streams(*pipelines: Pipeline) -> None:
     procs = [p.start_stream("--available-now", "--max-offsets-per-trigger", "300") for p in pipelines]
     for proc, log_path in procs:
         assert proc.wait(timeout=600) == 0, log_path.read_text()[-3000:]
-        _wait_group_gone(proc.pid)
+        wait_group_gone(proc.pid)
 
 
 def _first_events(p: Pipeline, n: int = 3) -> list[bytes]:
@@ -55,13 +54,6 @@ def _first_events(p: Pipeline, n: int = 3) -> list[bytes]:
     valid = {e.event_id: (e.event_ms, r.value) for r in p.read(p.settings.topics.events)
              if not isinstance(e := verify.classify(r.value), str)}  # a retry repeats its event
     return [value for _ms, value in sorted(valid.values())[:n]]
-
-
-def _send(p: Pipeline, values: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": p.settings.kafka_bootstrap, "enable.idempotence": True})
-    for value in values:
-        producer.produce(p.settings.topics.events, value, json.loads(value)["ad_id"].encode())
-    assert producer.flush(30) == 0
 
 
 def _cross_region_ids(regions: Regions) -> set[str]:
@@ -83,7 +75,7 @@ def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFac
         if p is a:
             # Three of region a's first events reach region b as well, on time there too (a retry routed to
             # another region): both streams count them.
-            _send(b, _first_events(a))
+            send(b, _first_events(a))
     for p, seed, offset in ((a, 4201, 500), (b, 4202, 600)):
         p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=2,
                   start=datetime(2026, 11, 22, 13, 2, tzinfo=UTC), late_rate=0.1, late_by_minutes=4)
@@ -115,15 +107,9 @@ def _tail(output: str) -> str:
 
 
 def _dump(env: dict[str, str], names: set[str]) -> dict:
-    out = subprocess.run([sys.executable, str(DUMP), HOUR], env=env, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    data = json.loads(out.stdout.strip().splitlines()[-1])
+    data = dump(env, HOUR)
     data["rows"] = {t: [r for r in rows if r["region"] in names] for t, rows in data["rows"].items()}
     return data
-
-
-def _in_hour(ms: int) -> bool:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H") == HOUR
 
 
 def _expected(regions: Regions) -> dict[str, set]:
@@ -137,11 +123,11 @@ def _expected(regions: Regions) -> dict[str, set]:
                                 rec["clicks"]))
         for rec in p.read(p.settings.topics.events):
             event = verify.classify(rec.value)
-            if not isinstance(event, str) and _in_hour(event.event_ms):
+            if not isinstance(event, str) and in_hour(event.event_ms, HOUR):
                 raw.add(event.event_id)
         for rec in p.read(p.settings.topics.late):
             event = verify.classify(rec.value)
-            if not isinstance(event, str) and _in_hour(event.event_ms):
+            if not isinstance(event, str) and in_hour(event.event_ms, HOUR):
                 late.add(event.event_id)
     return {"aggregates": aggregates, "raw": raw, "late": late}
 

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from tests.corpus import bad_raw_values
-from tests.unit.raw_kafka import DROP, RECORD_MS, SKEW_MS, TOPIC, body, kafka_frame
+from tests.unit.helpers import DROP, RECORD_MS, SKEW_MS, TOPIC, body, kafka_frame
 
 # id, raw value, expected reject_reason, expected event_time (naive UTC, as
 # Spark returns it), expected epoch milliseconds (classify's reading).

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from tests.unit.raw_kafka import RECORD_MS, SKEW_MS, TOPIC, kafka_frame
+from tests.unit.helpers import RECORD_MS, SKEW_MS, TOPIC, kafka_frame
 
 ISO_PIECES = st.sampled_from(
     ["2026-11-22", "1969-12-31", "9999-12-31", "0001-01-01", "2026-02-30", "2026-13-01", "26-11-22", "2026-11-22 "]

@@ -12,7 +12,7 @@ from adpipe import schemas as S
 from adpipe.stream import transforms as T
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.unit.raw_kafka import VALID_EVENTS
+from tests.unit.helpers import VALID_EVENTS
 
 # --- count_minute_windows ----------------------------------------------------
 #

@@ -15,6 +15,8 @@ from adpipe.tools import bench_peers as B
 from adpipe.tools import produce, verify
 from adpipe.tools.peers import peer_common
 
+from tests.unit.helpers import aggregate
+
 SUMMARY = {
     "messages": 7,
     "malformed": 2,
@@ -26,19 +28,6 @@ SUMMARY = {
     "late_events": [],
 }
 BEFORE = "2026-11-22T12:30:00Z"
-
-
-def aggregate(ad: str, start: str, impressions: int, clicks: int, record_uuid: str | None = None) -> bytes:
-    return json.dumps(
-        {
-            "record_uuid": record_uuid or f"{ad}|{start}",
-            "ad_id": ad,
-            "window_start": start,
-            "window_end": "-",
-            "impressions": impressions,
-            "clicks": clicks,
-        }
-    ).encode()
 
 
 EXACT = [aggregate("ad-000001", "2026-11-22T12:00:00Z", 3, 1), aggregate("ad-000002", "2026-11-22T12:01:00Z", 1, 0)]

@@ -9,6 +9,8 @@ import pytest
 from adpipe import kafka_io
 from adpipe.tools import chaos, chaos_check
 
+from tests.unit.helpers import aggregate
+
 SUMMARY = {
     "messages": 7,
     "malformed": 1,
@@ -26,24 +28,11 @@ SUMMARY = {
 CLOSER = "2026-11-22T14:02:00Z"
 
 
-def _agg(ad: str, window: str, impressions: int, clicks: int, uuid: str | None = None) -> bytes:
-    return json.dumps(
-        {
-            "record_uuid": uuid or f"u-{ad}-{window}",
-            "ad_id": ad,
-            "window_start": window,
-            "window_end": "x",
-            "impressions": impressions,
-            "clicks": clicks,
-        }
-    ).encode()
-
-
 def _late(event_id: str, ad: str, event_type: str, event_time: object) -> bytes:
     return json.dumps({"event_id": event_id, "ad_id": ad, "event_type": event_type, "event_time": event_time}).encode()
 
 
-GOOD_AGGREGATES = [_agg("ad-1", "2026-11-22T12:00:00Z", 3, 1), _agg("ad-2", "2026-11-22T12:01:00Z", 1, 0)]
+GOOD_AGGREGATES = [aggregate("ad-1", "2026-11-22T12:00:00Z", 3, 1), aggregate("ad-2", "2026-11-22T12:01:00Z", 1, 0)]
 # 11:58:30 in a zone one hour east, as the contract allows.
 GOOD_LATE = [_late("e-late", "ad-2", "click", "2026-11-22T12:58:30.000+01:00")]
 
@@ -60,7 +49,7 @@ def test_exact_output_passes() -> None:
 
 def test_a_lost_event_a_doubled_window_and_a_doubled_late_event_are_caught() -> None:
     lost = chaos_check.check_events(
-        truth(), [_agg("ad-1", "2026-11-22T12:00:00Z", 2, 1), GOOD_AGGREGATES[1]], GOOD_LATE, ["t/0/5"]
+        truth(), [aggregate("ad-1", "2026-11-22T12:00:00Z", 2, 1), GOOD_AGGREGATES[1]], GOOD_LATE, ["t/0/5"]
     )
     assert (lost["ok"], lost["lost"], lost["duplicated"]) == (False, 1, 0)
     doubled = chaos_check.check_events(truth(), [*GOOD_AGGREGATES, GOOD_AGGREGATES[0]], GOOD_LATE, ["t/0/5"])

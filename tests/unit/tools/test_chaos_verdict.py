@@ -30,6 +30,8 @@ from pathlib import Path
 
 from adpipe.tools import chaos_check as C
 
+from tests.unit.helpers import aggregate
+
 RULES = C.StreamRules(lateness_ms=10_000, max_future_skew_ms=300_000, late_dedupe_retention_ms=86_400_000)
 CLOSED_BEFORE = "2026-11-22T12:03:00Z"
 M12 = "2026-11-22T12:00:00Z"
@@ -81,23 +83,11 @@ SUMMARY = {
 }
 
 
-def _agg(ad: str, window: str, impressions: int, clicks: int) -> bytes:
-    return json.dumps(
-        {
-            "record_uuid": f"u-{ad}-{window}",
-            "ad_id": ad,
-            "window_start": window,
-            "impressions": impressions,
-            "clicks": clicks,
-        }
-    ).encode()
-
-
 def _listing(event_id: str, offset: int, batch: int, watermark_ms: int) -> C.LateListing:
     return C.LateListing(event_id, (0, offset), watermark_ms, batch)
 
 
-GOOD_AGGREGATES = [_agg("ad-1", M12, 3, 0), _agg("ad-2", M12_01, 1, 0), _agg("ad-2", M12_02, 0, 1)]
+GOOD_AGGREGATES = [aggregate("ad-1", M12, 3, 0), aggregate("ad-2", M12_01, 1, 0), aggregate("ad-2", M12_02, 0, 1)]
 GOOD_LATE = [_listing("l1", 5, 2, WATERMARK_2)]
 DLQ = ["events/0/8"]
 
@@ -150,7 +140,7 @@ def test_a_lost_and_a_doubled_event_of_one_key_do_not_cancel_out() -> None:
     # ad-1 12:00 impressions: e3 lost (2 counted, not 3), and e2's retry
     # listed late although its first copy was counted (read in batch 0,
     # window open). The old arithmetic (counts plus listings) says 3 = 3.
-    aggregates = [_agg("ad-1", M12, 2, 0), *GOOD_AGGREGATES[1:]]
+    aggregates = [aggregate("ad-1", M12, 2, 0), *GOOD_AGGREGATES[1:]]
     late = [*GOOD_LATE, _listing("e2", 6, 2, WATERMARK_2)]
     result = verdict(aggregates, late)
     assert (result["ok"], result["lost"], result["duplicated"]) == (False, 1, 1)

@@ -1,5 +1,7 @@
-"""Raw Kafka rows and events for the unit tests of the raw-event reading
-and of the stream's windows."""
+"""The unit tests' helpers, one module for every test module (the fixtures
+are in conftest.py): raw Kafka rows and events for the tests of the
+raw-event reading and of the stream's windows, and aggregate records as
+the stream job writes them."""
 
 from __future__ import annotations
 
@@ -61,3 +63,18 @@ def kafka_frame(spark, rows: list[tuple]):  # noqa: ANN001, ANN201 - SparkSessio
     """(key, value, topic, partition, offset) rows as the Kafka source gives
     them, each with the record timestamp RECORD_TIME."""
     return spark.createDataFrame([(*row, RECORD_TIME) for row in rows], RAW_KAFKA)
+
+
+def aggregate(ad: str, window: str, impressions: int, clicks: int, record_uuid: str | None = None) -> bytes:
+    """An aggregate record's value (the contract's JSON), its record_uuid
+    made of the ad and the window unless given."""
+    return json.dumps(
+        {
+            "record_uuid": record_uuid or f"u-{ad}-{window}",
+            "ad_id": ad,
+            "window_start": window,
+            "window_end": "x",
+            "impressions": impressions,
+            "clicks": clicks,
+        }
+    ).encode()

@@ -1,0 +1,651 @@
+"""The integration tests' helpers, one module for every test module (the
+fixtures are in conftest.py): the isolated pipeline on the session broker
+and its stream runs, waiting and reaping, Union & Load as real processes
+(``adpipe load``, ``adpipe verify --hour``, the tables dumped by
+``tables_dump.py``), the exactly-once check against the producer's summary,
+``airflow standalone``, and the budget service's environment with its
+independent Decimal arithmetic and prices."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+
+import pytest
+from adpipe import kafka_io
+from adpipe import pg as pg_client
+from adpipe.budget import verify as budget_verify
+from adpipe.faults import wait_group_gone
+from adpipe.local.airflow import (
+    admin_password,
+    airflow_env,
+    ensure_admin_password,
+    migrate,
+    stop_standalone,
+    ui_answers,
+)
+from adpipe.settings import Settings, isolated_env, load_settings
+from adpipe.stream import job as stream_job
+from adpipe.tools import produce, verify
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
+
+BROKER_ENV = {
+    "ADPIPE_HOME": str(TEST_HOME / "it"),
+    "ADPIPE_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORT_BASE}",
+    "ADPIPE_KAFKA_CONTROLLER_PORT": str(PORT_BASE + 1),
+    "ADPIPE_PG_PORT": str(PORT_BASE + 2),
+    "ADPIPE_JVM_OPTIONS": JVM_OPTIONS,
+    # The jobs' /metrics (adpipe.metrics) on the suite's ports, never the
+    # defaults a developer's own pipeline serves on.
+    "ADPIPE_STREAM_METRICS_PORT": str(PORT_BASE + 70),
+    "ADPIPE_BUDGET_METRICS_PORT": str(PORT_BASE + 71),
+    "ADPIPE_LOAD_METRICS_PORT": str(PORT_BASE + 72),
+}
+
+
+# ---- a pipeline of its own on the session broker, its stream runs
+
+
+@dataclass
+class StreamRun:
+    returncode: int
+    log: str
+
+    def batch_lines(self) -> list[str]:
+        return [line for line in self.log.splitlines() if "adpipe.stream: batch" in line]
+
+
+@dataclass
+class Pipeline:
+    """One isolated pipeline: its own topics, job id and checkpoint."""
+
+    env: dict[str, str]
+    settings: Settings
+    workdir: Path
+
+    def produce(self, **spec_args: object) -> dict:
+        plan = produce.plan(produce.ProduceSpec(**spec_args))  # type: ignore[arg-type]
+        produce.send(self.settings.kafka_bootstrap, self.settings.topics.events, plan)
+        return plan.summary
+
+    def start_stream(self, *args: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        """Start ``adpipe stream`` as its own process group (so a fault
+        SIGKILLs Spark's JVM together with the Python driver)."""
+        log_path = self.workdir / f"stream-{uuid.uuid4().hex[:6]}.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "adpipe", "stream", *args],
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return proc, log_path
+
+    @contextmanager
+    def continuous_stream(self) -> Iterator[tuple[subprocess.Popen, Path]]:
+        """``adpipe stream`` with a 1 s trigger for the length of the block."""
+        proc, log_path = self.start_stream(extra_env={"ADPIPE_TRIGGER_INTERVAL_S": "1"})
+        with reaped(proc):
+            yield proc, log_path
+
+    def stream(
+        self,
+        max_offsets: int = 700,
+        fault: dict[str, str] | None = None,
+        timeout: int = 300,
+        env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> StreamRun:
+        """One ``--available-now`` run to its end (or its injected death)."""
+        proc, log_path = self.start_stream(
+            "--available-now",
+            "--max-offsets-per-trigger",
+            str(max_offsets),
+            *extra_args,
+            extra_env={**(fault or {}), **(env or {})},
+        )
+        with reaped(proc):
+            proc.wait(timeout=timeout)
+        return StreamRun(proc.returncode, log_path.read_text())
+
+    def read(self, topic: str, isolation: str = "read_committed") -> list[kafka_io.Record]:
+        return list(kafka_io.read_topic(self.settings.kafka_bootstrap, topic, isolation))
+
+    def aggregates(self, isolation: str = "read_committed") -> list[dict]:
+        return [json.loads(r.value) for r in self.read(self.settings.topics.aggregates, isolation)]
+
+    def verify(self) -> dict:
+        return verify.reconcile(self.settings, kafka_io.ledger_group(self.settings.job_id))
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[None]:
+    """On leaving: SIGKILL the job's process group if it still runs, and wait
+    until the whole group (Spark's JVM too) is gone."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        wait_group_gone(proc.pid)
+
+
+def make_pipeline(workdir: Path, extra_env: dict[str, str] | None = None) -> Pipeline:
+    """A pipeline with fresh topics and job id on the session broker."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        **BROKER_ENV,
+        **isolated_env(name),
+        "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
+        # Two state partitions instead of four: each stateful operator runs a
+        # task per partition and batch; the same semantics at half the tasks.
+        "ADPIPE_SHUFFLE_PARTITIONS": "2",
+        **(extra_env or {}),
+    }
+    settings = load_settings(env)
+    kafka_io.ensure_pipeline_topics(settings)
+    return Pipeline(env, settings, workdir)
+
+
+def on_producers_clock(settings: Settings) -> None:
+    """The raw topic back on the producers' clock (``CreateTime``), as an
+    existing topic may be: for tests that write records 'during' a past hour
+    by their timestamps (adpipe creates it on the broker's clock)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    entry = ConfigEntry(kafka_io.TIMESTAMP_TYPE, "CreateTime", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topics.events, incremental_configs=[entry])
+    client = kafka_io.admin(settings.kafka)
+    for future in client.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while kafka_io.timestamp_type(settings.kafka, settings.topics.events) != "CreateTime":
+        assert time.monotonic() < deadline, "the raw topic's timestamp type did not change"
+        time.sleep(0.2)
+
+
+def until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:
+    """``probe()``'s first true answer, asked every 5 s (a URL or OS error
+    counts as no answer); past ``timeout_s`` the test fails with the tail of
+    ``log_path``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            got = probe()
+        except (urllib.error.URLError, OSError, KeyError):
+            got = None
+        if got:
+            return got
+        time.sleep(5)
+    tail = log_path.read_text()[-6000:] if log_path.exists() else ""
+    pytest.fail(f"{what}: not within {timeout_s:.0f}s\n--- {log_path.name} ---\n{tail}")
+
+
+def wait_for(
+    condition: Callable[[], object],
+    proc: subprocess.Popen,
+    log_path: Path,
+    what: str,
+    timeout_s: float = 300,
+    interval_s: float = 0.2,
+) -> None:
+    """Until ``condition()``, asked every ``interval_s``: the test fails
+    with the tail of ``log_path`` if ``proc`` ends first or ``timeout_s``
+    passes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"{what}: the job ended first\n{log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{what}\n{log_path.read_text()[-3000:]}"
+        time.sleep(interval_s)
+
+
+def send(p: Pipeline, values: list[bytes]) -> None:
+    """Raw event values to ``p``'s raw topic, keyed by their ad_id."""
+    producer = Producer({"bootstrap.servers": p.settings.kafka_bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(p.settings.topics.events, value, json.loads(value)["ad_id"].encode())
+    assert producer.flush(30) == 0
+
+
+def inject_duplicate_aggregate(settings: Settings, hour: str) -> tuple[dict, dict]:
+    """A second aggregate for an (ad_id, window_start) of ``hour`` under a new
+    record_uuid: what a broken upstream would write. Returns (the original,
+    the duplicate)."""
+    records = kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.aggregates)
+    aggregates = [json.loads(r.value) for r in records]
+    original = next(a for a in aggregates if a["window_start"].startswith(hour))
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True})
+    duplicate = {**original, "record_uuid": str(uuid.uuid4())}
+    producer.produce(settings.topics.aggregates, key=duplicate["ad_id"].encode(), value=json.dumps(duplicate).encode())
+    assert producer.flush(30) == 0
+    return original, duplicate
+
+
+# ---- exactly once, against the producer's own summary
+
+
+def expected_windows(*summaries: dict) -> dict[tuple[str, str], tuple[int, int]]:
+    """(ad_id, window_start) -> (impressions, clicks) from producer summaries."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for summary in summaries:
+        for row in summary["counts"]:
+            slot = counts.setdefault((row["ad_id"], row["window_start"]), [0, 0])
+            slot[0 if row["event_type"] == "impression" else 1] += row["events"]
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+def closed_watermark_ms(pipeline) -> int:  # noqa: ANN001
+    """How far the job got: the watermark recorded with its last commit."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": pipeline.settings.kafka_bootstrap,
+            "group.id": kafka_io.ledger_group(pipeline.settings.job_id),
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        topic = pipeline.settings.topics.events
+        parts = [TopicPartition(topic, p) for p in range(pipeline.settings.topic_partitions)]
+        return max(json.loads(tp.metadata)["watermark_ms"] for tp in kafka_io.committed_offsets(consumer, parts))
+    finally:
+        consumer.close()
+
+
+def window_end_ms(window_start: str) -> int:
+    return int(datetime.fromisoformat(window_start).timestamp() * 1000) + 60_000
+
+
+def assert_exactly_once(pipeline, summaries: list[dict], min_windows: int) -> list[dict]:  # noqa: ANN001
+    aggregates = pipeline.aggregates()
+    keys = Counter((a["ad_id"], a["window_start"]) for a in aggregates)
+    assert [k for k, n in keys.items() if n > 1] == [], "an (ad_id, window_start) was emitted twice"
+    assert len({a["record_uuid"] for a in aggregates}) == len(aggregates)
+    watermark = closed_watermark_ms(pipeline)
+    expected = {k: v for k, v in expected_windows(*summaries).items() if window_end_ms(k[1]) <= watermark}
+    actual = {(a["ad_id"], a["window_start"]): (a["impressions"], a["clicks"]) for a in aggregates}
+    assert len(expected) >= min_windows
+    assert actual == expected
+    for a in aggregates:
+        assert a["record_uuid"] == stream_job.record_uuid(
+            pipeline.settings.job_id, a["ad_id"], datetime.fromisoformat(a["window_start"])
+        )
+        assert window_end_ms(a["window_start"]) == window_end_ms(a["window_end"]) - 60_000
+    report = pipeline.verify()
+    assert report["ok"], json.dumps(report, indent=1)
+    return aggregates
+
+
+# ---- Union & Load as real processes
+
+DUMP = Path(__file__).with_name("tables_dump.py")
+# A script prefix: a Spark session on this home's metastore, as ``s``.
+SPARK_SQL = (
+    "from adpipe.lakehouse.metastore import metastore_session\n"
+    "from adpipe.settings import load_settings\n"
+    "s = metastore_session(load_settings(), 'test-sql')\n"
+)
+
+
+def run(env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python ARGS`` in ``env``; its whole output is kept under
+    ``$ADPIPE_HOME/test-logs`` for a post-mortem (an assertion shows its end only)."""
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
+    logs = Path(env["ADPIPE_HOME"]) / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log").write_text(
+        " ".join(args) + "\n" + done.stdout + done.stderr
+    )
+    return done
+
+
+def load(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return run(env, "-m", "adpipe", "load", *args)
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    """The output of a process that must have exited 0 (else its adpipe lines and tail)."""
+    out = proc.stdout + proc.stderr
+    ours = [line for line in out.splitlines() if " adpipe" in line or "Error" in line or "Exception" in line]
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n" + "\n".join(ours[-40:]) + f"\n--- tail ---\n{out[-3000:]}"
+    return out
+
+
+def dump(env: dict[str, str], hour: str | None = None) -> dict:
+    """The tables, staging and ledger as ``tables_dump.py`` prints them."""
+    out = run(env, str(DUMP), *([hour] if hour else []))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def verify_hour(env: dict[str, str], hour: str, tmp: Path) -> dict:
+    """``adpipe verify --hour``'s tables section."""
+    report = tmp / f"verify-{hour}-{uuid.uuid4().hex[:6]}.json"
+    proc = run(env, "-m", "adpipe", "verify", "--hour", hour, "--report", str(report))
+    assert report.exists(), (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(report.read_text())["tables"]
+
+
+def ids(rows: list[dict], key: str = "event_id") -> list[str]:
+    return [r[key] for r in rows]
+
+
+def hours(rows: list[dict]) -> set[str]:
+    return {r["event_hour"][:13] for r in rows}
+
+
+def in_hour(ms: int, hour: str) -> bool:
+    """Whether the epoch milliseconds ``ms`` fall in ``hour`` (``YYYY-MM-DDTHH``, UTC)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H") == hour
+
+
+# ---- airflow standalone
+
+
+@dataclass
+class Standalone:
+    """A running ``airflow standalone`` and what a test needs to talk to it."""
+
+    settings: Settings
+    env: dict[str, str]
+    log_path: Path
+    password: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.airflow_port}"
+
+
+@contextmanager
+def airflow_standalone(pipeline: Pipeline, name: str) -> Iterator[Standalone]:
+    """``airflow standalone`` (scheduler, dag-processor, api-server,
+    triggerer; LocalExecutor) as ``make airflow`` starts it, for ``pipeline``
+    (the UI on its ``ADPIPE_AIRFLOW_PORT``): metadata in a PostgreSQL
+    database of its own, ``airflow_<name>``, and the admin password written
+    before Airflow starts. On leaving, the whole process group is stopped."""
+    settings = load_settings(pipeline.env)
+    database = f"airflow_{name}"
+    pg_client.ensure_databases(settings, (database,))
+    env = airflow_env(settings, settings.pg_url(database), base=pipeline.env)
+    # The scheduler's and triggerer's log servers listen on fixed ports (8793,
+    # 8794) by default: beside the UI's, so that two test homes never collide.
+    env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(settings.airflow_port + 1)
+    env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(settings.airflow_port + 2)
+    ensure_admin_password(settings)
+    migrate(env)
+    log_path = pipeline.workdir / "standalone.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(  # noqa: S603
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        until("the Airflow UI", lambda: ui_answers(settings.airflow_port), 300, log_path)
+        yield Standalone(settings, env, log_path, str(admin_password(settings)))
+    finally:
+        stop_standalone(proc)
+
+
+# ---- the budget service: its environment, prices and independent spend
+
+PRICES_CSV = (
+    "scope,key,campaign_id,cpm,cpc,budget\n"
+    "default,*,,2.345678,0.333333,1.50\n"
+    "campaign,cmp-A,,1.111111,,\n"
+    "ad,ad-000001,cmp-A,,0.123457,\n"
+    "ad,ad-000002,,3.5,,1000\n"
+    "ad,ad-000003,cmp-A,,,\n"
+)
+# The same prices, resolved by hand: (cpm, cpc, budget) in currency units.
+DEFAULT = (Decimal("2.345678"), Decimal("0.333333"), Decimal("1.50"))
+BY_AD = {
+    "ad-000001": (Decimal("1.111111"), Decimal("0.123457"), Decimal("1.50")),
+    "ad-000002": (Decimal("3.5"), Decimal("0.333333"), Decimal("1000")),
+    "ad-000003": (Decimal("1.111111"), Decimal("0.333333"), Decimal("1.50")),
+}
+MICRO = Decimal("0.000001")
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    partition: int
+    key: bytes | None
+    value: bytes
+
+
+def _price(ad: str) -> tuple[Decimal, Decimal, Decimal]:
+    return BY_AD.get(ad, DEFAULT)
+
+
+def independent_spend(records: list[kafka_io.Record]) -> dict[tuple[str, str], Decimal]:
+    """Spend per (ad, day) from read_committed records: first copy of each
+    record_uuid, malformed ones ignored, Decimal rounded per record."""
+    seen: set[str] = set()
+    spend: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for rec in records:
+        try:
+            body = json.loads(rec.value)
+            impressions, clicks = body["impressions"], body["clicks"]
+            assert isinstance(impressions, int) and isinstance(clicks, int) and impressions >= 0 and clicks >= 0
+        except (ValueError, KeyError, TypeError, AssertionError):
+            continue
+        if body["record_uuid"] in seen:
+            continue
+        seen.add(body["record_uuid"])
+        cpm, cpc, _budget = _price(body["ad_id"])
+        charge = (impressions * cpm / 1000).quantize(MICRO, rounding=ROUND_HALF_EVEN) + clicks * cpc
+        assert body["window_start"].endswith("Z")
+        spend[(body["ad_id"], body["window_start"][:10])] += charge
+    return dict(spend)
+
+
+def expected_pauses(spend: dict[tuple[str, str], Decimal]) -> set[tuple[str, str]]:
+    return {key for key, amount in spend.items() if amount >= _price(key[0])[2]}
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60, terminate: bool = True) -> None:
+    """Wait for a process started in its own session (after a SIGTERM when
+    ``terminate``); SIGKILL its whole group if it is still there then."""
+    if terminate and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class BudgetRun:
+    returncode: int
+    log: str
+
+    def totals(self) -> dict[str, int]:
+        """The counters of the service's last line ("budget service stopped: ...")."""
+        line = self.log.split("budget service stopped: ", 1)[1].split("\n", 1)[0]
+        batches, rest = line.split(" batches, ", 1)
+        return {"batches": int(batches)} | {k: int(v) for k, v in (p.rsplit(" ", 1) for p in rest.split(", "))}
+
+    def batch(self, n: int) -> tuple[int, int]:
+        """(records, applied) of batch n."""
+        line = next(x for x in self.log.splitlines() if f"adpipe.budget: batch {n}: " in x)
+        after = line.split(f"batch {n}: ", 1)[1]
+        return int(after.split(" records", 1)[0]), int(after.split(": ", 1)[1].split(" applied", 1)[0])
+
+
+class BudgetEnv:
+    """One test's budget service: topic, database, group, processes."""
+
+    def __init__(self, pg: Settings, workdir: Path) -> None:
+        self.name = f"b{uuid.uuid4().hex[:10]}"
+        conn = pg_client.connect(pg, "postgres")
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{self.name}"')
+        conn.close()
+        self.pg = pg
+        self.workdir = workdir
+        self.env = {
+            **os.environ,
+            **BROKER_ENV,
+            "ADPIPE_TOPIC_AGGREGATES": f"{self.name}-ad-aggregates",
+            "ADPIPE_TOPIC_BUDGET_EVENTS": f"{self.name}-ad-budget-events",
+            "ADPIPE_BUDGET_DB": pg.pg_url(self.name),
+            "ADPIPE_BUDGET_GROUP": f"{self.name}-group",
+            "ADPIPE_BUDGET_BATCH_SIZE": "25",
+            "ADPIPE_BUDGET_SESSION_TIMEOUT_MS": "6000",
+        }
+        self.settings = load_settings(self.env)
+        self.bootstrap = self.settings.kafka_bootstrap
+        self.topic = self.settings.topics.aggregates
+        kafka_io.ensure_topics(self.bootstrap, [self.topic, self.settings.topics.budget_events], 4)
+        prices = workdir / "prices.csv"
+        prices.write_text(PRICES_CSV)
+        loaded = self.cli("prices", "--file", str(prices))
+        assert loaded.returncode == 0 and "loaded 5 pricing rows" in loaded.log, loaded.log
+
+    # -- Kafka
+    def copy(self, records: list[SourceRecord], chunks: int = 4, abort: bool = False) -> None:
+        """Produce records into this test's aggregates topic, in ``chunks``
+        transactions (committed, or aborted), to the partitions given."""
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.name}-copy-{uuid.uuid4().hex[:6]}"}
+        )
+        producer.init_transactions(30)
+        size = max(1, -(-len(records) // chunks))
+        for i in range(0, len(records), size):
+            producer.begin_transaction()
+            for rec in records[i : i + size]:
+                producer.produce(self.topic, rec.value, rec.key, partition=rec.partition)
+            producer.flush(30)
+            if abort:
+                producer.abort_transaction(30)
+            else:
+                producer.commit_transaction(30)
+
+    def read(self, topic: str | None = None) -> list[kafka_io.Record]:
+        return list(kafka_io.read_topic(self.bootstrap, topic or self.topic))
+
+    def budget_events(self) -> Counter[tuple[str, str]]:
+        return Counter(
+            (json.loads(r.value)["ad_id"], json.loads(r.value)["period"])
+            for r in self.read(self.settings.topics.budget_events)
+        )
+
+    def kafka_committed(self) -> dict[int, int]:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.settings.budget_group})
+        try:
+            parts = [TopicPartition(self.topic, p) for p in range(4)]
+            return {tp.partition: tp.offset for tp in kafka_io.committed_offsets(consumer, parts)}
+        finally:
+            consumer.close()
+
+    # -- processes
+    def _popen(self, args: tuple[str, ...], extra_env: dict[str, str] | None) -> tuple[subprocess.Popen, Path]:
+        log_path = self.workdir / f"budget-{uuid.uuid4().hex[:6]}.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "adpipe", "budget", *args],
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return proc, log_path
+
+    def cli(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 120) -> BudgetRun:
+        proc, log_path = self._popen(args, extra_env)
+        finish(proc, timeout, terminate=False)
+        return BudgetRun(proc.returncode, log_path.read_text())
+
+    def once(self, fault: dict[str, str] | None = None, **extra: str) -> BudgetRun:
+        return self.cli("--once", extra_env={**(fault or {}), **extra})
+
+    def start(self, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        return self._popen((), extra_env)
+
+    # -- PostgreSQL
+    def query(self, sql: str) -> list[tuple]:
+        conn = pg_client.connect(self.pg, self.name)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchall()
+        finally:
+            conn.close()
+
+    def spend(self) -> dict[tuple[str, str], Decimal]:
+        return {
+            (a, p): Decimal(micros).scaleb(-6)
+            for a, p, micros in self.query("SELECT ad_id, period, spend_micros FROM budget_spend")
+        }
+
+    def db_offsets(self) -> dict[int, int]:
+        return dict(self.query("SELECT kafka_partition, next_offset FROM budget_offsets"))
+
+    def snapshot(self) -> tuple:
+        return (
+            self.spend(),
+            self.query("SELECT count(*), sum(spend_micros) FROM budget_ledger"),
+            sorted(self.query("SELECT ad_id, period, event_id, sent_at IS NOT NULL FROM budget_events")),
+            sorted(self.query("SELECT ad_id, period, state, generation FROM budget_status")),
+            self.budget_events(),
+        )
+
+    def assert_exact(self) -> dict[tuple[str, str], Decimal]:
+        """Spend per ad and period equals the independent computation to the
+        micro-unit; each expected pause is in the database and published once."""
+        expected = independent_spend(self.read())
+        actual = self.spend()
+        assert {k: v for k, v in actual.items() if v} == {k: v for k, v in expected.items() if v}
+        per_ad_expected: dict[str, Decimal] = defaultdict(Decimal)
+        per_ad_actual: dict[str, Decimal] = defaultdict(Decimal)
+        for (ad, _p), v in expected.items():
+            per_ad_expected[ad] += v
+        for (ad, _p), v in actual.items():
+            per_ad_actual[ad] += v
+        assert per_ad_actual == per_ad_expected
+        pauses = expected_pauses(expected)
+        assert pauses and len(pauses) < len(expected), "the prices should pause some ads, not all"
+        assert set(self.query("SELECT ad_id, period FROM budget_status WHERE state = 'paused'")) == pauses
+        assert self.query("SELECT count(*) FROM budget_events WHERE sent_at IS NULL") == [(0,)]
+        assert self.budget_events() == Counter(dict.fromkeys(pauses, 1))
+        report = budget_verify.check(self.settings)
+        assert report["ok"] and report["status"] == "ok", report
+        assert report["expected_spend_micros"] == report["actual_spend_micros"] == int(sum(expected.values()) * 10**6)
+        return expected
+
+
+def assignment(log_path: Path) -> list[int] | None:
+    lines = [line for line in log_path.read_text().splitlines() if "assignment now" in line]
+    return json.loads(lines[-1].rsplit("assignment now ", 1)[1]) if lines else None
+
+
+def wait_until(what: str, predicate, timeout: float = 90.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
