@@ -929,15 +929,25 @@ class ChaosRun:
             elif time.monotonic() - quiet_since >= QUIET_S:
                 break
             time.sleep(1)
+        # A load of the window still running ends first: beside the stream
+        # job it may hold the cluster's last cores while it waits for the
+        # load lock, which the final load would hold while it waits for
+        # cores (adpipe chaos found this deadlock).
+        while self.load is not None and time.monotonic() < deadline:
+            self._due()
+            self._supervise()
+            time.sleep(1)
         # Every hour once more, in one run (a backfill: one Spark start-up).
         first, last = self.hour_labels[0], self.hour_labels[-1]
         argv = [sys.executable, "-m", "adpipe", "load", "--hour", first, "--to-hour", last]
         self._drain_load_kills(argv)
         for attempt in range(1, 6):
             part = Part(f"final-load{attempt}", argv, self.env, self.logs)
+            self.load = part  # killed with the rest if the run is stopped
             part.start()
             rc = part.proc.wait()  # type: ignore[union-attr]
             part.reap()
+            self.load = None
             if rc == 0:
                 for hour in self.hour_labels:
                     self.loads_done[hour] = self.loads_done.get(hour, 0) + 1
@@ -965,6 +975,7 @@ class ChaosRun:
         recovers from all of them."""
         for n, planned in enumerate(self.carried, start=1):
             load = Part(f"drain-load{n}", argv, self.env, self.logs)
+            self.load = load  # killed with the rest if the run is stopped
             load.start()
             delay = 3 + 30 * planned.pick
             target = f"load {self.hour_labels[0]}..{self.hour_labels[-1]} (killed {delay:.0f} s into it, drain)"
@@ -980,6 +991,7 @@ class ChaosRun:
                 self._skip(planned, f"{target}: the load had finished first")
             self.load_rcs[load.proc.wait()] += 1  # type: ignore[union-attr]
             load.reap()
+            self.load = None
 
     def restarts(self) -> dict[str, int]:
         """Restarts per part (loads: runs that did not finish)."""
