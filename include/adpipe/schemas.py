@@ -82,6 +82,20 @@ PARSED_EVENT = StructType(
     ]
 )
 
+# The aggregate record's JSON value, as the contract names it: its one
+# declaration. The stream job writes it (stream.job.aggregate_record), the
+# load reads it with this schema, the budget parses it (budget.aggregate).
+AGGREGATE_RECORD = StructType(
+    [
+        StructField("record_uuid", StringType()),
+        StructField("ad_id", StringType()),
+        StructField("window_start", StringType()),
+        StructField("window_end", StringType()),
+        StructField("impressions", LongType()),
+        StructField("clicks", LongType()),
+    ]
+)
+
 MINUTE_AGGREGATE = StructType(
     [
         StructField("ad_id", StringType(), False),

@@ -11,7 +11,7 @@ transaction; nothing is committed here.
           re-sought after the transaction: nothing is applied twice, nothing
           is skipped. (Also the ``pricing_settled`` row FOR SHARE: see
           :mod:`adpipe.budget.status`.)
-  Step 2. Parse and validate with the one parser (``money.parse_aggregate``):
+  Step 2. Parse and validate with the one parser (``aggregate.parse_aggregate``):
           an aggregate that is not one of the contract, or holds what the
           database cannot (a field longer than its column, a count beyond
           BIGINT, NUL, an unpaired surrogate), goes to ``budget_quarantine``
@@ -46,7 +46,8 @@ from confluent_kafka import Message
 from sqlalchemy.engine import Connection
 
 from adpipe.budget import db, status
-from adpipe.budget.money import Aggregate, BadAggregate, Price, charge_micros, parse_aggregate, period_of
+from adpipe.budget.aggregate import Aggregate, BadAggregate, parse_aggregate
+from adpipe.budget.money import Price, charge_micros, period_of
 from adpipe.settings import Settings
 
 # Named after the part: operators grep "adpipe.budget: batch N".

@@ -46,7 +46,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from adpipe.budget.money import MAX_AD_ID, MAX_RECORD_UUID, MAX_WINDOW_START, Price
+from adpipe.budget.aggregate import MAX_AD_ID, MAX_RECORD_UUID, MAX_WINDOW_START
+from adpipe.budget.money import Price
 from adpipe.money import parse_micros
 from adpipe.settings import Settings
 

@@ -4,7 +4,7 @@ aggregates topic, read again.
 Read independently of the service's batch path: the aggregates with a plain
 read_committed consumer (``kafka_io.read_topic``) up to the service's
 offsets (records beyond them are lag), parsed with the one parser
-(``money.parse_aggregate``), every copy of each record_uuid compared here.
+(``aggregate.parse_aggregate``), every copy of each record_uuid compared here.
 Checked:
 
 * each record_uuid charged once, by the copy the ledger names, with that
@@ -35,7 +35,8 @@ from sqlalchemy.exc import OperationalError
 
 from adpipe import kafka_io
 from adpipe.budget import db
-from adpipe.budget.money import Aggregate, BadAggregate, Price, parse_aggregate, period_of, spend_micros
+from adpipe.budget.aggregate import Aggregate, BadAggregate, parse_aggregate
+from adpipe.budget.money import Price, period_of, spend_micros
 from adpipe.budget.status import PAUSED, desired_state
 from adpipe.settings import Settings
 

@@ -58,7 +58,6 @@ from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from adpipe import alerting, faults, kafka_io, metrics, raw_events
 from adpipe import schemas as S
@@ -116,17 +115,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MERGE_ATTEMPTS = 8
-# The aggregate JSON of the contract (adpipe.stream.job.aggregate_record writes it).
-_AGGREGATE_JSON = StructType(
-    [
-        StructField("record_uuid", StringType()),
-        StructField("ad_id", StringType()),
-        StructField("window_start", StringType()),
-        StructField("window_end", StringType()),
-        StructField("impressions", LongType()),
-        StructField("clicks", LongType()),
-    ]
-)
 SOURCE_BAD_AGGREGATE = "bad_aggregate"
 # The raw record a late copy lists ("topic/partition/offset"), beside the
 # quarantine rows until mark_late_repeats has used it.
@@ -202,7 +190,7 @@ def with_aggregate_fields(kafka_df: DataFrame) -> DataFrame:
     need it) is returned as it is."""
     if "aggregate_ok" in kafka_df.columns:
         return kafka_df
-    body = F.from_json(F.col("value").cast("string"), _AGGREGATE_JSON)
+    body = F.from_json(F.col("value").cast("string"), S.AGGREGATE_RECORD)
     return kafka_df.select("*", body.alias("a")).withColumn("aggregate_ok", _aggregate_ok())
 
 

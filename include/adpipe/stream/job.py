@@ -95,14 +95,15 @@ def transactional_id(settings: Settings) -> str:
 
 
 def aggregate_record(settings: Settings, row: dict, batch_id: int) -> OutRecord:
-    value = {
-        "record_uuid": record_uuid(settings.job_id, row["ad_id"], row["window_start"]),
-        "ad_id": row["ad_id"],
-        "window_start": iso_utc(row["window_start"]),
-        "window_end": iso_utc(row["window_end"]),
-        "impressions": int(row["impressions"]),
-        "clicks": int(row["clicks"]),
-    }
+    fields = (
+        record_uuid(settings.job_id, row["ad_id"], row["window_start"]),
+        row["ad_id"],
+        iso_utc(row["window_start"]),
+        iso_utc(row["window_end"]),
+        int(row["impressions"]),
+        int(row["clicks"]),
+    )
+    value = dict(zip(S.AGGREGATE_RECORD.fieldNames(), fields, strict=True))  # the contract's order
     headers = [
         ("adpipe.kind", b"aggregate"),
         (S.HEADER_JOB, settings.job_id.encode()),

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from adpipe.budget import db
+from adpipe.budget.aggregate import BadAggregate, parse_aggregate
 from adpipe.budget.batch import apply_batch
-from adpipe.budget.money import BadAggregate, Price, parse_aggregate, period_of, spend_micros
+from adpipe.budget.money import Price, period_of, spend_micros
 from adpipe.budget.report import format_report, report
 from adpipe.budget.status import event_id
 from adpipe.money import MoneyError, format_micros, parse_micros
@@ -498,3 +499,18 @@ def test_pg_array_literal_refuses_what_it_cannot_write() -> None:
             db.pg_array_literal(["a", value])
     with pytest.raises(TypeError):
         db.pg_array_literal([1, True])
+
+
+def test_the_stream_writes_the_one_declared_aggregate_record_and_the_budget_parses_it() -> None:
+    from datetime import UTC, datetime
+
+    from adpipe import schemas as S
+    from adpipe.stream.job import aggregate_record
+
+    settings = load_settings({"ADPIPE_HOME": "/tmp/adpipe-unused", "ADPIPE_JOB_ID": "j"})
+    start = datetime(2026, 11, 22, 12, 5, tzinfo=UTC)
+    row = {"ad_id": "ad-7", "window_start": start, "window_end": start.replace(minute=6), "impressions": 3, "clicks": 1}
+    value = aggregate_record(settings, row, 4).value
+    assert list(json.loads(value)) == S.AGGREGATE_RECORD.fieldNames()
+    parsed = parse_aggregate(value)
+    assert parsed.counts() == ("ad-7", "2026-11-22T12:05:00Z", 3, 1)

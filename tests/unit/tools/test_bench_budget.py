@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from adpipe.budget.money import parse_aggregate
+from adpipe.budget.aggregate import parse_aggregate
 from adpipe.tools.bench import budget_log_stats, expected_spend, synthetic_aggregates
 
 LOG = """\
