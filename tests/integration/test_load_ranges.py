@@ -75,7 +75,7 @@ def test_records_deleted_before_any_load_read_them_are_counted_as_lost(pipeline:
 PROBE = r"""
 import json, sys
 from datetime import datetime
-from adpipe.lakehouse.load import regions_with_events
+from adpipe.lakehouse.read import regions_with_events
 from adpipe.settings import load_settings
 from adpipe.spark import build_spark
 settings = load_settings()

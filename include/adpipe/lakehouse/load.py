@@ -39,52 +39,68 @@ start, whatever was loaded), audited the same way: for an hour published
 wrongly before this gate existed.
 
 A manifest of each run (ranges read, rows, gate) is kept under
-``$ADPIPE_HOME/load/runs/``."""
+``$ADPIPE_HOME/load/runs/``.
+
+This module is the write-audit-publish; its parts are
+:mod:`~adpipe.lakehouse.read` (Kafka into rows),
+:mod:`~adpipe.lakehouse.rows` (the rows' shape, pure),
+:mod:`~adpipe.lakehouse.merge` (insert-if-absent with conflict retries) and
+:mod:`~adpipe.lakehouse.ledger` (the ledger and the load lock)."""
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import logging
-import os
-import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from adpipe import alerting, faults, kafka_io, metrics, raw_events
-from adpipe import schemas as S
+from adpipe import alerting, faults, metrics
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
+from adpipe.lakehouse.errors import LoadError
+from adpipe.lakehouse.handover import step_file, write_json
+from adpipe.lakehouse.ledger import (
+    _append_ledger,
+    _failed_before,
+    _failed_in_run,
+    _finalized_hours,
+    held_hours,
+    ledger_state,
+    load_lock,
+)
+from adpipe.lakehouse.merge import (
+    _hours_condition,
+    merge_new_rows,
+)
 from adpipe.lakehouse.metastore import metastore_session
 from adpipe.lakehouse.ranges import (
     ONE_HOUR,
-    Coverage,
     OutputNotStable,
-    RegionRanges,
     TopicRange,
     advance,
     closed_hours,
     closed_through,
     hour_closed,
     hour_label,
-    hour_ms,
     hours_between,
     iso_ms,
     parse_hour,
     read_since_ms,
     region_ranges,
-    retention_gaps,
-    stream_watermarks,
 )
-from adpipe.settings import KafkaAccess, Settings
+from adpipe.lakehouse.read import (
+    _hour_labels,
+    _in_hours,
+    kafka_facts,
+    table_rows,
+)
+from adpipe.settings import Settings
 from adpipe.spark import in_threads
 
 __all__ = [
@@ -114,16 +130,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MERGE_ATTEMPTS = 8
-SOURCE_BAD_AGGREGATE = "bad_aggregate"
-# The raw record a late copy lists ("topic/partition/offset"), beside the
-# quarantine rows until mark_late_repeats has used it.
-RAW_SOURCE = "__raw_source"
-LISTED_WATERMARK = "__listed_watermark_ms"  # the watermark of the batch that listed a late copy
-
-
-class LoadError(RuntimeError):
-    """The hour cannot be loaded (not closed yet, or a table write failed for good)."""
 
 
 class GateFailed(LoadError):
@@ -137,652 +143,86 @@ class GateFailed(LoadError):
 # --- pure transformations ------------------------------------------------------------------
 
 
-def _hour_of(ts: Column) -> Column:
-    return F.date_trunc("hour", ts)
 
 
-def _kafka_columns(region: str, loaded_at: datetime) -> list[Column]:
-    return [
-        F.lit(region).alias("region"),
-        F.col("topic").alias("kafka_topic"),
-        F.col("partition").cast("int").alias("kafka_partition"),
-        F.col("offset").cast("long").alias("kafka_offset"),
-        F.lit(loaded_at).cast("timestamp").alias("loaded_at"),
-        F.lit(None).cast("long").alias("load_run"),  # set by the run that stages the rows
-    ]
 
 
-def _first_per_key(df: DataFrame, keys: list[str]) -> DataFrame:
-    """One row per key, deterministically: the lowest (region, partition, offset)."""
-    w = Window.partitionBy(*keys).orderBy("region", "kafka_topic", "kafka_partition", "kafka_offset")
-    return df.withColumn("__n", F.row_number().over(w)).where(F.col("__n") == 1).drop("__n")
 
 
-def _in_hour(hour: datetime | None) -> Column:
-    """Rows of ``hour``; every row for None (a load files each row in its own hour)."""
-    if hour is None:
-        return F.lit(True)
-    return F.col("event_hour") == F.lit(hour.astimezone(UTC)).cast("timestamp")
 
 
-def raw_table_rows(
-    kafka_df: DataFrame, region: str, hour: datetime | None, loaded_at: datetime, max_future_skew_ms: int
-) -> DataFrame:
-    """Raw Kafka rows -> ``ads.ad_events_raw`` rows (of ``hour`` only, unless
-    None): valid events only, by the stream job's own reading of the contract."""
-    parsed = raw_events.valid_events(raw_events.parse_raw_events(kafka_df, max_future_skew_ms))
-    rows = parsed.select(
-        "event_id",
-        "ad_id",
-        "campaign_id",
-        "event_type",
-        "event_time",
-        _hour_of(F.col("event_time")).alias("event_hour"),
-        *_kafka_columns(region, loaded_at),
-    ).where(_in_hour(hour))
-    return rows.select(*T.RAW_SCHEMA.fieldNames())
 
 
-def with_aggregate_fields(kafka_df: DataFrame) -> DataFrame:
-    """Aggregate records with their JSON read into ``a`` and
-    ``aggregate_ok`` (every field of the contract there and readable). A
-    frame that has them already (read once and cached for both tables that
-    need it) is returned as it is."""
-    if "aggregate_ok" in kafka_df.columns:
-        return kafka_df
-    body = F.from_json(F.col("value").cast("string"), S.AGGREGATE_RECORD)
-    return kafka_df.select("*", body.alias("a")).withColumn("aggregate_ok", _aggregate_ok())
 
 
-def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime | None, loaded_at: datetime) -> DataFrame:
-    """Aggregate records -> ``ads.ad_minute_aggregates`` rows (of ``hour`` only, unless None)."""
-    parsed = with_aggregate_fields(kafka_df).where(F.col("aggregate_ok"))
-    rows = parsed.select(
-        F.col("a.record_uuid").alias("record_uuid"),
-        F.col("a.ad_id").alias("ad_id"),
-        F.to_timestamp("a.window_start").alias("window_start"),
-        F.to_timestamp("a.window_end").alias("window_end"),
-        F.col("a.impressions").alias("impressions"),
-        F.col("a.clicks").alias("clicks"),
-        _hour_of(F.to_timestamp("a.window_start")).alias("event_hour"),
-        *_kafka_columns(region, loaded_at),
-    ).where(_in_hour(hour))
-    return rows.select(*T.AGGREGATES_SCHEMA.fieldNames())
 
 
-def _aggregate_ok() -> Column:
-    a = F.col("a")
-    return F.coalesce(
-        a.record_uuid.isNotNull()
-        & a.ad_id.isNotNull()
-        & F.to_timestamp(a.window_start).isNotNull()
-        & F.to_timestamp(a.window_end).isNotNull()
-        & a.impressions.isNotNull()
-        & a.clicks.isNotNull(),
-        F.lit(False),
-    )
 
 
-def _header(name: str) -> Column:
-    """A Kafka header's value as a string (Spark's includeHeaders array)."""
-    match = F.filter(F.col("headers"), lambda h: h["key"] == name)
-    return F.when(F.size(match) > 0, match[0]["value"].cast("string"))
 
 
-def _with_event_fields(copies_df: DataFrame) -> DataFrame:
-    """DLQ or late copies with the event fields read from their bytes (and
-    ``reject_reason``), headers kept. No future-time rule: the job checked
-    their source records."""
-    parsed = raw_events.parse_raw_events(copies_df.drop("headers"), None).select(
-        "event_id",
-        "ad_id",
-        "event_type",
-        "event_time",
-        "reject_reason",
-        F.col("offset").alias("__offset"),
-        F.col("partition").alias("__partition"),
-    )
-    joined = copies_df.join(
-        parsed, (copies_df["offset"] == parsed["__offset"]) & (copies_df["partition"] == parsed["__partition"])
-    )
-    return joined.drop("__offset", "__partition")
 
 
-def quarantine_table_rows(
-    dlq_df: DataFrame,
-    late_df: DataFrame,
-    aggregates_df: DataFrame,
-    region: str,
-    hour: datetime | None,
-    loaded_at: datetime,
-) -> DataFrame:
-    """DLQ records, late events and unreadable aggregate records ->
-    ``ads.ad_events_quarantine`` rows (of ``hour`` only, unless None)."""
-    # DLQ: the original bytes; an event time when one can be read from them,
-    # else the hour the record reached the DLQ.
-    dlq_rows = _with_event_fields(dlq_df).select(
-        F.lit(T.SOURCE_DLQ).alias("source"),
-        F.coalesce(_header(S.HEADER_SOURCE), F.concat_ws("/", "topic", "partition", "offset")).alias("event_key"),
-        F.coalesce(_header(S.HEADER_REASON), F.lit("unknown")).alias("reason"),
-        F.col("value").cast("binary").alias("raw_value"),
-        "event_id",
-        "ad_id",
-        "event_type",
-        "event_time",
-        _hour_of(F.coalesce("event_time", "timestamp")).alias("event_hour"),
-        *_kafka_columns(region, loaded_at),
-    )
-    # Late: the event the copy lists; one truncated as oversized names it in
-    # its headers (its JSON is cut).
-    late = _with_event_fields(late_df).withColumns(
-        {
-            "event_id": F.coalesce(_header(S.HEADER_EVENT_ID), "event_id"),
-            "ad_id": F.coalesce("ad_id", F.col("key").cast("string")),
-            "event_time": F.coalesce(
-                "event_time", F.timestamp_millis(_header(S.HEADER_EVENT_TIME_MS).cast("long"))
-            ),
-        }
-    )
-    late_rows = late.where(F.col("reject_reason").isNull() | _header(S.HEADER_EVENT_ID).isNotNull()).select(
-        _header(S.HEADER_SOURCE).alias(RAW_SOURCE),
-        _header(S.HEADER_WATERMARK).cast("long").alias(LISTED_WATERMARK),
-        F.lit(T.SOURCE_LATE).alias("source"),
-        F.col("event_id").alias("event_key"),
-        F.lit("late").alias("reason"),
-        F.col("value").alias("raw_value"),
-        "event_id",
-        "ad_id",
-        "event_type",
-        "event_time",
-        _hour_of(F.col("event_time")).alias("event_hour"),
-        *_kafka_columns(region, loaded_at),
-    )
-    bad_aggregates = (
-        with_aggregate_fields(aggregates_df)
-        .where(~F.col("aggregate_ok"))
-        .select(
-            F.lit(SOURCE_BAD_AGGREGATE).alias("source"),
-            F.concat_ws("/", "topic", "partition", "offset").alias("event_key"),
-            F.lit("unreadable_aggregate").alias("reason"),
-            F.col("value").cast("binary").alias("raw_value"),
-            F.lit(None).cast("string").alias("event_id"),
-            F.col("a.ad_id").alias("ad_id"),
-            F.lit(None).cast("string").alias("event_type"),
-            F.lit(None).cast("timestamp").alias("event_time"),
-            _hour_of(F.col("timestamp")).alias("event_hour"),
-            *_kafka_columns(region, loaded_at),
-        )
-    )
-    names = T.QUARANTINE_SCHEMA.fieldNames()
-    listing = [F.lit(None).cast("string").alias(RAW_SOURCE), F.lit(None).cast("long").alias(LISTED_WATERMARK)]
-    return (
-        dlq_rows.select(*names, *listing)
-        .unionByName(late_rows.select(*names, RAW_SOURCE, LISTED_WATERMARK))
-        .unionByName(bad_aggregates.select(*names, *listing))
-        .where(_in_hour(hour))
-    )
 
 
-def mark_late_repeats(quarantine_df: DataFrame, first_raw_df: DataFrame, retention_ms: int) -> DataFrame:
-    """Quarantine rows (with :data:`RAW_SOURCE` and :data:`LISTED_WATERMARK`)
-    -> the same rows, each late listing whose raw record is not the event's
-    first (``first_raw_df``: one raw row per ``event_id``, its Kafka
-    position) and whose batch's watermark had passed the event's window end
-    plus the dedupe retention (``retention_ms``) made a ``late_repeat``: a
-    producer retry that came after the retention, listed late again though
-    its first copy was counted or listed before. (Within the retention the
-    stream still knew the id: that listing is the event's one.) Such a row
-    is kept to be seen, and never counted as late (the gate and verify count
-    ``late`` rows only). The two helper columns are dropped."""
-    first = first_raw_df.select(
-        "event_id", F.concat_ws("/", "kafka_topic", "kafka_partition", "kafka_offset").alias("__first_source")
-    )
-    window_end_ms = (F.floor(F.unix_millis("event_time") / 60_000) + 1) * 60_000
-    repeat = (
-        (F.col("source") == F.lit(T.SOURCE_LATE))
-        & F.col(RAW_SOURCE).isNotNull()
-        & F.col("__first_source").isNotNull()
-        & (F.col("__first_source") != F.col(RAW_SOURCE))
-        & F.coalesce(F.col(LISTED_WATERMARK) >= window_end_ms + F.lit(retention_ms), F.lit(False))
-    )
-    return (
-        quarantine_df.join(first, "event_id", "left")
-        .withColumns({
-            "source": F.when(repeat, F.lit(T.SOURCE_LATE_REPEAT)).otherwise(F.col("source")),
-            "reason": F.when(repeat, F.lit(T.SOURCE_LATE_REPEAT)).otherwise(F.col("reason")),
-        })
-        .select(*T.QUARANTINE_SCHEMA.fieldNames())
-    )
 
 
 # --- I/O at the edges ---------------------------------------------------------------------
 
 
-def _region_kafka(settings: Settings, rr: RegionRanges) -> KafkaAccess:
-    """The broker ranges were planned on, with this process's credentials
-    for that region (the ranges, kept in the loads' ledger, hold only the
-    address)."""
-    for region in settings.regions:
-        if region.job_id == rr.region:
-            return KafkaAccess(rr.bootstrap, region.kafka_credentials)
-    return KafkaAccess(rr.bootstrap, settings.kafka_credentials)
 
 
-def _read(spark: SparkSession, kafka: KafkaAccess, rng: TopicRange) -> DataFrame | None:
-    if not rng.partitions():
-        return None
-    reader = (
-        spark.read.format("kafka")
-        .options(**kafka.spark_options())
-        .option("kafka.isolation.level", "read_committed")
-        .option("includeHeaders", "true")
-    )
-    for key, value in rng.options().items():
-        reader = reader.option(key, value)
-    return reader.load()
 
 
-def _empty_kafka_df(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame(
-        [],
-        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-        "timestampType int, headers array<struct<key:string,value:binary>>",
-    )
 
 
-# Delta's conflicts of optimistic concurrency, by Java class. delta-spark's
-# Python classes for them are siblings (none is a subclass of
-# DeltaConcurrentModificationException), so they are matched one by one,
-# and by the Java name for a conflict that reaches Python under another class.
-_CONFLICT_JAVA_CLASSES = (
-    "io.delta.exceptions.DeltaConcurrentModificationException",
-    "io.delta.exceptions.ConcurrentWriteException",
-    "io.delta.exceptions.MetadataChangedException",
-    "io.delta.exceptions.ProtocolChangedException",
-    "io.delta.exceptions.ConcurrentAppendException",
-    "io.delta.exceptions.ConcurrentDeleteReadException",
-    "io.delta.exceptions.ConcurrentDeleteDeleteException",
-    "io.delta.exceptions.ConcurrentTransactionException",
-)
 
 
-def is_write_conflict(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of Delta's concurrent-write conflicts (to retry)."""
-    from delta.exceptions import (
-        ConcurrentAppendException,
-        ConcurrentDeleteDeleteException,
-        ConcurrentDeleteReadException,
-        ConcurrentTransactionException,
-        ConcurrentWriteException,
-        DeltaConcurrentModificationException,
-        MetadataChangedException,
-        ProtocolChangedException,
-    )
-
-    conflicts = (
-        DeltaConcurrentModificationException,
-        ConcurrentWriteException,
-        MetadataChangedException,
-        ProtocolChangedException,
-        ConcurrentAppendException,
-        ConcurrentDeleteReadException,
-        ConcurrentDeleteDeleteException,
-        ConcurrentTransactionException,
-    )
-    if isinstance(exc, conflicts):
-        return True
-    text = str(exc)
-    return any(f"{name}:" in text or f"{name} " in text for name in _CONFLICT_JAVA_CLASSES)
 
 
-def _hours_condition(column: str, hours: list[datetime]) -> str:
-    literals = ", ".join(f"TIMESTAMP'{h.astimezone(UTC):%Y-%m-%d %H:%M:%S}'" for h in sorted(set(hours)))
-    return f"{column} IN ({literals})"
 
 
-def merge_new_rows(
-    spark: SparkSession,
-    table: str,
-    source: DataFrame,
-    keys: tuple[str, ...],
-    hours: datetime | list[datetime],
-    before_merge: Callable[[], None] | None = None,
-) -> int:
-    """Insert the rows of ``source`` whose key is not in the table's
-    partitions of ``hours`` yet (insert-if-absent); a rerun finds nothing
-    new and writes no table version at all. Columns the table has and the
-    source lacks (one an operator added) are left null.
-
-    Concurrent writers conflict in Delta's optimistic concurrency (any class
-    of :func:`is_write_conflict`); the loser retries with backoff and
-    jitter, and then finds the winner's rows present. ``before_merge`` runs
-    before each MERGE (the tests hold two loads at a barrier there). Returns
-    the number of rows inserted."""
-    from delta.tables import DeltaTable
-
-    hours = [hours] if isinstance(hours, datetime) else list(hours)
-    if not hours:
-        return 0
-    # The partition list limits the MERGE's read (and so its conflicts) to these hours.
-    in_hours = _hours_condition("t.event_hour", hours)
-    condition = " AND ".join([f"t.{k} <=> s.{k}" for k in keys] + [in_hours])
-    for attempt in range(1, MERGE_ATTEMPTS + 1):
-        try:
-            existing = spark.table(table).where(F.expr(in_hours.replace("t.event_hour", "event_hour"))).select(*keys)
-            new_rows = source.join(existing, list(keys), "left_anti")
-            if new_rows.isEmpty():
-                return 0
-            if before_merge is not None:
-                before_merge()
-            # The MERGE's own metrics row: the table's latest history entry
-            # may already be another load's commit.
-            metrics = (
-                DeltaTable.forName(spark, table)
-                .alias("t")
-                .merge(source.alias("s"), condition)
-                .whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in source.columns})
-                .execute()
-                .first()
-            )
-            return int(metrics["num_inserted_rows"]) if metrics is not None else 0
-        except Exception as exc:
-            if not is_write_conflict(exc):
-                raise
-            if attempt == MERGE_ATTEMPTS:
-                raise LoadError(f"{table}: still conflicting after {attempt} attempts: {exc}") from exc
-            pause = min(30.0, 0.5 * 2**attempt) * (0.5 + random.random())  # noqa: S311 - jitter
-            log.warning(
-                "%s: concurrent write conflict (%s); retry %d in %.1fs",
-                table,
-                type(exc).__name__,
-                attempt,
-                pause,
-            )
-            time.sleep(pause)
-    raise AssertionError("unreachable")
 
 
 # --- rows of a run ----------------------------------------------------------------------------
 
 
-@contextmanager
-def table_rows(
-    spark: SparkSession,
-    settings: Settings,
-    ranges: list[RegionRanges],
-    loaded_at: datetime,
-    run_id: int,
-    hour: datetime | None = None,
-) -> Iterator[dict[str, DataFrame]]:
-    """Per table, the rows of the records in ``ranges``: every region's,
-    unioned, one row per key (a producer retry, a replayed or injected
-    duplicate: the dedupe the design puts before the load), ``load_run`` =
-    ``run_id``; only the rows of ``hour`` when one is given (a repair).
-
-    Each region's aggregate records feed two tables (the readable ones
-    ``ad_minute_aggregates``, the others the quarantine): they are read
-    from Kafka and parsed once, and cached while the block runs."""
-    parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
-    shared: list[DataFrame] = []
-    for rr in ranges:
-        empty = _empty_kafka_df(spark)
-        kafka = _region_kafka(settings, rr)
-        raw_df = _read(spark, kafka, rr.raw) or empty
-        agg_df = with_aggregate_fields(_read(spark, kafka, rr.aggregates) or empty).persist()
-        shared.append(agg_df)
-        late_df = _read(spark, kafka, rr.late) or empty
-        dlq_df = _read(spark, kafka, rr.dlq) or empty
-        parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
-        parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
-        parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
-    unions = {table: functools.reduce(DataFrame.unionByName, dfs) for table, dfs in parts.items()}
-    unions[T.QUARANTINE] = mark_late_repeats(
-        unions[T.QUARANTINE], _first_raw(spark, unions), settings.late_dedupe_retention_s * 1000
-    )
-    if len(ranges) > 1:  # one region has no copy in another
-        loaded = _loaded_raw(spark, unions[T.RAW].select("event_hour", "event_id"))
-        unions[T.QUARANTINE] = unions[T.QUARANTINE].unionByName(
-            cross_region_copies(unions[T.RAW], loaded, loaded_at)
-        )
-    out = {}
-    for table, union in unions.items():
-        _schema, keys = T.TABLES[table]
-        out[table] = _first_per_key(union, list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
-    try:
-        yield out
-    finally:
-        for df in shared:
-            df.unpersist()
 
 
-def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:
-    """The raw rows earlier runs loaded (published or staged) of the events
-    in ``keys`` (``event_hour``, ``event_id``)."""
-    hours = [parse_hour(h) for h in _hour_labels(keys)]
-    loaded = [
-        spark.table(t).where(_in_hours(hours)).select(*T.RAW_SCHEMA.fieldNames()) for t in (T.RAW, T.staged(T.RAW))
-    ]
-    return functools.reduce(DataFrame.unionByName, loaded).join(
-        keys.distinct(), ["event_hour", "event_id"], "left_semi"
-    )
 
 
-def _ranked_raw(new_df: DataFrame, loaded_df: DataFrame) -> DataFrame:
-    """Raw rows with ``__n``: 1 for the row of each event that counts as its
-    first, the one an earlier run loaded before this run's (then the lowest
-    region and Kafka position), and ``__first_region``, that row's region."""
-    columns = T.RAW_SCHEMA.fieldNames()
-    ranked = loaded_df.select(*columns).withColumn("__new", F.lit(1)).unionByName(
-        new_df.select(*columns).withColumn("__new", F.lit(2))
-    )
-    w = Window.partitionBy("event_id").orderBy("__new", "region", "kafka_topic", "kafka_partition", "kafka_offset")
-    return (
-        ranked.withColumn("__n", F.row_number().over(w))
-        .withColumn("__first_region", F.first("region").over(w))
-        .drop("__new")
-    )
 
 
-def _first_raw(spark: SparkSession, unions: dict[str, DataFrame]) -> DataFrame:
-    """For the events this run's late copies list: the raw row of each event
-    that counts as its first (:func:`_ranked_raw`)."""
-    late = unions[T.QUARANTINE].where(F.col("source") == F.lit(T.SOURCE_LATE))
-    keys = late.select("event_hour", "event_id").distinct()
-    new = unions[T.RAW].join(F.broadcast(keys), ["event_hour", "event_id"], "left_semi")
-    ranked = _ranked_raw(new, _loaded_raw(spark, keys))
-    return ranked.where(F.col("__n") == 1).drop("__n", "__first_region")
 
 
-def cross_region_copies(new_df: DataFrame, loaded_df: DataFrame, loaded_at: datetime) -> DataFrame:
-    """Raw rows of this run (every region's, before the dedupe) and the rows
-    earlier runs loaded of the same events -> a quarantine row
-    (``cross_region``) for each copy of an event in a region other than the
-    one whose row the raw table keeps: that region's stream counted it too,
-    so the spend is charged twice (docs/design.md says what is done about it)."""
-    regions = (
-        new_df.select("event_id", "region").unionByName(loaded_df.select("event_id", "region"))
-        .groupBy("event_id").agg(F.countDistinct("region").alias("__regions"))
-        .where(F.col("__regions") > 1)
-        .select("event_id")
-    )
-    copies = _ranked_raw(
-        new_df.join(regions, "event_id", "left_semi"), loaded_df.join(regions, "event_id", "left_semi")
-    ).where(F.col("region") != F.col("__first_region"))
-    copies = _first_per_key(copies.drop("__n", "__first_region"), ["event_id", "region"])
-    return copies.select(
-        F.lit(T.SOURCE_CROSS_REGION).alias("source"),
-        F.concat_ws("@", "event_id", "region").alias("event_key"),
-        F.lit("cross_region_duplicate").alias("reason"),
-        F.lit(None).cast("binary").alias("raw_value"),
-        "event_id",
-        "ad_id",
-        "event_type",
-        "event_time",
-        "event_hour",
-        "region",
-        "kafka_topic",
-        "kafka_partition",
-        "kafka_offset",
-        F.lit(loaded_at).cast("timestamp").alias("loaded_at"),
-        F.lit(None).cast("long").alias("load_run"),
-    )
 
 
-def _hour_labels(df: DataFrame) -> list[str]:
-    """The distinct ``event_hour`` values of ``df`` as UTC labels (formatted
-    by Spark in its UTC session zone: a collected timestamp would be a naive
-    datetime in the host's zone)."""
-    label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
-    return sorted(r["h"] for r in df.select(label).distinct().collect())
-
-
-def _in_hours(hours: list[datetime]) -> Column:
-    return F.expr(_hours_condition("event_hour", hours)) if hours else F.lit(False)
 
 
 # --- what Kafka says of an hour ------------------------------------------------------------
 
 
-def regions_with_events(settings: Settings, spark: SparkSession, hour: datetime) -> list[str]:
-    """The regions whose raw topic holds a valid event of ``hour`` among the
-    records written during it and committed by its stream: read by record
-    time, not through the loads' coverage, so an hour a load lost is seen.
-    (Records written in the hour may all be of other hours, replays or late
-    ones: only a valid event of the hour itself counts.)"""
-    start_ms, end_ms = hour_ms(hour), hour_ms(hour + ONE_HOUR)
-    loaded_at = datetime.now(UTC)
-    out = []
-    for region in settings.regions:
-        rs = settings.for_region(region)
-        topic = rs.topics.events
-        committed = kafka_io.stream_commits(rs)
-        firsts = kafka_io.offsets_for_times(rs.kafka, topic, start_ms)
-        afters = kafka_io.offsets_for_times(rs.kafka, topic, end_ms)
-        start, end = {}, {}
-        for p, first in firsts.items():
-            if first is None:
-                continue
-            stop = afters.get(p) if afters.get(p) is not None else committed.get(p, (first, ""))[0]
-            start[p], end[p] = first, min(stop, committed.get(p, (first, ""))[0])
-        df = _read(spark, rs.kafka, TopicRange(topic, start, end))
-        if df is not None and not raw_table_rows(
-            df, region.job_id, hour, loaded_at, settings.max_future_skew_ms
-        ).isEmpty():
-            out.append(region.job_id)
-    return out
 
 
-def kafka_facts(settings: Settings, spark: SparkSession, hour: datetime) -> quality.KafkaFacts:
-    """What Kafka says of ``hour`` for the gate (:class:`~adpipe.lakehouse.quality.KafkaFacts`)."""
-    return quality.KafkaFacts(
-        tuple(regions_with_events(settings, spark, hour)),
-        tuple(retention_gaps(settings, hour)),
-        stream_watermarks(settings),
-    )
 
 
 # --- the ledger ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LedgerState:
-    next_run: int
-    coverage: Coverage
 
 
-def ledger_state(spark: SparkSession) -> LedgerState:
-    """The next run's id and every offset loaded so far (the coverage of the
-    latest ``staged`` row)."""
-    # One pass over the ledger (max_by skips the rows its ordering leaves null).
-    row = (
-        spark.table(T.LOAD_RUNS)
-        .agg(
-            F.max("run_id").alias("last_run"),
-            F.max_by("coverage", F.when(F.col("step") == "staged", F.col("run_id"))).alias("coverage"),
-        )
-        .first()
-    )
-    coverage = json.loads(row["coverage"]) if row is not None and row["coverage"] else {}
-    return LedgerState(int(row["last_run"] or 0) + 1 if row is not None else 1, coverage)
 
 
-def _append_ledger(
-    spark: SparkSession, run_id: int, step: str, kind: str, hour: datetime | None, **fields: object
-) -> None:
-    row: dict[str, object] = dict.fromkeys(T.LOAD_RUNS_SCHEMA.fieldNames())
-    row.update(run_id=run_id, step=step, kind=kind, hour=hour, at=datetime.now(UTC))
-    row.update({k: v if isinstance(v, str) or v is None else json.dumps(v, default=str) for k, v in fields.items()})
-    names = T.LOAD_RUNS_SCHEMA.fieldNames()
-    spark.createDataFrame([tuple(row[n] for n in names)], T.LOAD_RUNS_SCHEMA).write.format("delta").mode(
-        "append"
-    ).saveAsTable(T.LOAD_RUNS)
 
 
-def _finalized_hours(spark: SparkSession) -> set[str]:
-    """Hours some run has published (or repaired): rows published into them
-    later are late corrections."""
-    done = spark.table(T.LOAD_RUNS).where(F.col("step").isin("published", "repaired")).select("hours").collect()
-    return {h for r in done if r["hours"] for h in json.loads(r["hours"])}
 
 
-def held_hours(spark: SparkSession) -> dict[str, str]:
-    """The hours held by a failed gate: their last ledger step of
-    ``failed``, ``published``, ``repaired`` or ``discarded`` is ``failed``.
-    Hour -> that failure's message. Their staged rows wait for an operator
-    (a load asking for the hour again, ``--repair`` or ``--discard-staged``);
-    other runs neither audit nor publish them, and are not held back."""
-    steps = (
-        spark.table(T.LOAD_RUNS)
-        .where(F.col("step").isin("failed", "published", "repaired", "discarded"))
-        .select("run_id", "step", "at", "hours", "message")
-        .collect()
-    )
-    last: dict[str, tuple] = {}
-    for row in sorted(steps, key=lambda r: (r["run_id"], r["at"])):
-        for hour in json.loads(row["hours"] or "[]"):
-            last[hour] = (row["step"], row["message"])
-    return {hour: message or "" for hour, (step, message) in last.items() if step == "failed"}
 
 
-def _failed_before(spark: SparkSession, hour: str, message: str, run_id: int) -> bool:
-    """Whether an earlier run's gate failed ``hour`` with the same message
-    (so its alert went out already)."""
-    rows = spark.table(T.LOAD_RUNS).where((F.col("step") == "failed") & (F.col("run_id") < run_id)).collect()
-    return any(json.loads(r["hours"] or "[]") == [hour] and r["message"] == message for r in rows)
 
 
-LOCK_WAIT_S = 3600.0
 
 
-@contextmanager
-def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """One load step at a time per ``ADPIPE_HOME``: staging and publishing
-    read the ledger and the tables and write them back. A second load waits
-    (logging who holds the lock) rather than fail."""
-    settings.home.mkdir(parents=True, exist_ok=True)
-    path = settings.home / "load.lock"
-    with open(path, "a+") as handle:
-        deadline = time.monotonic() + wait_s
-        waited = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LoadError(f"another load holds {path} (pid {path.read_text().strip()}) too long") from None
-                if not waited:
-                    log.info("waiting for the load running as pid %s (%s)", path.read_text().strip() or "?", path)
-                    waited = True
-                time.sleep(1.0)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --- write, audit, publish ----------------------------------------------------------------------
@@ -1016,10 +456,6 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
     return {"inserted": inserted, "corrections": corrections}
 
 
-def _failed_in_run(spark: SparkSession, run_id: int) -> set[str]:
-    """The hours whose gate failed in run ``run_id`` (its audit's ledger rows)."""
-    rows = spark.table(T.LOAD_RUNS).where((F.col("run_id") == run_id) & (F.col("step") == "failed")).collect()
-    return {h for r in rows for h in json.loads(r["hours"] or "[]")}
 
 
 def _clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
@@ -1156,17 +592,3 @@ def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | Non
 
 def _write_manifest(settings: Settings, run_id: int, step: str, body: dict) -> Path:
     return write_json(settings.home / "load" / "runs" / f"{run_id:06d}-{step}.json", body)
-
-
-def write_json(path: Path, body: dict) -> Path:
-    """Write ``body`` whole or not at all (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def step_file(run_file: Path, step: str) -> Path:
-    """Where a step of the run handed over in ``run_file`` writes its result."""
-    return run_file.with_name(f"{run_file.stem}.{step}.json")

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 from adpipe import schemas as S
-from adpipe.lakehouse import load, ranges
+from adpipe.lakehouse import load, merge, ranges
+from adpipe.lakehouse import rows as R
 from adpipe.lakehouse import tables as T
 from adpipe.settings import SettingsError, load_settings
 from pyspark.sql import DataFrame, SparkSession
@@ -73,11 +74,11 @@ def test_topic_range_options_read_exactly_the_non_empty_partitions() -> None:
 
 def test_raw_rows_keep_valid_events_of_the_hour_only(spark: SparkSession) -> None:
     df = _kafka(spark, [_event("e1", 1), _event("e2", 59, kind="click"), _event("e3", 0, hour=13), b"{oops"])
-    rows = load.raw_table_rows(df, "r1", HOUR, LOADED, 300_000).collect()
+    rows = R.raw_table_rows(df, "r1", HOUR, LOADED, 300_000).collect()
     assert sorted(r.event_id for r in rows) == ["e1", "e2"]
     assert {r.event_hour for r in rows} == {datetime(2026, 11, 22, 12)}
     assert {(r.region, r.kafka_topic) for r in rows} == {("r1", "t")}
-    assert load.raw_table_rows(df, "r1", HOUR, LOADED, 300_000).schema.fieldNames() == T.RAW_SCHEMA.fieldNames()
+    assert R.raw_table_rows(df, "r1", HOUR, LOADED, 300_000).schema.fieldNames() == T.RAW_SCHEMA.fieldNames()
 
 
 def test_aggregate_rows_parse_the_contract_json_and_filter_the_hour(spark: SparkSession) -> None:
@@ -97,15 +98,15 @@ def test_aggregate_rows_parse_the_contract_json_and_filter_the_hour(spark: Spark
     }
     broken = {"record_uuid": "u3", "ad_id": "ad-1"}
     df = _kafka(spark, [good, next_hour, broken, b"not json"])
-    rows = load.aggregate_table_rows(df, "r1", HOUR, LOADED).collect()
+    rows = R.aggregate_table_rows(df, "r1", HOUR, LOADED).collect()
     assert [(r.record_uuid, r.impressions, r.clicks, r.window_start) for r in rows] == [
         ("u1", 4, 1, datetime(2026, 11, 22, 12, 7))
     ]
     # The unreadable ones are quarantined (by the hour they reached Kafka), not dropped.
     empty = _kafka(spark, [])
-    q = load.quarantine_table_rows(empty, empty, df, "r1", datetime(2026, 11, 23, 8, tzinfo=UTC), LOADED).collect()
+    q = R.quarantine_table_rows(empty, empty, df, "r1", datetime(2026, 11, 23, 8, tzinfo=UTC), LOADED).collect()
     assert sorted(r.event_key for r in q) == ["t/0/2", "t/1/3"]
-    assert {r.source for r in q} == {load.SOURCE_BAD_AGGREGATE}
+    assert {r.source for r in q} == {R.SOURCE_BAD_AGGREGATE}
 
 
 def test_quarantine_rows_carry_reason_and_key(spark: SparkSession) -> None:
@@ -126,7 +127,7 @@ def test_quarantine_rows_carry_reason_and_key(spark: SparkSession) -> None:
         [{}, {}, truncated],
     )
     empty = _kafka(spark, [])
-    rows = load.quarantine_table_rows(dlq, late, empty, "r1", HOUR, LOADED).collect()
+    rows = R.quarantine_table_rows(dlq, late, empty, "r1", HOUR, LOADED).collect()
     got = sorted((r.source, r.event_key, r.reason) for r in rows)
     # The unparseable DLQ record has no event time: it belongs to the hour it
     # reached the DLQ (2026-11-23T08), not to this one.
@@ -144,7 +145,7 @@ def test_first_per_key_is_deterministic_across_regions(spark: SparkSession) -> N
         [("e1", "r2", "t", 0, 1), ("e1", "r1", "t", 3, 9), ("e1", "r1", "t", 3, 2), ("e2", "r2", "t", 1, 1)],
         "event_id string, region string, kafka_topic string, kafka_partition int, kafka_offset long",
     )
-    kept = sorted((r.event_id, r.region, r.kafka_offset) for r in load._first_per_key(df, ["event_id"]).collect())
+    kept = sorted((r.event_id, r.region, r.kafka_offset) for r in R._first_per_key(df, ["event_id"]).collect())
     assert kept == [("e1", "r1", 2), ("e2", "r2", 1)]
 
 
@@ -238,10 +239,10 @@ def test_two_merges_held_at_a_barrier_conflict_and_the_loser_retries(
 def test_every_delta_conflict_class_is_a_write_conflict_and_nothing_else_is() -> None:
     from delta.exceptions import ConcurrentAppendException, ProtocolChangedException
 
-    assert load.is_write_conflict(ConcurrentAppendException("files added"))
-    assert load.is_write_conflict(ProtocolChangedException("protocol changed"))
-    assert load.is_write_conflict(RuntimeError("io.delta.exceptions.ConcurrentTransactionException: two writers"))
-    assert not load.is_write_conflict(RuntimeError("[DELTA_MISSING_COLUMN] no such column"))
+    assert merge.is_write_conflict(ConcurrentAppendException("files added"))
+    assert merge.is_write_conflict(ProtocolChangedException("protocol changed"))
+    assert merge.is_write_conflict(RuntimeError("io.delta.exceptions.ConcurrentTransactionException: two writers"))
+    assert not merge.is_write_conflict(RuntimeError("[DELTA_MISSING_COLUMN] no such column"))
 
 
 # --- coverage and closed hours -------------------------------------------------------------
@@ -341,10 +342,10 @@ def test_a_late_copy_of_a_records_that_is_not_the_events_first_is_a_late_repeat(
          {S.HEADER_SOURCE: "raw-r1/2/41", S.HEADER_WATERMARK: str(end_12_10 + retention_ms - 1)}],
     )
     empty = _kafka(spark, [])
-    quarantine = load.quarantine_table_rows(empty, late, empty, "r1", HOUR, LOADED)
+    quarantine = R.quarantine_table_rows(empty, late, empty, "r1", HOUR, LOADED)
     first = _raw(spark, [_raw_row("late-1", "r1", 0, 7, 30), _raw_row("again-1", "r1", 1, 3),
                          _raw_row("soon-1", "r1", 3, 2)])
-    marked = load.mark_late_repeats(quarantine, first, retention_ms)
+    marked = R.mark_late_repeats(quarantine, first, retention_ms)
     rows = {r.event_key: (r.source, r.reason) for r in marked.collect()}
     assert rows == {
         "late-1": (T.SOURCE_LATE, "late"),
@@ -361,13 +362,13 @@ def test_copies_of_an_event_in_other_regions_are_listed_once_per_region(spark: S
         _raw_row("earlier", "r1", 0, 6),  # r2 loaded it in an earlier run: r1's copy is the other one
     ])
     loaded = _raw(spark, [_raw_row("earlier", "r2", 0, 1)])
-    rows = load.cross_region_copies(new, loaded, LOADED).collect()
+    rows = R.cross_region_copies(new, loaded, LOADED).collect()
     got = sorted((r.source, r.event_key, r.region, r.kafka_offset, r.reason) for r in rows)
     assert got == [
         (T.SOURCE_CROSS_REGION, "both@r2", "r2", 2, "cross_region_duplicate"),
         (T.SOURCE_CROSS_REGION, "earlier@r1", "r1", 6, "cross_region_duplicate"),
     ]
-    assert load.cross_region_copies(new, loaded, LOADED).columns == T.QUARANTINE_SCHEMA.fieldNames()
+    assert R.cross_region_copies(new, loaded, LOADED).columns == T.QUARANTINE_SCHEMA.fieldNames()
 
 
 def test_a_table_folder_left_by_a_killed_create_is_cleared_and_one_with_data_is_not(tmp_path) -> None:  # noqa: ANN001

@@ -1,0 +1,134 @@
+"""The loads' ledger (``ads.load_runs``): which run staged, published,
+failed or discarded which hours, what each region's Kafka coverage is, the
+held hours, and the lock that lets one load run at a time."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from adpipe.lakehouse import tables as T
+from adpipe.lakehouse.errors import LoadError
+from adpipe.lakehouse.ranges import (
+    Coverage,
+)
+from adpipe.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    next_run: int
+    coverage: Coverage
+
+
+def ledger_state(spark: SparkSession) -> LedgerState:
+    """The next run's id and every offset loaded so far (the coverage of the
+    latest ``staged`` row)."""
+    # One pass over the ledger (max_by skips the rows its ordering leaves null).
+    row = (
+        spark.table(T.LOAD_RUNS)
+        .agg(
+            F.max("run_id").alias("last_run"),
+            F.max_by("coverage", F.when(F.col("step") == "staged", F.col("run_id"))).alias("coverage"),
+        )
+        .first()
+    )
+    coverage = json.loads(row["coverage"]) if row is not None and row["coverage"] else {}
+    return LedgerState(int(row["last_run"] or 0) + 1 if row is not None else 1, coverage)
+
+
+def _append_ledger(
+    spark: SparkSession, run_id: int, step: str, kind: str, hour: datetime | None, **fields: object
+) -> None:
+    row: dict[str, object] = dict.fromkeys(T.LOAD_RUNS_SCHEMA.fieldNames())
+    row.update(run_id=run_id, step=step, kind=kind, hour=hour, at=datetime.now(UTC))
+    row.update({k: v if isinstance(v, str) or v is None else json.dumps(v, default=str) for k, v in fields.items()})
+    names = T.LOAD_RUNS_SCHEMA.fieldNames()
+    spark.createDataFrame([tuple(row[n] for n in names)], T.LOAD_RUNS_SCHEMA).write.format("delta").mode(
+        "append"
+    ).saveAsTable(T.LOAD_RUNS)
+
+
+def _finalized_hours(spark: SparkSession) -> set[str]:
+    """Hours some run has published (or repaired): rows published into them
+    later are late corrections."""
+    done = spark.table(T.LOAD_RUNS).where(F.col("step").isin("published", "repaired")).select("hours").collect()
+    return {h for r in done if r["hours"] for h in json.loads(r["hours"])}
+
+
+def held_hours(spark: SparkSession) -> dict[str, str]:
+    """The hours held by a failed gate: their last ledger step of
+    ``failed``, ``published``, ``repaired`` or ``discarded`` is ``failed``.
+    Hour -> that failure's message. Their staged rows wait for an operator
+    (a load asking for the hour again, ``--repair`` or ``--discard-staged``);
+    other runs neither audit nor publish them, and are not held back."""
+    steps = (
+        spark.table(T.LOAD_RUNS)
+        .where(F.col("step").isin("failed", "published", "repaired", "discarded"))
+        .select("run_id", "step", "at", "hours", "message")
+        .collect()
+    )
+    last: dict[str, tuple] = {}
+    for row in sorted(steps, key=lambda r: (r["run_id"], r["at"])):
+        for hour in json.loads(row["hours"] or "[]"):
+            last[hour] = (row["step"], row["message"])
+    return {hour: message or "" for hour, (step, message) in last.items() if step == "failed"}
+
+
+def _failed_before(spark: SparkSession, hour: str, message: str, run_id: int) -> bool:
+    """Whether an earlier run's gate failed ``hour`` with the same message
+    (so its alert went out already)."""
+    rows = spark.table(T.LOAD_RUNS).where((F.col("step") == "failed") & (F.col("run_id") < run_id)).collect()
+    return any(json.loads(r["hours"] or "[]") == [hour] and r["message"] == message for r in rows)
+
+
+LOCK_WAIT_S = 3600.0
+
+
+@contextmanager
+def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """One load step at a time per ``ADPIPE_HOME``: staging and publishing
+    read the ledger and the tables and write them back. A second load waits
+    (logging who holds the lock) rather than fail."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    path = settings.home / "load.lock"
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        waited = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LoadError(f"another load holds {path} (pid {path.read_text().strip()}) too long") from None
+                if not waited:
+                    log.info("waiting for the load running as pid %s (%s)", path.read_text().strip() or "?", path)
+                    waited = True
+                time.sleep(1.0)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _failed_in_run(spark: SparkSession, run_id: int) -> set[str]:
+    """The hours whose gate failed in run ``run_id`` (its audit's ledger rows)."""
+    rows = spark.table(T.LOAD_RUNS).where((F.col("run_id") == run_id) & (F.col("step") == "failed")).collect()
+    return {h for r in rows for h in json.loads(r["hours"] or "[]")}

@@ -1,0 +1,134 @@
+"""Writing rows into a Delta table, once: insert-if-absent MERGEs by the
+table's keys, retried on Delta's write conflicts (two loads of overlapping
+hours), with the hours written named in the condition so that concurrent
+MERGEs of other hours do not conflict."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from adpipe.lakehouse.errors import LoadError
+
+log = logging.getLogger(__name__)
+
+
+MERGE_ATTEMPTS = 8
+
+
+# Delta's conflicts of optimistic concurrency, by Java class. delta-spark's
+# Python classes for them are siblings (none is a subclass of
+# DeltaConcurrentModificationException), so they are matched one by one,
+# and by the Java name for a conflict that reaches Python under another class.
+_CONFLICT_JAVA_CLASSES = (
+    "io.delta.exceptions.DeltaConcurrentModificationException",
+    "io.delta.exceptions.ConcurrentWriteException",
+    "io.delta.exceptions.MetadataChangedException",
+    "io.delta.exceptions.ProtocolChangedException",
+    "io.delta.exceptions.ConcurrentAppendException",
+    "io.delta.exceptions.ConcurrentDeleteReadException",
+    "io.delta.exceptions.ConcurrentDeleteDeleteException",
+    "io.delta.exceptions.ConcurrentTransactionException",
+)
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of Delta's concurrent-write conflicts (to retry)."""
+    from delta.exceptions import (
+        ConcurrentAppendException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentDeleteReadException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+        MetadataChangedException,
+        ProtocolChangedException,
+    )
+
+    conflicts = (
+        DeltaConcurrentModificationException,
+        ConcurrentWriteException,
+        MetadataChangedException,
+        ProtocolChangedException,
+        ConcurrentAppendException,
+        ConcurrentDeleteReadException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentTransactionException,
+    )
+    if isinstance(exc, conflicts):
+        return True
+    text = str(exc)
+    return any(f"{name}:" in text or f"{name} " in text for name in _CONFLICT_JAVA_CLASSES)
+
+
+def _hours_condition(column: str, hours: list[datetime]) -> str:
+    literals = ", ".join(f"TIMESTAMP'{h.astimezone(UTC):%Y-%m-%d %H:%M:%S}'" for h in sorted(set(hours)))
+    return f"{column} IN ({literals})"
+
+
+def merge_new_rows(
+    spark: SparkSession,
+    table: str,
+    source: DataFrame,
+    keys: tuple[str, ...],
+    hours: datetime | list[datetime],
+    before_merge: Callable[[], None] | None = None,
+) -> int:
+    """Insert the rows of ``source`` whose key is not in the table's
+    partitions of ``hours`` yet (insert-if-absent); a rerun finds nothing
+    new and writes no table version at all. Columns the table has and the
+    source lacks (one an operator added) are left null.
+
+    Concurrent writers conflict in Delta's optimistic concurrency (any class
+    of :func:`is_write_conflict`); the loser retries with backoff and
+    jitter, and then finds the winner's rows present. ``before_merge`` runs
+    before each MERGE (the tests hold two loads at a barrier there). Returns
+    the number of rows inserted."""
+    from delta.tables import DeltaTable
+
+    hours = [hours] if isinstance(hours, datetime) else list(hours)
+    if not hours:
+        return 0
+    # The partition list limits the MERGE's read (and so its conflicts) to these hours.
+    in_hours = _hours_condition("t.event_hour", hours)
+    condition = " AND ".join([f"t.{k} <=> s.{k}" for k in keys] + [in_hours])
+    for attempt in range(1, MERGE_ATTEMPTS + 1):
+        try:
+            existing = spark.table(table).where(F.expr(in_hours.replace("t.event_hour", "event_hour"))).select(*keys)
+            new_rows = source.join(existing, list(keys), "left_anti")
+            if new_rows.isEmpty():
+                return 0
+            if before_merge is not None:
+                before_merge()
+            # The MERGE's own metrics row: the table's latest history entry
+            # may already be another load's commit.
+            metrics = (
+                DeltaTable.forName(spark, table)
+                .alias("t")
+                .merge(source.alias("s"), condition)
+                .whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in source.columns})
+                .execute()
+                .first()
+            )
+            return int(metrics["num_inserted_rows"]) if metrics is not None else 0
+        except Exception as exc:
+            if not is_write_conflict(exc):
+                raise
+            if attempt == MERGE_ATTEMPTS:
+                raise LoadError(f"{table}: still conflicting after {attempt} attempts: {exc}") from exc
+            pause = min(30.0, 0.5 * 2**attempt) * (0.5 + random.random())  # noqa: S311 - jitter
+            log.warning(
+                "%s: concurrent write conflict (%s); retry %d in %.1fs",
+                table,
+                type(exc).__name__,
+                attempt,
+                pause,
+            )
+            time.sleep(pause)
+    raise AssertionError("unreachable")

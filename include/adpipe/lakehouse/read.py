@@ -1,0 +1,199 @@
+"""Union & Load, step 1's reading: each region's Kafka ranges (from
+``adpipe.lakehouse.ranges``) read into DataFrames and shaped into the three
+tables' rows (``adpipe.lakehouse.rows``), the raw rows already loaded looked
+up for dedupe; and what Kafka says of an hour for the gate (which regions had
+events in it, ``kafka_facts``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from adpipe import kafka_io
+from adpipe.lakehouse import quality
+from adpipe.lakehouse import tables as T
+from adpipe.lakehouse.merge import (
+    _hours_condition,
+)
+from adpipe.lakehouse.ranges import (
+    ONE_HOUR,
+    RegionRanges,
+    TopicRange,
+    hour_ms,
+    parse_hour,
+    retention_gaps,
+    stream_watermarks,
+)
+from adpipe.lakehouse.rows import (
+    _first_per_key,
+    _ranked_raw,
+    aggregate_table_rows,
+    cross_region_copies,
+    mark_late_repeats,
+    quarantine_table_rows,
+    raw_table_rows,
+    with_aggregate_fields,
+)
+from adpipe.settings import KafkaAccess, Settings
+
+log = logging.getLogger(__name__)
+
+
+def _region_kafka(settings: Settings, rr: RegionRanges) -> KafkaAccess:
+    """The broker ranges were planned on, with this process's credentials
+    for that region (the ranges, kept in the loads' ledger, hold only the
+    address)."""
+    for region in settings.regions:
+        if region.job_id == rr.region:
+            return KafkaAccess(rr.bootstrap, region.kafka_credentials)
+    return KafkaAccess(rr.bootstrap, settings.kafka_credentials)
+
+
+def _read(spark: SparkSession, kafka: KafkaAccess, rng: TopicRange) -> DataFrame | None:
+    if not rng.partitions():
+        return None
+    reader = (
+        spark.read.format("kafka")
+        .options(**kafka.spark_options())
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+    )
+    for key, value in rng.options().items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def _empty_kafka_df(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame(
+        [],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+        "timestampType int, headers array<struct<key:string,value:binary>>",
+    )
+
+
+@contextmanager
+def table_rows(
+    spark: SparkSession,
+    settings: Settings,
+    ranges: list[RegionRanges],
+    loaded_at: datetime,
+    run_id: int,
+    hour: datetime | None = None,
+) -> Iterator[dict[str, DataFrame]]:
+    """Per table, the rows of the records in ``ranges``: every region's,
+    unioned, one row per key (a producer retry, a replayed or injected
+    duplicate: the dedupe the design puts before the load), ``load_run`` =
+    ``run_id``; only the rows of ``hour`` when one is given (a repair).
+
+    Each region's aggregate records feed two tables (the readable ones
+    ``ad_minute_aggregates``, the others the quarantine): they are read
+    from Kafka and parsed once, and cached while the block runs."""
+    parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
+    shared: list[DataFrame] = []
+    for rr in ranges:
+        empty = _empty_kafka_df(spark)
+        kafka = _region_kafka(settings, rr)
+        raw_df = _read(spark, kafka, rr.raw) or empty
+        agg_df = with_aggregate_fields(_read(spark, kafka, rr.aggregates) or empty).persist()
+        shared.append(agg_df)
+        late_df = _read(spark, kafka, rr.late) or empty
+        dlq_df = _read(spark, kafka, rr.dlq) or empty
+        parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
+        parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
+        parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
+    unions = {table: functools.reduce(DataFrame.unionByName, dfs) for table, dfs in parts.items()}
+    unions[T.QUARANTINE] = mark_late_repeats(
+        unions[T.QUARANTINE], _first_raw(spark, unions), settings.late_dedupe_retention_s * 1000
+    )
+    if len(ranges) > 1:  # one region has no copy in another
+        loaded = _loaded_raw(spark, unions[T.RAW].select("event_hour", "event_id"))
+        unions[T.QUARANTINE] = unions[T.QUARANTINE].unionByName(
+            cross_region_copies(unions[T.RAW], loaded, loaded_at)
+        )
+    out = {}
+    for table, union in unions.items():
+        _schema, keys = T.TABLES[table]
+        out[table] = _first_per_key(union, list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
+    try:
+        yield out
+    finally:
+        for df in shared:
+            df.unpersist()
+
+
+def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:
+    """The raw rows earlier runs loaded (published or staged) of the events
+    in ``keys`` (``event_hour``, ``event_id``)."""
+    hours = [parse_hour(h) for h in _hour_labels(keys)]
+    loaded = [
+        spark.table(t).where(_in_hours(hours)).select(*T.RAW_SCHEMA.fieldNames()) for t in (T.RAW, T.staged(T.RAW))
+    ]
+    return functools.reduce(DataFrame.unionByName, loaded).join(
+        keys.distinct(), ["event_hour", "event_id"], "left_semi"
+    )
+
+
+def _first_raw(spark: SparkSession, unions: dict[str, DataFrame]) -> DataFrame:
+    """For the events this run's late copies list: the raw row of each event
+    that counts as its first (:func:`_ranked_raw`)."""
+    late = unions[T.QUARANTINE].where(F.col("source") == F.lit(T.SOURCE_LATE))
+    keys = late.select("event_hour", "event_id").distinct()
+    new = unions[T.RAW].join(F.broadcast(keys), ["event_hour", "event_id"], "left_semi")
+    ranked = _ranked_raw(new, _loaded_raw(spark, keys))
+    return ranked.where(F.col("__n") == 1).drop("__n", "__first_region")
+
+
+def _hour_labels(df: DataFrame) -> list[str]:
+    """The distinct ``event_hour`` values of ``df`` as UTC labels (formatted
+    by Spark in its UTC session zone: a collected timestamp would be a naive
+    datetime in the host's zone)."""
+    label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
+    return sorted(r["h"] for r in df.select(label).distinct().collect())
+
+
+def _in_hours(hours: list[datetime]) -> Column:
+    return F.expr(_hours_condition("event_hour", hours)) if hours else F.lit(False)
+
+
+def regions_with_events(settings: Settings, spark: SparkSession, hour: datetime) -> list[str]:
+    """The regions whose raw topic holds a valid event of ``hour`` among the
+    records written during it and committed by its stream: read by record
+    time, not through the loads' coverage, so an hour a load lost is seen.
+    (Records written in the hour may all be of other hours, replays or late
+    ones: only a valid event of the hour itself counts.)"""
+    start_ms, end_ms = hour_ms(hour), hour_ms(hour + ONE_HOUR)
+    loaded_at = datetime.now(UTC)
+    out = []
+    for region in settings.regions:
+        rs = settings.for_region(region)
+        topic = rs.topics.events
+        committed = kafka_io.stream_commits(rs)
+        firsts = kafka_io.offsets_for_times(rs.kafka, topic, start_ms)
+        afters = kafka_io.offsets_for_times(rs.kafka, topic, end_ms)
+        start, end = {}, {}
+        for p, first in firsts.items():
+            if first is None:
+                continue
+            stop = afters.get(p) if afters.get(p) is not None else committed.get(p, (first, ""))[0]
+            start[p], end[p] = first, min(stop, committed.get(p, (first, ""))[0])
+        df = _read(spark, rs.kafka, TopicRange(topic, start, end))
+        if df is not None and not raw_table_rows(
+            df, region.job_id, hour, loaded_at, settings.max_future_skew_ms
+        ).isEmpty():
+            out.append(region.job_id)
+    return out
+
+
+def kafka_facts(settings: Settings, spark: SparkSession, hour: datetime) -> quality.KafkaFacts:
+    """What Kafka says of ``hour`` for the gate (:class:`~adpipe.lakehouse.quality.KafkaFacts`)."""
+    return quality.KafkaFacts(
+        tuple(regions_with_events(settings, spark, hour)),
+        tuple(retention_gaps(settings, hour)),
+        stream_watermarks(settings),
+    )
