@@ -264,6 +264,29 @@ class StreamSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("conn_id", "adpipe_spark")
         super().__init__(**kwargs)
 
+    def submit_command(self, settings: Settings) -> list[str]:
+        """The spark-submit command line, built by the provider from its
+        connection (master, deploy mode and the connection's extras, as for
+        every SparkSubmitOperator) with adpipe's --conf and --jars.
+
+        The provider has no public way to get the command without running it
+        (its hook's ``submit`` waits for the driver to exit): this uses the
+        hook's ``_connection`` and ``_build_spark_submit_command``, pinned by
+        tests/unit/orchestration/test_stream_submit.py against the pinned
+        provider version, so an upgrade that changes them fails there."""
+        app_name = f"adpipe-stream-{settings.job_id}"
+        self.conf, self.jars = submit_conf(settings, app_name)
+        self.name = app_name
+        self._spark_binary = self._spark_binary or spark_submit_binary()
+        hook = self._get_hook()
+        master = hook._connection["master"]  # noqa: SLF001 - see the docstring
+        if master != settings.spark_master:
+            raise StreamStartError(
+                f"Spark connection {self._conn_id!r} gives master {master!r}, "
+                f"settings say {settings.spark_master!r}: start Airflow with adpipe.local.airflow"
+            )
+        return hook._build_spark_submit_command(self.application)  # noqa: SLF001 - see the docstring
+
     def execute(self, context: Any) -> int:  # type: ignore[override]
         settings = load_settings()
         health = inspect(settings)
@@ -273,17 +296,7 @@ class StreamSubmitOperator(SparkSubmitOperator):
         if health.stalled and health.pid:
             log.warning("%s: stopping the stalled job", health.describe())
             stop_stream(health.pid)
-        app_name = f"adpipe-stream-{settings.job_id}"
-        self.conf, self.jars = submit_conf(settings, app_name)
-        self.name = app_name
-        self._spark_binary = self._spark_binary or spark_submit_binary()
-        hook = self._get_hook()
-        if hook._connection["master"] != settings.spark_master:  # noqa: SLF001
-            raise StreamStartError(
-                f"Spark connection {self._conn_id!r} gives master {hook._connection['master']!r}, "  # noqa: SLF001
-                f"settings say {settings.spark_master!r}: start Airflow with adpipe.local.airflow"
-            )
-        command = hook._build_spark_submit_command(self.application)  # noqa: SLF001 - the provider's own command line
+        command = self.submit_command(settings)
         log_path = stream_dir(settings) / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env_vars or {})}
