@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from adpipe import kafka_io
@@ -158,83 +158,122 @@ def _limited(items: list) -> list:
     return items[:LIST_LIMIT]
 
 
-def reconcile(settings: Settings, ledger_group: str) -> dict:
-    topics = settings.topics
-    kafka = settings.kafka
+@dataclass
+class RawRead:
+    """The raw topic as verify reads it: the first valid copy of each
+    event, where each event's first copies are, and the malformed messages
+    ("topic/partition/offset" -> reason)."""
 
-    # Raw events: distinct valid events and malformed messages.
-    valid: dict[str, RawEvent] = {}
-    firsts = FirstCopies()
-    malformed: dict[str, str] = {}  # "topic/partition/offset" -> reason
-    raw_records = 0
-    for rec in kafka_io.read_topic(kafka, topics.events):
-        raw_records += 1
+    records: int = 0
+    valid: dict[str, RawEvent] = field(default_factory=dict)
+    firsts: FirstCopies = field(default_factory=FirstCopies)
+    malformed: dict[str, str] = field(default_factory=dict)
+
+
+def read_raw(settings: Settings) -> RawRead:
+    raw = RawRead()
+    for rec in kafka_io.read_topic(settings.kafka, settings.topics.events):
+        raw.records += 1
         verdict = classify_record(rec.value, rec.timestamp_ms, settings.max_future_skew_ms)
         if isinstance(verdict, str):
-            malformed[f"{rec.topic}/{rec.partition}/{rec.offset}"] = verdict
+            raw.malformed[f"{rec.topic}/{rec.partition}/{rec.offset}"] = verdict
         else:
-            valid.setdefault(verdict.event_id, verdict)
-            firsts.add(rec, verdict.event_id)
+            raw.valid.setdefault(verdict.event_id, verdict)
+            raw.firsts.add(rec, verdict.event_id)
+    return raw
 
-    watermark = ledger_watermark_ms(settings, ledger_group)
 
-    # Late events listed by the job.
+def _late_section(settings: Settings, raw: RawRead) -> tuple[dict, Counter[str]]:
+    """The late topic: each listing a valid event's, after its batch's
+    watermark, once per event (a retry listed again after the dedupe
+    retention is counted apart); the report section and the listing counts."""
     late_counts: Counter[str] = Counter()
-    relisted: Counter[str] = Counter()  # retries listed again after the dedupe retention
+    relisted: Counter[str] = Counter()
     not_late: list[dict] = []
     retention_ms = settings.late_dedupe_retention_s * 1000
-    for rec in kafka_io.read_topic(kafka, topics.late):
-        verdict = _late_copy(rec, valid)
+    for rec in kafka_io.read_topic(settings.kafka, settings.topics.late):
+        verdict = _late_copy(rec, raw.valid)
         if isinstance(verdict, str):
             not_late.append({"source": rec.header(S.HEADER_SOURCE), "why": f"malformed: {verdict}"})
             continue
         cut = int(rec.header(S.HEADER_WATERMARK) or -1)
         if verdict.event_ms > cut:
             not_late.append({"event_id": verdict.event_id, "why": f"event time after the watermark {cut}"})
-        if is_relisting(firsts, verdict, rec, retention_ms):
+        if is_relisting(raw.firsts, verdict, rec, retention_ms):
             relisted[verdict.event_id] += 1
         else:
             late_counts[verdict.event_id] += 1
-    late_ids = set(late_counts)
+    section = {
+        "records": sum(late_counts.values()) + sum(relisted.values()),
+        "distinct_events": len(late_counts),
+        "relisted_after_retention": sum(relisted.values()),
+        "duplicated": _limited([e for e, n in late_counts.items() if n > 1]),
+        "not_valid_raw": _limited([e for e in late_counts if e not in raw.valid]),
+        "not_late": _limited(not_late),
+    }
+    problems = (
+        sum(n > 1 for n in late_counts.values()) + sum(e not in raw.valid for e in late_counts) + len(not_late)
+    )
+    return {**section, "problems": problems}, late_counts
 
-    # DLQ: exactly the malformed messages, once each.
+
+def _dlq_section(settings: Settings, raw: RawRead) -> dict:
+    """The DLQ: exactly the malformed messages, once each, with their reasons."""
     dlq_counts: Counter[str] = Counter()
-    dlq_reason_mismatch: list[dict] = []
-    for rec in kafka_io.read_topic(kafka, topics.dlq):
+    mismatch: list[dict] = []
+    for rec in kafka_io.read_topic(settings.kafka, settings.topics.dlq):
         source = rec.header(S.HEADER_SOURCE) or "?"
         dlq_counts[source] += 1
-        expected_reason = malformed.get(source)
+        expected_reason = raw.malformed.get(source)
         reason = rec.header(S.HEADER_REASON)
         if reason == S.REASON_OVERSIZED:  # truncated: the reason it had is kept beside
             reason = rec.header(S.HEADER_ORIGINAL_REASON)
         if expected_reason is not None and expected_reason != reason:
-            dlq_reason_mismatch.append(
-                {"source": source, "dlq": rec.header(S.HEADER_REASON), "expected": expected_reason}
-            )
+            mismatch.append({"source": source, "dlq": rec.header(S.HEADER_REASON), "expected": expected_reason})
+    missing = sorted(set(raw.malformed) - set(dlq_counts))
+    dups = [s for s, n in dlq_counts.items() if n > 1]
+    unexpected = sorted(set(dlq_counts) - set(raw.malformed))
+    return {
+        "records": sum(dlq_counts.values()),
+        "missing_count": len(missing),
+        "missing": _limited(missing),
+        "duplicated": _limited(dups),
+        "unexpected": _limited(unexpected),
+        "reason_mismatch": _limited(mismatch),
+        "problems": len(missing) + len(dups) + len(unexpected) + len(mismatch),
+    }
 
-    # Expected aggregates: closed windows of on-time distinct events.
+
+def expected_aggregates(
+    raw: RawRead, late_ids: set[str], watermark: int | None
+) -> dict[tuple[str, str], dict[str, int]]:
+    """(ad_id, window_start) -> counts: the windows closed by the watermark,
+    of the distinct valid events that were not listed late."""
     expected: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: {"impressions": 0, "clicks": 0})
-    for event in valid.values():
+    for event in raw.valid.values():
         if event.event_id in late_ids:
             continue
         window_end_ms = (event.event_ms // 60_000 + 1) * 60_000
         if watermark is not None and window_end_ms <= watermark:
             key = (event.ad_id, event.window_start)
             expected[key]["impressions" if event.event_type == "impression" else "clicks"] += 1
+    return expected
 
-    # Actual aggregates, read_committed.
+
+def _aggregates_section(settings: Settings, expected: dict[tuple[str, str], dict[str, int]]) -> dict:
+    """The aggregates read_committed against ``expected``: none missing,
+    unexpected, wrong or written twice (by key or by record_uuid)."""
     seen: Counter[tuple[str, str]] = Counter()
     uuid_seen: Counter[str] = Counter()
     actual: dict[tuple[str, str], dict] = {}
-    agg_records = 0
-    for rec in kafka_io.read_topic(kafka, topics.aggregates):
-        agg_records += 1
+    records = 0
+    for rec in kafka_io.read_topic(settings.kafka, settings.topics.aggregates):
+        records += 1
         body = json.loads(rec.value)
         key = (body["ad_id"], body["window_start"])
         seen[key] += 1
         uuid_seen[body["record_uuid"]] += 1
         actual.setdefault(key, body)
-
     missing = sorted(set(expected) - set(actual))
     unexpected = sorted(set(actual) - set(expected))
     wrong = [
@@ -249,26 +288,38 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
     ]
     duplicated = [{"ad_id": k[0], "window_start": k[1], "copies": n} for k, n in sorted(seen.items()) if n > 1]
     uuid_dups = [u for u, n in uuid_seen.items() if n > 1]
-    late_dups = [e for e, n in late_counts.items() if n > 1]
-    late_unknown = [e for e in late_ids if e not in valid]
-    dlq_missing = sorted(set(malformed) - set(dlq_counts))
-    dlq_dups = [s for s, n in dlq_counts.items() if n > 1]
-    dlq_unexpected = sorted(set(dlq_counts) - set(malformed))
+    return {
+        "records": records,
+        "expected_windows": len(expected),
+        "missing_count": len(missing),
+        "duplicated_count": len(duplicated),
+        "wrong_count": len(wrong),
+        "unexpected_count": len(unexpected),
+        "record_uuid_duplicated_count": len(uuid_dups),
+        "missing": _limited([{"ad_id": a, "window_start": w} for a, w in missing]),
+        "duplicated": _limited(duplicated),
+        "wrong": _limited(wrong),
+        "unexpected": _limited([{"ad_id": a, "window_start": w} for a, w in unexpected]),
+        "problems": len(missing) + len(unexpected) + len(wrong) + len(duplicated) + len(uuid_dups),
+    }
 
-    problems = (
-        len(missing)
-        + len(unexpected)
-        + len(wrong)
-        + len(duplicated)
-        + len(uuid_dups)
-        + len(late_dups)
-        + len(late_unknown)
-        + len(not_late)
-        + len(dlq_missing)
-        + len(dlq_dups)
-        + len(dlq_unexpected)
-        + len(dlq_reason_mismatch)
-    )
+
+def reconcile(settings: Settings, ledger_group: str) -> dict:
+    """Exactly-once, checked from Kafka alone: every topic read again
+    (read_committed) and recomputed with verify's own reading of the raw
+    records (:func:`classify`, not the stream job's parser). The aggregates
+    of the windows the ledger's watermark closed equal the distinct on-time
+    events' counts, once each; every late listing is a valid event's, after
+    its batch's watermark, once; the DLQ holds every malformed message once;
+    and the budget's spend matches the aggregates (``adpipe.budget.verify``).
+    ``ok`` only when nothing is off and the job has committed a batch;
+    ``problems`` counts what is off, each section lists up to LIST_LIMIT."""
+    raw = read_raw(settings)
+    watermark = ledger_watermark_ms(settings, ledger_group)
+    late, late_counts = _late_section(settings, raw)
+    dlq = _dlq_section(settings, raw)
+    aggregates = _aggregates_section(settings, expected_aggregates(raw, set(late_counts), watermark))
+    problems = late.pop("problems") + dlq.pop("problems") + aggregates.pop("problems")
     budget = budget_verify.check(settings)
     return {
         "ok": problems == 0 and watermark is not None and budget["ok"],
@@ -276,36 +327,10 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
         "closed_through": None
         if watermark is None
         else datetime.fromtimestamp(watermark / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "raw": {"records": raw_records, "valid_distinct_events": len(valid), "malformed": len(malformed)},
-        "aggregates": {
-            "records": agg_records,
-            "expected_windows": len(expected),
-            "missing_count": len(missing),
-            "duplicated_count": len(duplicated),
-            "wrong_count": len(wrong),
-            "unexpected_count": len(unexpected),
-            "record_uuid_duplicated_count": len(uuid_dups),
-            "missing": _limited([{"ad_id": a, "window_start": w} for a, w in missing]),
-            "duplicated": _limited(duplicated),
-            "wrong": _limited(wrong),
-            "unexpected": _limited([{"ad_id": a, "window_start": w} for a, w in unexpected]),
-        },
-        "late": {
-            "records": sum(late_counts.values()) + sum(relisted.values()),
-            "distinct_events": len(late_ids),
-            "relisted_after_retention": sum(relisted.values()),
-            "duplicated": _limited(late_dups),
-            "not_valid_raw": _limited(late_unknown),
-            "not_late": _limited(not_late),
-        },
-        "dlq": {
-            "records": sum(dlq_counts.values()),
-            "missing_count": len(dlq_missing),
-            "missing": _limited(dlq_missing),
-            "duplicated": _limited(dlq_dups),
-            "unexpected": _limited(dlq_unexpected),
-            "reason_mismatch": _limited(dlq_reason_mismatch),
-        },
+        "raw": {"records": raw.records, "valid_distinct_events": len(raw.valid), "malformed": len(raw.malformed)},
+        "aggregates": aggregates,
+        "late": late,
+        "dlq": dlq,
         "budget": budget,
         "problems": problems,
     }
