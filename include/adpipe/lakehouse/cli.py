@@ -20,6 +20,7 @@ EXIT_OUTPUT_NOT_STABLE = 3  # retriable: the stream's last batch's markers are n
 
 def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.lakehouse import load
+    from adpipe.lakehouse.ledger import load_lock
     from adpipe.lakehouse.metastore import metastore_session
 
     hour = load.parse_hour(args.hour)
@@ -45,14 +46,17 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import metrics
 
     metrics.serve(metrics.LOAD, settings)  # while it runs; each step also writes its textfile
-    spark = metastore_session(settings, "adpipe-load")
     try:
-        if args.repair:
-            result = load.repair_hour(settings, hour, spark)
-        elif args.step != "all":
-            return _one_step(args.step, settings, spark, hour, Path(args.run_file))
-        else:
-            result = load.load_hour(settings, hour, spark, last, allow_open=True)
+        # The lock before the Spark session: a load waiting for it holds no
+        # executors the running one may need (ledger.load_lock).
+        with load_lock(settings):
+            spark = metastore_session(settings, "adpipe-load")
+            if args.repair:
+                result = load.repair_hour(settings, hour, spark)
+            elif args.step != "all":
+                return _one_step(args.step, settings, spark, hour, Path(args.run_file))
+            else:
+                result = load.load_hour(settings, hour, spark, last, allow_open=True)
     except load.GateFailed as exc:
         log.error("%s", exc)
         return 1

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -95,15 +96,26 @@ def _failed_before(spark: SparkSession, hour: str, message: str, run_id: int) ->
 
 
 LOCK_WAIT_S = 3600.0
+_HELD: dict[Path, int] = {}  # lock file -> depth, in this process
 
 
 @contextmanager
 def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """One load step at a time per ``ADPIPE_HOME``: staging and publishing
     read the ledger and the tables and write them back. A second load waits
-    (logging who holds the lock) rather than fail."""
+    (logging who holds the lock) rather than fail. Reentrant within a
+    process: ``adpipe load`` takes it before its Spark session starts, so a
+    waiting load never holds a cluster's cores that the running one needs
+    (a deadlock ``adpipe chaos`` found), and its steps take it again."""
     settings.home.mkdir(parents=True, exist_ok=True)
     path = settings.home / "load.lock"
+    if _HELD.get(path):  # this process holds it already (the CLI takes it before Spark starts)
+        _HELD[path] += 1
+        try:
+            yield
+        finally:
+            _HELD[path] -= 1
+        return
     with open(path, "a+") as handle:
         deadline = time.monotonic() + wait_s
         waited = False
@@ -122,9 +134,11 @@ def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
+        _HELD[path] = 1
         try:
             yield
         finally:
+            _HELD.pop(path, None)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
