@@ -128,11 +128,19 @@ def _statsd_address(env: dict[str, str]) -> str:
     return raw
 
 
-def _checkpoint_uri(env: dict[str, str]) -> str:
-    raw = (env.get("ADPIPE_CHECKPOINT_URI") or "").strip()
+def _uri(env: dict[str, str], name: str) -> str:
+    """A URI setting (empty: its default under ADPIPE_HOME)."""
+    raw = (env.get(name) or "").strip()
     if raw and not urlparse(raw).scheme:
-        raise SettingsError(f"ADPIPE_CHECKPOINT_URI={raw!r} needs a scheme (file://, hdfs://, s3a://)")
+        raise SettingsError(f"{name}={raw!r} needs a scheme (file://, hdfs://, s3a://)")
     return raw
+
+
+def _local_folder(uri: str, what: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        raise SettingsError(f"{what} {uri} is not a local folder")
+    return Path(parsed.path)
 
 
 @dataclass(frozen=True)
@@ -361,6 +369,10 @@ class Settings:
     # Where checkpoints live, as a URI Spark writes (file://, hdfs://, s3a://);
     # empty: ADPIPE_HOME/checkpoints. Each job's is <this>/<job id>.
     checkpoint_base_uri: str = ""
+    # Where the Delta tables live (Spark's warehouse), a URI as above;
+    # empty: ADPIPE_HOME/warehouse. One warehouse per metastore database:
+    # a second metastore would find the first one's tables in the way.
+    warehouse_base_uri: str = ""
     # Which stream job instance this is (one per region). It names the
     # checkpoint, the transactional.id and the record_uuid namespace.
     job_id: str = "region-local"
@@ -457,14 +469,17 @@ class Settings:
     @property
     def checkpoint_dir(self) -> Path:
         """The checkpoint as a local folder (a ``file:`` URI only)."""
-        parsed = urlparse(self.checkpoint_uri)
-        if parsed.scheme not in ("", "file"):
-            raise SettingsError(f"the checkpoint {self.checkpoint_uri} is not a local folder")
-        return Path(parsed.path)
+        return _local_folder(self.checkpoint_uri, "the checkpoint")
+
+    @property
+    def warehouse_uri(self) -> str:
+        """Spark's warehouse: ADPIPE_WAREHOUSE_URI, default under ADPIPE_HOME."""
+        return self.warehouse_base_uri.rstrip("/") or f"file://{self.home / 'warehouse'}"
 
     @property
     def warehouse_dir(self) -> Path:
-        return self.home / "warehouse"
+        """The warehouse as a local folder (a ``file:`` URI only)."""
+        return _local_folder(self.warehouse_uri, "the warehouse")
 
     @property
     def metrics_dir(self) -> Path:
@@ -684,7 +699,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         late_dedupe_retention_s=_int(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", Settings.late_dedupe_retention_s),
         max_late_share=_share(env, "ADPIPE_MAX_LATE_SHARE", Settings.max_late_share),
         load_output_wait_s=_int(env, "ADPIPE_LOAD_OUTPUT_WAIT_S", Settings.load_output_wait_s, 0),
-        checkpoint_base_uri=_checkpoint_uri(env),
+        checkpoint_base_uri=_uri(env, "ADPIPE_CHECKPOINT_URI"),
+        warehouse_base_uri=_uri(env, "ADPIPE_WAREHOUSE_URI"),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
         transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", Settings.transaction_timeout_ms, 1000),
         pg_host=env.get("ADPIPE_PG_HOST", "127.0.0.1"),

@@ -103,7 +103,7 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         "spark.driver.memory": settings.spark_driver_memory,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.warehouse.dir": str(settings.warehouse_dir),
+        "spark.sql.warehouse.dir": settings.warehouse_uri,
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
@@ -139,17 +139,22 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
     return conf
 
 
-def _warn_unreachable_checkpoint(settings: Settings) -> None:
-    """A file: checkpoint on a cluster of other machines is a different
-    folder on each: say so (one machine, the local cluster, is fine)."""
+def _warn_local_folders_on_a_cluster(settings: Settings) -> None:
+    """A file: checkpoint or warehouse on a cluster of other machines is a
+    different folder on each: say so (one machine, the local cluster, is fine)."""
     host = urlparse(settings.spark_master).hostname or ""
-    if host not in ("127.0.0.1", "localhost", "::1") and urlparse(settings.checkpoint_uri).scheme == "file":
-        log.warning(
-            "checkpoint %s is a local folder but the master %s may run executors on other machines: "
-            "set ADPIPE_CHECKPOINT_URI to a URI every node reaches (hdfs://, s3a://, a shared mount)",
-            settings.checkpoint_uri,
-            settings.spark_master,
-        )
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return
+    for what, uri, variable in (
+        ("checkpoint", settings.checkpoint_uri, "ADPIPE_CHECKPOINT_URI"),
+        ("warehouse", settings.warehouse_uri, "ADPIPE_WAREHOUSE_URI"),
+    ):
+        if urlparse(uri).scheme == "file":
+            log.warning(
+                "%s %s is a local folder but the master %s may run executors on other machines: "
+                "set %s to a URI every node reaches (hdfs://, s3a://, a shared mount)",
+                what, uri, settings.spark_master, variable,
+            )  # fmt: skip
 
 
 def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[str, str] | None = None) -> SparkSession:
@@ -162,7 +167,7 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = spark_conf(settings, app_name, extra_conf)
     if on_cluster(settings):
-        _warn_unreachable_checkpoint(settings)
+        _warn_local_folders_on_a_cluster(settings)
     log.info(
         "Spark application %s on %s%s",
         app_name,

@@ -43,7 +43,7 @@ def _files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_size < 64 * 2**20]
 
 
-def test_a_demo_run_prints_and_logs_no_password(pg: Settings) -> None:
+def test_a_demo_run_prints_and_logs_no_password(pg: Settings, tmp_path: Path) -> None:
     password = f"pw-{secrets.token_hex(12)}"
     role = f"demo_{uuid.uuid4().hex[:8]}"
     conn = pg_client.connect(pg, "postgres")
@@ -57,7 +57,10 @@ def test_a_demo_run_prints_and_logs_no_password(pg: Settings) -> None:
         **BROKER_ENV,
         "ADPIPE_PG_USER": role,
         "ADPIPE_PG_PASSWORD": password,
+        # A metastore of its own, so a warehouse of its own: the shared
+        # one holds tables the session's metastore registered.
         "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{role}",
+        "ADPIPE_WAREHOUSE_URI": f"file://{tmp_path / 'warehouse'}",
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
     }
     settings = load_settings(env)
@@ -77,6 +80,9 @@ def test_a_demo_run_prints_and_logs_no_password(pg: Settings) -> None:
     # broker's logs), PostgreSQL's log, and what it printed.
     written = [p for p in _files(settings.home) if before.get(p) != p.stat().st_mtime]
     assert any(p.name == "stream-1.log" for p in written) and any(p.name == "broker.log" for p in written)
+    tables = _files(settings.warehouse_dir)
+    assert any(p.parent.name == "_delta_log" and "ad_minute_aggregates" in p.parts for p in tables)
+    written += tables
     pg_data = postgres._data_dir(settings)
     assert pg_data is not None
     texts = {str(p): p.read_bytes().decode(errors="replace") for p in written}

@@ -17,8 +17,10 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,6 +161,36 @@ def _batches(log_path: Path) -> int:
     return sum("adpipe.stream: batch" in line for line in log_path.read_text().splitlines())
 
 
+def _stop_mid_task(cluster: Settings, logs: dict[str, Path], proc: subprocess.Popen, log_path: Path) -> set[Task]:
+    """SIGSTOP worker 1's executors while one of them runs a task, and return
+    the tasks they had started and not finished. A task seen running twice
+    may still finish before a signal lands: the executors are frozen first,
+    their worker (still running) copies what they wrote to their stderr
+    files, and only then is the log read; with no task in flight they go on
+    (SIGCONT) and the next one is awaited."""
+    deadline = time.monotonic() + 180
+    seen: set[Task] = set()
+
+    def task_in_flight() -> bool:
+        nonlocal seen
+        running = _running(logs)
+        in_flight, seen = running & seen, running
+        return bool(in_flight)
+
+    while time.monotonic() < deadline:
+        wait_for(task_in_flight, proc, log_path, "worker 1's executor ran no task", timeout_s=120)
+        executors = spark_cluster.executor_pids(cluster, 1)
+        for pid in executors:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        in_flight = _running(logs)
+        if in_flight:
+            return in_flight
+        for pid in executors:
+            os.kill(pid, signal.SIGCONT)
+    pytest.fail("worker 1's executors were never frozen with a task in flight")
+
+
 @pytest.fixture(scope="module")
 def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> KilledRun:
     """One ``--available-now`` stream run on the cluster, whose worker 1 is
@@ -175,24 +207,15 @@ def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> K
     proc, log_path = pipeline.start_stream("--available-now", "--max-offsets-per-trigger", "250")
     with reaped(proc):
         # One batch done (both workers run an executor of the job), then
-        # the kill once worker 1's executor has been running a task for
-        # 0.1 s at least: mid-batch, the task still in flight.
+        # the kill while worker 1's executor has a task in flight (frozen
+        # first, to know which).
         wait_for(lambda: _batches(log_path) >= 1, proc, log_path, "no batch was committed")
         logs = _executor_logs(cluster, 1)
         assert logs, "worker 1 runs no executor of the job"
         listening = _listening(cluster, proc.pid)
-        seen: set[Task] = set()
-
-        def task_in_flight() -> bool:
-            nonlocal seen
-            running = _running(logs)
-            in_flight, seen = running & seen, running
-            return bool(in_flight)
-
-        wait_for(task_in_flight, proc, log_path, "worker 1's executor ran no task", timeout_s=120)
+        in_flight = _stop_mid_task(cluster, logs, proc, log_path)
         batches_before_kill = _batches(log_path)
-        killed = spark_cluster.kill_worker(cluster, 1)
-        in_flight = _running(logs)  # what the dead executor had started and not finished
+        killed = spark_cluster.kill_worker(cluster, 1)  # SIGKILL ends stopped processes too
         assert proc.poll() is None, "the kill must happen while the job runs"
         spark_cluster.start_worker(cluster, 1)
         proc.wait(timeout=600)

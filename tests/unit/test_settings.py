@@ -47,6 +47,20 @@ def test_the_checkpoint_may_be_any_uri(tmp_path: Path) -> None:
         load_settings({"ADPIPE_CHECKPOINT_URI": "/just/a/path"})
 
 
+def test_the_warehouse_may_be_any_uri(tmp_path: Path) -> None:
+    default = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    assert default.warehouse_uri == f"file://{tmp_path}/warehouse"
+    assert default.warehouse_dir == tmp_path / "warehouse"
+    local = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_WAREHOUSE_URI": f"file://{tmp_path / 'w h'}/"})
+    assert local.warehouse_dir == tmp_path / "w h"
+    remote = load_settings({"ADPIPE_WAREHOUSE_URI": "s3a://bucket/warehouse"})
+    assert remote.warehouse_uri == "s3a://bucket/warehouse"
+    with pytest.raises(SettingsError, match="the warehouse s3a://bucket/warehouse is not a local folder"):
+        _ = remote.warehouse_dir
+    with pytest.raises(SettingsError, match="ADPIPE_WAREHOUSE_URI='/just/a/path' needs a scheme"):
+        load_settings({"ADPIPE_WAREHOUSE_URI": "/just/a/path"})
+
+
 def test_load_settings_does_not_read_os_environ_when_given_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADPIPE_JOB_ID", "from-the-environment")
     assert load_settings({}).job_id == "region-local"
