@@ -61,6 +61,19 @@ BROKER_ENV = {
 # ---- a pipeline of its own on the session broker, its stream runs
 
 
+def start_adpipe(workdir: Path, verb: str, args: tuple[str, ...], env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    """``adpipe <verb> <args>`` as its own process group (a fault SIGKILLs
+    Spark's JVM together with the Python driver), its output in a new log
+    under ``workdir``."""
+    log_path = workdir / f"{verb}-{uuid.uuid4().hex[:6]}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "adpipe", verb, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return proc, log_path
+
+
 @dataclass
 class StreamRun:
     returncode: int
@@ -86,16 +99,7 @@ class Pipeline:
     def start_stream(self, *args: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
         """Start ``adpipe stream`` as its own process group (so a fault
         SIGKILLs Spark's JVM together with the Python driver)."""
-        log_path = self.workdir / f"stream-{uuid.uuid4().hex[:6]}.log"
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "adpipe", "stream", *args],
-                env={**self.env, **(extra_env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return proc, log_path
+        return start_adpipe(self.workdir, "stream", args, {**self.env, **(extra_env or {})})
 
     @contextmanager
     def continuous_stream(self) -> Iterator[tuple[subprocess.Popen, Path]]:
@@ -182,21 +186,42 @@ def on_producers_clock(settings: Settings) -> None:
         time.sleep(0.2)
 
 
-def until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:
-    """``probe()``'s first true answer, asked every 5 s (a URL or OS error
-    counts as no answer); past ``timeout_s`` the test fails with the tail of
-    ``log_path``."""
+def poll(
+    what: str,
+    probe: Callable[[], object],
+    timeout_s: float,
+    interval_s: float = 0.5,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    tolerate: tuple[type[BaseException], ...] = (),
+) -> object:
+    """``probe()``'s first true answer, asked every ``interval_s`` (an
+    exception of ``tolerate`` counts as no answer). The test fails, with the
+    tail of ``log_path`` when given, once ``timeout_s`` passes or ``proc``
+    ends first."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         try:
             got = probe()
-        except (urllib.error.URLError, OSError, KeyError):
+        except tolerate:
             got = None
         if got:
             return got
-        time.sleep(5)
-    tail = log_path.read_text()[-6000:] if log_path.exists() else ""
-    pytest.fail(f"{what}: not within {timeout_s:.0f}s\n--- {log_path.name} ---\n{tail}")
+        if proc is not None and proc.poll() is not None:
+            _fail(f"{what}: the process ended first", log_path)
+        if time.monotonic() >= deadline:
+            _fail(f"{what}: not within {timeout_s:.0f}s", log_path)
+        time.sleep(interval_s)
+
+
+def _fail(message: str, log_path: Path | None) -> None:
+    tail = log_path.read_text(errors="replace")[-6000:] if log_path and log_path.exists() else ""
+    pytest.fail(f"{message}\n--- {log_path.name} ---\n{tail}" if log_path else message)
+
+
+def until(what: str, probe: Callable[[], object], timeout_s: float, log_path: Path) -> object:
+    """:func:`poll` every 5 s, an unreachable URL or process counting as no answer."""
+    return poll(what, probe, timeout_s, 5, log_path=log_path, tolerate=(urllib.error.URLError, OSError, KeyError))
 
 
 def wait_for(
@@ -207,14 +232,8 @@ def wait_for(
     timeout_s: float = 300,
     interval_s: float = 0.2,
 ) -> None:
-    """Until ``condition()``, asked every ``interval_s``: the test fails
-    with the tail of ``log_path`` if ``proc`` ends first or ``timeout_s``
-    passes."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert proc.poll() is None, f"{what}: the job ended first\n{log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"{what}\n{log_path.read_text()[-3000:]}"
-        time.sleep(interval_s)
+    """:func:`poll` while ``proc`` (a job writing ``log_path``) runs."""
+    poll(what, condition, timeout_s, interval_s, proc=proc, log_path=log_path)
 
 
 def send(p: Pipeline, values: list[bytes]) -> None:
@@ -564,16 +583,7 @@ class BudgetEnv:
 
     # -- processes
     def _popen(self, args: tuple[str, ...], extra_env: dict[str, str] | None) -> tuple[subprocess.Popen, Path]:
-        log_path = self.workdir / f"budget-{uuid.uuid4().hex[:6]}.log"
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "adpipe", "budget", *args],
-                env={**self.env, **(extra_env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return proc, log_path
+        return start_adpipe(self.workdir, "budget", args, {**self.env, **(extra_env or {})})
 
     def cli(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 120) -> BudgetRun:
         proc, log_path = self._popen(args, extra_env)
@@ -643,9 +653,6 @@ def assignment(log_path: Path) -> list[int] | None:
     return json.loads(lines[-1].rsplit("assignment now ", 1)[1]) if lines else None
 
 
-def wait_until(what: str, predicate, timeout: float = 90.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
+def wait_until(what: str, predicate: Callable[[], object], timeout: float = 90.0) -> None:
+    """:func:`poll` every 0.5 s."""
+    poll(what, predicate, timeout)

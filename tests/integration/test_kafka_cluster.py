@@ -4,6 +4,7 @@ min.insync.replicas 2, and transactions that survive a node's SIGKILL."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -23,6 +24,8 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.conftest import JVM_OPTIONS, PORT_BASE, TEST_HOME
+
+log = logging.getLogger(__name__)
 
 # Its own ports (node k: these plus 100·(k-1)) and home: beside the session broker.
 CLUSTER_ENV = {
@@ -254,7 +257,8 @@ def test_a_load_waits_while_an_output_partitions_leader_is_stopped(cluster: Sett
         # and the load reads the aggregate.
         ranges = region_ranges(load_settings({**env, "ADPIPE_LOAD_OUTPUT_WAIT_S": "120"}), region, hour)
         readable_after_s = time.monotonic() - stopped
-        print(f"node {victim}: ledger after {ledger_after_s:.1f} s, aggregate {readable_after_s:.1f} s, {commit_s}")
+        log.info("node %d: ledger after %.1f s, aggregate %.1f s, %s", victim, ledger_after_s, readable_after_s,
+                 commit_s)
         committed.join(60)
         assert ranges.aggregates.end[partition] >= written[0] + 1
     finally:

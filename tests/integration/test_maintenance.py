@@ -13,6 +13,7 @@ process, staying up in between."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings
 
 from tests.integration.helpers import BROKER_ENV, reaped
+
+log = logging.getLogger(__name__)
 
 PROBE = Path(__file__).with_name("maintenance_probe.py")
 DAY_S = 86_400
@@ -98,4 +101,4 @@ def test_maintain_compacts_vacuums_past_the_retention_and_keeps_rows(pg: Setting
     assert raw_new[-2:] == ["VACUUM START", "VACUUM END"], raw_new
     for table in (probe_table, T.RAW):
         assert after["properties"][table]["delta.deletedFileRetentionDuration"] == "interval 240 hours"
-    print(f"adpipe maintain of 3 tables (one missing): {maintain_s:.1f} s")
+    log.info("adpipe maintain of 3 tables (one missing): %.1f s", maintain_s)
