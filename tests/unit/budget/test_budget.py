@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from adpipe.budget import db
+from adpipe.budget import db, pricing, schema, writes
 from adpipe.budget.aggregate import BadAggregate, parse_aggregate
 from adpipe.budget.batch import apply_batch
 from adpipe.budget.money import Price, period_of, spend_micros
@@ -211,9 +211,9 @@ def test_database_faults_by_kind(exc: BaseException, kind: str) -> None:
 
 
 def test_storable_text_never_refused() -> None:
-    assert db.storable("a\x00b\ud800c") == "a\\x00b\\ud800c"
-    assert db.storable("x" * 10, 4) == "xxxx"
-    assert db.storable(None) is None
+    assert writes.storable("a\x00b\ud800c") == "a\\x00b\\ud800c"
+    assert writes.storable("x" * 10, 4) == "xxxx"
+    assert writes.storable(None) is None
 
 
 def test_event_ids_per_transition() -> None:
@@ -274,7 +274,7 @@ def sqlite_budget(tmp_path: Path):  # noqa: ANN201
         }
     )
     engine = db.make_engine(settings)
-    db.ensure_schema(engine, settings)
+    schema.ensure_schema(engine, settings)
     yield settings, engine
     engine.dispose()
 
@@ -289,11 +289,11 @@ def test_pricing_file_and_resolution(sqlite_budget, tmp_path: Path) -> None:
         "ad,ad-2,,1.5,,\n"
         "default,ignored,,2.00,0.50,10.00\n"
     )
-    rows = db.read_price_file(csv_path)
+    rows = pricing.read_price_file(csv_path)
     assert [(r.scope, r.key) for r in rows] == [("campaign", "cmp-1"), ("ad", "ad-1"), ("ad", "ad-2"), ("default", "*")]
     with engine.begin() as conn:
-        assert db.upsert_prices(conn, rows) == 4
-        prices = db.resolve_prices(conn, ["ad-1", "ad-2", "ad-3"])
+        assert pricing.upsert_prices(conn, rows) == 4
+        prices = pricing.resolve_prices(conn, ["ad-1", "ad-2", "ad-3"])
     assert prices["ad-1"] == Price(3_000_001, 250_000, 50_000_000)  # cpm and budget from its campaign
     assert prices["ad-2"] == Price(1_500_000, 500_000, 10_000_000)  # no campaign: default cpc and budget
     assert prices["ad-3"] == Price(2_000_000, 500_000, 10_000_000)  # default row
@@ -311,8 +311,8 @@ def test_pricing_file_and_resolution(sqlite_budget, tmp_path: Path) -> None:
 def test_pricing_file_rejects(tmp_path: Path, body: str) -> None:
     path = tmp_path / "p.csv"
     path.write_text(body)
-    with pytest.raises(db.PricingError):
-        db.read_price_file(path)
+    with pytest.raises(pricing.PricingError):
+        pricing.read_price_file(path)
 
 
 def _rows(engine: sa.Engine, table: sa.Table) -> list[dict]:
@@ -427,7 +427,7 @@ def test_budget_changes_pause_and_resume_once(sqlite_budget, tmp_path: Path) -> 
 
     def reprice(budget: str) -> list[tuple[str, int]]:
         with engine.begin() as conn:
-            db.upsert_prices(conn, [db.PriceRow("ad", "ad-1", None, None, None, parse_micros(budget))])
+            pricing.upsert_prices(conn, [pricing.PriceRow("ad", "ad-1", None, None, None, parse_micros(budget))])
             return [(t.event_type, t.generation) for t in status.settle_pricing(conn) or []]
 
     assert reprice("5.00") == [("ad_paused", 1)]  # lowered below the spend: paused now
@@ -490,15 +490,15 @@ def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.Mon
     ],
 )
 def test_pg_array_literal_quotes_what_must_be_quoted(values: list, literal: str) -> None:
-    assert db.pg_array_literal(iter(values)) == literal
+    assert writes.pg_array_literal(iter(values)) == literal
 
 
 def test_pg_array_literal_refuses_what_it_cannot_write() -> None:
     for value in (True, 1.5, b"x"):
         with pytest.raises(TypeError):
-            db.pg_array_literal(["a", value])
+            writes.pg_array_literal(["a", value])
     with pytest.raises(TypeError):
-        db.pg_array_literal([1, True])
+        writes.pg_array_literal([1, True])
 
 
 def test_the_stream_writes_the_one_declared_aggregate_record_and_the_budget_parses_it() -> None:
