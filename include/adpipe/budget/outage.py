@@ -7,8 +7,8 @@ consumption (:meth:`adpipe.budget.assignment.Assignment.pause`: the consumer
 keeps polling, so the group does not rebalance) and the same transaction is
 retried with backoff for up to ``ADPIPE_BUDGET_DB_OUTAGE_S``; then
 :class:`DatabaseOutage` (the service exits 1; its partitions move to the
-others). When the database answers again, consumption resumes from the
-database's offsets. SIGTERM while waiting raises :class:`StopRequested`.
+others). When the database answers again (a success, or a refusal raised to the
+caller), consumption resumes from the database's offsets. SIGTERM while waiting raises :class:`StopRequested`.
 Other faults propagate at once: **data** to the batch splitting of
 :mod:`adpipe.budget.commit`, **fatal** (a missing table, a permission) out
 of the service.
@@ -61,6 +61,13 @@ class OutageGuard:
                 result = action()
             except Exception as exc:
                 if db.fault_kind(exc) != db.TRANSIENT:
+                    if deadline is not None:
+                        # It answers again, with a refusal (data) or an error
+                        # (fatal): the outage is over either way. Left
+                        # paused, the service would poll and charge nothing.
+                        log.info("%s: the database answers again after %d attempts, with %s; consumption resumes",
+                                 what, attempt + 1, type(exc).__name__)
+                        self.assignment.resume()
                     raise
                 now = time.monotonic()
                 if deadline is None:

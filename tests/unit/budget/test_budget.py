@@ -5,12 +5,13 @@ out by hand, not recomputed with the code under test."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from adpipe.budget import db, pricing, schema, writes
+from adpipe.budget import db, outage, pricing, schema, writes
 from adpipe.budget.aggregate import BadAggregate, parse_aggregate
 from adpipe.budget.batch import apply_batch
 from adpipe.budget.money import Price, period_of, spend_micros
@@ -208,6 +209,53 @@ class _Orig(Exception):
 )
 def test_database_faults_by_kind(exc: BaseException, kind: str) -> None:
     assert db.fault_kind(exc) == kind
+
+
+class _Assignment:
+    """What OutageGuard uses of an Assignment: pause, resume, the consumer."""
+
+    def __init__(self) -> None:
+        self.consumer = None
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+@pytest.mark.parametrize(
+    ("after_the_outage", "raised"),
+    [
+        (None, None),
+        (sa.exc.DataError("x", {}, _Orig("22001")), sa.exc.DataError),
+        (sa.exc.ProgrammingError("x", {}, _Orig("42P01")), sa.exc.ProgrammingError),
+    ],
+)
+def test_an_outage_ends_with_consumption_resumed_whatever_the_database_answers(
+    after_the_outage: BaseException | None, raised: type[BaseException] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two connection failures, then a success or a refusal: consumption was
+    # paused once and is resumed once either way (a refusal once left the
+    # service polling and charging nothing).
+    monkeypatch.setattr(outage, "MAX_BACKOFF_S", 0.01)
+    answers: list[BaseException | None] = [sa.exc.OperationalError("x", {}, _Orig("08006"))] * 2 + [after_the_outage]
+
+    def action() -> str:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+        return "committed"
+
+    assignment = _Assignment()
+    guard = outage.OutageGuard(load_settings({"ADPIPE_BUDGET_DB_OUTAGE_S": "60"}), threading.Event(), assignment)  # type: ignore[arg-type]
+    if raised is None:
+        assert guard.with_db("batch 1", action) == "committed"
+    else:
+        with pytest.raises(raised):
+            guard.with_db("batch 1", action)
+    assert assignment.calls == ["pause", "resume"] and answers == []
 
 
 def test_storable_text_never_refused() -> None:
