@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 AFTER_PRODUCE = "after_produce"  # (a) records in the transaction, not committed
 DURING_COMMIT = "during_commit"  # (c) EndTxn in flight
 AFTER_COMMIT = "after_commit"  # (b) Kafka committed, Spark's checkpoint not
-# The budget service (adpipe.budget.service); "batch" is the number of the
+# The budget service (adpipe.budget.commit, adpipe.budget.events); "batch" is the number of the
 # service's batch in this process (1, 2, ...), "records" the aggregates in it.
 BUDGET_BEFORE_DB_TRANSACTION = "budget_before_db_transaction"  # a batch read, its transaction not begun
 BUDGET_BEFORE_DB_COMMIT = "budget_before_db_commit"  # ledger, spend, offsets written, not committed

@@ -255,7 +255,7 @@ class WatermarkSource(Protocol):
 
 
 class BudgetMetrics:
-    """The budget service's (adpipe.budget.service.BudgetService records them)."""
+    """The budget service's (adpipe.budget.stats.ServiceStats records them)."""
 
     def __init__(self, settings: Settings) -> None:
         self.registry = r = _process_registry()

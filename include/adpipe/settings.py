@@ -397,7 +397,7 @@ class Settings:
     budget_default_cpc_micros: int = 500_000
     budget_default_budget_micros: int | None = 100_000_000
     budget_session_timeout_ms: int = 10_000
-    # Database faults (adpipe.budget.service): how long a database outage is
+    # Database faults (adpipe.budget.outage): how long a database outage is
     # waited out (consumption paused, the consumer still polling within
     # max.poll.interval.ms) before the service gives up; the connect and
     # statement timeouts of every budget database call.

@@ -8,7 +8,7 @@ import uuid
 
 import sqlalchemy as sa
 from adpipe import pg as pg_client
-from adpipe.budget import db
+from adpipe.budget import db, writes
 from adpipe.settings import Settings
 
 # Text an array literal must quote and escape: its own delimiters, quotes,
@@ -54,16 +54,16 @@ def test_hostile_text_round_trips_through_the_ledger_and_the_spend_sums(pg: Sett
             for i, ad in enumerate(HOSTILE_AD_IDS)
         ]
         with engine.begin() as conn:
-            inserted = db.insert_new(conn, db.ledger, rows, "record_uuid")
-            again = db.insert_new(conn, db.ledger, rows[:3], "record_uuid")
-            sums = db.add_sums(
+            inserted = writes.insert_new(conn, db.ledger, rows, "record_uuid")
+            again = writes.insert_new(conn, db.ledger, rows[:3], "record_uuid")
+            sums = writes.add_sums(
                 conn,
                 db.spend,
                 "updated_at",
                 [{"ad_id": r["ad_id"], "period": r["period"], "spend_micros": 7, "records": 1} for r in rows],
             )
             one_more = [{"ad_id": "{ad}", "period": "2026-11-22", "spend_micros": 5, "records": 1}]
-            sums_again = db.add_sums(conn, db.spend, "updated_at", one_more)
+            sums_again = writes.add_sums(conn, db.spend, "updated_at", one_more)
         assert inserted == {r["record_uuid"] for r in rows}
         assert again == set()  # insert-only: keys already there are skipped
         assert sums == {(ad, "2026-11-22"): 7 for ad in HOSTILE_AD_IDS}

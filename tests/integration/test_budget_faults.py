@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from adpipe import kafka_io
 from adpipe import pg as pg_client
-from adpipe.budget import db
+from adpipe.budget import db, schema
 from adpipe.budget import verify as budget_verify
 from adpipe.budget.batch import StaleOffsets, apply_batch
 from adpipe.local import postgres
@@ -406,7 +406,7 @@ def test_two_first_writers_of_a_partition_without_offsets_row(budget: BudgetEnv)
     believe they own partition 0, which has no offsets row yet. The second
     to commit is refused as a whole, even for records the first never had."""
     engine = db.make_engine(budget.settings)
-    db.ensure_schema(engine, budget.settings)
+    schema.ensure_schema(engine, budget.settings)
     with engine.connect() as conn:  # every connection carries its timeouts
         shown = [
             conn.exec_driver_sql(f"SHOW {name}").scalar()

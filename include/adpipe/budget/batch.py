@@ -1,6 +1,6 @@
 """The database side of one batch of the budget service: Steps 1-6 of the
 commit protocol (Steps 7-9 and what a crash leaves behind are in
-:mod:`adpipe.budget.service`). Everything here runs inside the caller's
+:mod:`adpipe.budget.commit`). Everything here runs inside the caller's
 transaction; nothing is committed here.
 
   Step 1. Lock this batch's partitions' rows of ``budget_offsets``
@@ -17,7 +17,7 @@ transaction; nothing is committed here.
           BIGINT, NUL, an unpaired surrogate), goes to ``budget_quarantine``
           as ``malformed`` with the reason, and its offset is consumed. So do
           records the caller names as ``rejected`` (the database refused them
-          alone: see the service's batch splitting).
+          alone: see the batch splitting of :mod:`adpipe.budget.commit`).
   Step 3. Insert the ledger rows, insert-only by ``record_uuid``
           (``ON CONFLICT DO NOTHING RETURNING``): a record_uuid seen before, in
           this batch or any earlier one, with the same counts is a duplicate
@@ -45,7 +45,7 @@ import sqlalchemy as sa
 from confluent_kafka import Message
 from sqlalchemy.engine import Connection
 
-from adpipe.budget import db, status
+from adpipe.budget import db, pricing, status, writes
 from adpipe.budget.aggregate import Aggregate, BadAggregate, parse_aggregate
 from adpipe.budget.money import Price, charge_micros, period_of
 from adpipe.settings import Settings
@@ -189,9 +189,9 @@ def quarantine_row(
         "kafka_offset": msg.offset(),
         "group_id": group,
         "kind": kind,
-        "reason": db.storable(reason, 500),
-        "record_uuid": db.storable(record_uuid, 64),
-        "value": None if raw is None else db.storable(raw[:4000].decode("utf-8", "backslashreplace")),
+        "reason": writes.storable(reason, 500),
+        "record_uuid": writes.storable(record_uuid, 64),
+        "value": None if raw is None else writes.storable(raw[:4000].decode("utf-8", "backslashreplace")),
     }
 
 
@@ -279,7 +279,7 @@ def _insert_ledger(
                     group, topic, msg, "conflict", _conflict_reason(agg, first[0].counts(), where), agg.record_uuid
                 )
             )
-    prices = db.resolve_prices(conn, (agg.ad_id for agg, _ in firsts.values())) if firsts else {}
+    prices = pricing.resolve_prices(conn, (agg.ad_id for agg, _ in firsts.values())) if firsts else {}
     rows = []
     for record_uuid in sorted(firsts):
         agg, msg = firsts[record_uuid]
@@ -305,7 +305,7 @@ def _insert_ledger(
                 "kafka_offset": msg.offset(),
             }
         )
-    inserted: set[str] = db.insert_new(conn, db.ledger, rows, "record_uuid")
+    inserted: set[str] = writes.insert_new(conn, db.ledger, rows, "record_uuid")
     result.applied = len(inserted)
     seen_before = [row["record_uuid"] for row in rows if row["record_uuid"] not in inserted]
     if seen_before:
@@ -355,7 +355,7 @@ def _add_spend(
         values = [
             {"ad_id": a, "period": p, "spend_micros": d[0], "records": d[1]} for (a, p), d in sorted(delta.items())
         ]
-        new_spend = db.add_sums(conn, db.spend, "updated_at", values)
+        new_spend = writes.add_sums(conn, db.spend, "updated_at", values)
         result.spend_added_micros = sum(d[0] for d in delta.values())
     return new_spend, crossing_record
 

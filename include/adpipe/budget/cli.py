@@ -71,16 +71,16 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
 def _prices(args: argparse.Namespace, settings: Settings) -> int:
     import sqlalchemy as sa
 
-    from adpipe.budget import db, status
+    from adpipe.budget import db, pricing, schema, status
     from adpipe.money import format_micros
 
     engine = db.make_engine(settings)
     try:
-        db.ensure_schema(engine, settings)
+        schema.ensure_schema(engine, settings)
         if args.file:
-            rows = db.read_price_file(Path(args.file))
+            rows = pricing.read_price_file(Path(args.file))
             with engine.begin() as conn:
-                n = db.upsert_prices(conn, rows)
+                n = pricing.upsert_prices(conn, rows)
                 # Pauses follow the new budgets in the same transaction.
                 transitions = status.settle_pricing(conn, force=True) or []
             print(f"loaded {n} pricing rows from {args.file}")

@@ -1,6 +1,6 @@
 """Budget events: the outbox (``budget_events``, filled by
 :mod:`adpipe.budget.status`) published to the budget-events topic; Step 9 of
-the service's protocol (:mod:`adpipe.budget.service`).
+the service's protocol (:mod:`adpipe.budget.commit`).
 
 The publisher runs on its own thread, never the consuming one: a slow or
 stuck publication cannot hold up consumption (and so cannot push the
@@ -35,6 +35,10 @@ A death after it (``budget_after_events_commit``) leaves the ledger at R+1:
 the next round's Step 4 marks the rows sent without publishing them again.
 A Kafka error drops the producer (the next round starts with Step 2's
 fence); a database error skips the round. Neither stops the service.
+
+This module is the thread and the round; the round's database side
+(Steps 4 and 6) is :mod:`adpipe.budget.outbox`, its Kafka side (Steps 2, 3
+and 5) :mod:`adpipe.budget.producer`.
 """
 
 from __future__ import annotations
@@ -43,24 +47,20 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Sequence
 
 import sqlalchemy as sa
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from sqlalchemy.engine import Engine, RowMapping
+from confluent_kafka import KafkaException
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from adpipe import kafka_io
-from adpipe.budget import db, status
+from adpipe.budget import db, outbox, pricing, status
+from adpipe.budget.producer import RoundProducer
 from adpipe.faults import BUDGET_AFTER_EVENTS_COMMIT, FaultPlan
 from adpipe.money import format_micros
 from adpipe.settings import Settings
 
 # Named after the part: operators grep "adpipe.budget: batch N".
 log = logging.getLogger("adpipe.budget")
-
-
-LAST_PUBLISHER = "last_publisher"  # budget_meta: the instance that claimed the last round
 
 
 class EventPublisher:
@@ -71,13 +71,10 @@ class EventPublisher:
         self.settings = settings
         self.engine = engine
         self.topic = settings.topics.budget_events
-        self.transactional_id = f"adpipe-budget-events-{publisher_id}"
-        self.ledger_group = f"adpipe-budget-events-{publisher_id}"
+        self.kafka = RoundProducer(settings, publisher_id)
         self.instance = uuid.uuid4().hex
         self.fault = fault
         self.rounds = 0
-        self.producer: Producer | None = None
-        self.ledger_consumer: Consumer | None = None
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -111,7 +108,7 @@ class EventPublisher:
             return self.publish_pending()
         except KafkaException as exc:
             log.error("publishing budget events failed (they stay in the outbox and are retried): %s", exc)
-            self._drop_clients()
+            self.kafka.drop()
         except DBAPIError as exc:
             log.warning(
                 "budget events: database unavailable (%s); retrying in %.0f s",
@@ -120,7 +117,7 @@ class EventPublisher:
             )
         except Exception:  # noqa: BLE001 - the thread must outlive any one round
             log.exception("budget events: round failed; retrying")
-            self._drop_clients()
+            self.kafka.drop()
         return 0
 
     def settle_pricing(self) -> int:
@@ -128,7 +125,7 @@ class EventPublisher:
         last settlement (checked without locks first: the common case)."""
         with self.engine.connect() as conn:
             settled = conn.execute(sa.select(db.meta.c.value).where(db.meta.c.key == db.PRICING_SETTLED)).scalar()
-            if settled == db.load_price_book(conn).fingerprint():
+            if settled == pricing.load_price_book(conn).fingerprint():
                 return 0
         with self.engine.begin() as conn:
             transitions = status.settle_pricing(conn) or []
@@ -143,10 +140,7 @@ class EventPublisher:
     # ------------------------------------------------------------ one round
 
     def pending(self) -> int:
-        with self.engine.connect() as conn:
-            return conn.execute(
-                sa.select(sa.func.count()).select_from(db.events).where(db.events.c.sent_at.is_(None))
-            ).scalar_one()
+        return outbox.pending(self.engine)
 
     def publish_pending(self) -> int:
         """One publish round if anything is unsent and no other instance is
@@ -173,34 +167,23 @@ class EventPublisher:
 
     def _round(self) -> int:
         """Steps 2-6 of one publish round (the caller holds Step 1's lock)."""
-        with self.engine.connect() as conn:
-            last = conn.execute(sa.select(db.meta.c.value).where(db.meta.c.key == LAST_PUBLISHER)).scalar()
-        if self.producer is None or last != self.instance:  # Step 2
-            self._drop_clients()
-            self._open_clients()
-        assert self.producer is not None and self.ledger_consumer is not None
-        producer, ledger_consumer = self.producer, self.ledger_consumer
-        ledger_tp = TopicPartition(self.topic, 0)
-        (committed,) = kafka_io.committed_offsets(ledger_consumer, [ledger_tp])  # Step 3
-        last_round = max(committed.offset, 0)
+        last = outbox.last_publisher(self.engine)
+        if self.kafka.producer is None or last != self.instance:  # Step 2
+            self.kafka.drop()
+            self.kafka.open()
+        last_round = self.kafka.last_round()  # Step 3
         next_round = last_round + 1
-        confirmed, rows = self._claim(last_round, next_round)  # Step 4
+        confirmed, rows = outbox.claim(self.engine, self.instance, last_round, next_round)  # Step 4
         if confirmed:
             log.info("round %d of budget events was published before a crash: %d marked sent", last_round, confirmed)
         if not rows:
             return 0
-        try:
-            self._publish(producer, ledger_consumer, rows, next_round)  # Step 5
-        except KafkaException:
-            try:
-                producer.abort_transaction(10)
-            except KafkaException:
-                pass
-            raise
+        messages = [(row["ad_id"].encode(), json.dumps(self.event(row)).encode()) for row in rows]
+        self.kafka.publish(messages, next_round)  # Step 5
         self.rounds += 1
         if self.fault:
             self.fault.hit(BUDGET_AFTER_EVENTS_COMMIT, self.rounds, len(rows))
-        self._mark_sent(next_round)  # Step 6
+        outbox.mark_sent(self.engine, next_round)  # Step 6
         log.info(
             "published %d budget events (round %d) to %s: %s",
             len(rows),
@@ -211,96 +194,8 @@ class EventPublisher:
         )
         return len(rows)
 
-    def _open_clients(self) -> None:
-        """A fresh transactional producer (its ``init_transactions`` is the
-        fence of Step 2) and a consumer of the ledger group (Steps 3 and 5)."""
-        kafka = self.settings.kafka.client_config()
-        producer = Producer(
-            {
-                **kafka,
-                "transactional.id": self.transactional_id,
-                "enable.idempotence": True,
-                "acks": "all",
-                "transaction.timeout.ms": 60_000,
-                "partitioner": "murmur2_random",
-            }
-        )
-        producer.init_transactions(60)
-        log.info("budget events: a new transactional producer (%s); earlier publishers fenced", self.transactional_id)
-        self.producer = producer
-        self.ledger_consumer = Consumer(
-            {
-                **kafka,
-                "group.id": self.ledger_group,
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-            }
-        )
-
-    def _drop_clients(self) -> None:
-        if self.ledger_consumer is not None:
-            try:
-                self.ledger_consumer.close()
-            except (KafkaException, RuntimeError):
-                pass
-        if self.producer is not None:
-            self.producer.flush(5)
-        self.producer, self.ledger_consumer = None, None
-
     def close(self) -> None:
-        self._drop_clients()
-
-    def _claim(self, last_round: int, next_round: int) -> tuple[int, Sequence[RowMapping]]:
-        """Step 4, one database transaction: returns how many rows of round
-        ``last_round`` were confirmed sent, and the rows claimed for
-        ``next_round``."""
-        with self.engine.begin() as conn:
-            confirmed = conn.execute(
-                sa.update(db.events)
-                .where(db.events.c.round == last_round, db.events.c.sent_at.is_(None))
-                .values(sent_at=sa.func.now())
-            ).rowcount
-            conn.execute(sa.update(db.events).where(db.events.c.sent_at.is_(None)).values(round=next_round))
-            rows = (
-                conn.execute(
-                    sa.select(db.events)
-                    .where(db.events.c.round == next_round, db.events.c.sent_at.is_(None))
-                    .order_by(db.events.c.ad_id, db.events.c.period, db.events.c.generation)
-                )
-                .mappings()
-                .all()
-            )
-            conn.execute(
-                db.insert(conn, db.meta)
-                .on_conflict_do_update(index_elements=["key"], set_={"value": self.instance})
-                .values(key=LAST_PUBLISHER, value=self.instance)
-            )
-        return confirmed, rows
-
-    def _publish(
-        self, producer: Producer, ledger_consumer: Consumer, rows: Sequence[RowMapping], next_round: int
-    ) -> None:
-        """Step 5, one Kafka transaction: the round's events and the ledger
-        offset ``next_round`` commit together, or neither."""
-        producer.begin_transaction()
-        for row in rows:
-            producer.produce(self.topic, json.dumps(self.event(row)).encode(), row["ad_id"].encode())
-        producer.flush(60)
-        producer.send_offsets_to_transaction(
-            [TopicPartition(self.topic, 0, next_round, json.dumps({"round": next_round}))],
-            ledger_consumer.consumer_group_metadata(),
-            60,
-        )
-        producer.commit_transaction(60)
-
-    def _mark_sent(self, next_round: int) -> None:
-        """Step 6: the round is in Kafka; its outbox rows are done."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                sa.update(db.events)
-                .where(db.events.c.round == next_round, db.events.c.sent_at.is_(None))
-                .values(sent_at=sa.func.now())
-            )
+        self.kafka.drop()
 
     @staticmethod
     def event(row: dict) -> dict:

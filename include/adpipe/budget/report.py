@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from adpipe.budget import db, status
+from adpipe.budget import db, pricing, status
 from adpipe.money import format_micros
 from adpipe.settings import Settings
 
@@ -35,7 +35,7 @@ def report(settings: Settings) -> list[ReportRow] | None:
                 )
             ).all()
             paused = status.paused_keys(conn)
-            prices = db.resolve_prices(conn, {r[0] for r in spend_rows})
+            prices = pricing.resolve_prices(conn, {r[0] for r in spend_rows})
         return [
             ReportRow(a, p, s, prices[a].budget_micros, n, "paused" if (a, p) in paused else "active")
             for a, p, s, n in spend_rows

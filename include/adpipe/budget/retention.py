@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from adpipe.budget import db
+from adpipe.budget import db, writes
 from adpipe.settings import Settings
 
 log = logging.getLogger("adpipe.budget")
@@ -66,7 +66,7 @@ def prune(settings: Settings, dry_run: bool = False, now: datetime | None = None
             micros = sum(int(m) for _a, _p, m, _n in sums)
             if dry_run or not sums:
                 return PruneResult(cutoff, rows, micros)
-            db.add_sums(
+            writes.add_sums(
                 conn,
                 db.ledger_pruned,
                 "last_pruned_at",

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from adpipe.budget import db
+from adpipe.budget import db, pricing
 
 PAUSED = "paused"
 ACTIVE = "active"
@@ -182,7 +182,7 @@ def settle_pricing(conn: Connection, force: bool = False) -> list[Transition] | 
     settled = conn.execute(
         sa.select(db.meta.c.value).where(db.meta.c.key == db.PRICING_SETTLED).with_for_update()
     ).scalar_one_or_none()
-    book = db.load_price_book(conn)
+    book = pricing.load_price_book(conn)
     fingerprint = book.fingerprint()
     if settled == fingerprint and not force:
         return None

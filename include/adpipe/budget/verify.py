@@ -34,7 +34,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy.exc import OperationalError
 
 from adpipe import kafka_io
-from adpipe.budget import db
+from adpipe.budget import db, pricing
 from adpipe.budget.aggregate import Aggregate, BadAggregate, parse_aggregate
 from adpipe.budget.money import Price, period_of, spend_micros
 from adpipe.budget.status import PAUSED, desired_state
@@ -216,7 +216,7 @@ def _check_states(
 ) -> dict:
     """Pause states against spend and today's budgets; the budget events in
     the topic against the outbox."""
-    book = db.load_price_book(conn)
+    book = pricing.load_price_book(conn)
     expected_paused = {
         k for k, micros in spend.items() if desired_state(micros, book.price(k[0]).budget_micros) == PAUSED
     }

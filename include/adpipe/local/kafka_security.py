@@ -53,7 +53,7 @@ ADMIN = "admin"
 USERS = (ADMIN, "producer", "stream", "budget", "reader", "airflow")
 SCRAM_ITERATIONS = 8192
 # Prefix of the budget service's event publishers' transactional ids and
-# ledger groups (adpipe.budget.events: one per publisher id).
+# ledger groups (adpipe.budget.producer: one per publisher id).
 BUDGET_EVENTS_PREFIX = "adpipe-budget-events-"
 # Prefix of the consumer groups Spark's Kafka source makes up (its
 # groupIdPrefix defaults: spark-kafka-source, spark-kafka-relation).

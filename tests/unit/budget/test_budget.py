@@ -5,12 +5,13 @@ out by hand, not recomputed with the code under test."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from adpipe.budget import db
+from adpipe.budget import db, outage, pricing, schema, writes
 from adpipe.budget.aggregate import BadAggregate, parse_aggregate
 from adpipe.budget.batch import apply_batch
 from adpipe.budget.money import Price, period_of, spend_micros
@@ -210,10 +211,57 @@ def test_database_faults_by_kind(exc: BaseException, kind: str) -> None:
     assert db.fault_kind(exc) == kind
 
 
+class _Assignment:
+    """What OutageGuard uses of an Assignment: pause, resume, the consumer."""
+
+    def __init__(self) -> None:
+        self.consumer = None
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+@pytest.mark.parametrize(
+    ("after_the_outage", "raised"),
+    [
+        (None, None),
+        (sa.exc.DataError("x", {}, _Orig("22001")), sa.exc.DataError),
+        (sa.exc.ProgrammingError("x", {}, _Orig("42P01")), sa.exc.ProgrammingError),
+    ],
+)
+def test_an_outage_ends_with_consumption_resumed_whatever_the_database_answers(
+    after_the_outage: BaseException | None, raised: type[BaseException] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two connection failures, then a success or a refusal: consumption was
+    # paused once and is resumed once either way (a refusal once left the
+    # service polling and charging nothing).
+    monkeypatch.setattr(outage, "MAX_BACKOFF_S", 0.01)
+    answers: list[BaseException | None] = [sa.exc.OperationalError("x", {}, _Orig("08006"))] * 2 + [after_the_outage]
+
+    def action() -> str:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+        return "committed"
+
+    assignment = _Assignment()
+    guard = outage.OutageGuard(load_settings({"ADPIPE_BUDGET_DB_OUTAGE_S": "60"}), threading.Event(), assignment)  # type: ignore[arg-type]
+    if raised is None:
+        assert guard.with_db("batch 1", action) == "committed"
+    else:
+        with pytest.raises(raised):
+            guard.with_db("batch 1", action)
+    assert assignment.calls == ["pause", "resume"] and answers == []
+
+
 def test_storable_text_never_refused() -> None:
-    assert db.storable("a\x00b\ud800c") == "a\\x00b\\ud800c"
-    assert db.storable("x" * 10, 4) == "xxxx"
-    assert db.storable(None) is None
+    assert writes.storable("a\x00b\ud800c") == "a\\x00b\\ud800c"
+    assert writes.storable("x" * 10, 4) == "xxxx"
+    assert writes.storable(None) is None
 
 
 def test_event_ids_per_transition() -> None:
@@ -274,7 +322,7 @@ def sqlite_budget(tmp_path: Path):  # noqa: ANN201
         }
     )
     engine = db.make_engine(settings)
-    db.ensure_schema(engine, settings)
+    schema.ensure_schema(engine, settings)
     yield settings, engine
     engine.dispose()
 
@@ -289,11 +337,11 @@ def test_pricing_file_and_resolution(sqlite_budget, tmp_path: Path) -> None:
         "ad,ad-2,,1.5,,\n"
         "default,ignored,,2.00,0.50,10.00\n"
     )
-    rows = db.read_price_file(csv_path)
+    rows = pricing.read_price_file(csv_path)
     assert [(r.scope, r.key) for r in rows] == [("campaign", "cmp-1"), ("ad", "ad-1"), ("ad", "ad-2"), ("default", "*")]
     with engine.begin() as conn:
-        assert db.upsert_prices(conn, rows) == 4
-        prices = db.resolve_prices(conn, ["ad-1", "ad-2", "ad-3"])
+        assert pricing.upsert_prices(conn, rows) == 4
+        prices = pricing.resolve_prices(conn, ["ad-1", "ad-2", "ad-3"])
     assert prices["ad-1"] == Price(3_000_001, 250_000, 50_000_000)  # cpm and budget from its campaign
     assert prices["ad-2"] == Price(1_500_000, 500_000, 10_000_000)  # no campaign: default cpc and budget
     assert prices["ad-3"] == Price(2_000_000, 500_000, 10_000_000)  # default row
@@ -311,8 +359,8 @@ def test_pricing_file_and_resolution(sqlite_budget, tmp_path: Path) -> None:
 def test_pricing_file_rejects(tmp_path: Path, body: str) -> None:
     path = tmp_path / "p.csv"
     path.write_text(body)
-    with pytest.raises(db.PricingError):
-        db.read_price_file(path)
+    with pytest.raises(pricing.PricingError):
+        pricing.read_price_file(path)
 
 
 def _rows(engine: sa.Engine, table: sa.Table) -> list[dict]:
@@ -427,7 +475,7 @@ def test_budget_changes_pause_and_resume_once(sqlite_budget, tmp_path: Path) -> 
 
     def reprice(budget: str) -> list[tuple[str, int]]:
         with engine.begin() as conn:
-            db.upsert_prices(conn, [db.PriceRow("ad", "ad-1", None, None, None, parse_micros(budget))])
+            pricing.upsert_prices(conn, [pricing.PriceRow("ad", "ad-1", None, None, None, parse_micros(budget))])
             return [(t.event_type, t.generation) for t in status.settle_pricing(conn) or []]
 
     assert reprice("5.00") == [("ad_paused", 1)]  # lowered below the spend: paused now
@@ -490,15 +538,15 @@ def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.Mon
     ],
 )
 def test_pg_array_literal_quotes_what_must_be_quoted(values: list, literal: str) -> None:
-    assert db.pg_array_literal(iter(values)) == literal
+    assert writes.pg_array_literal(iter(values)) == literal
 
 
 def test_pg_array_literal_refuses_what_it_cannot_write() -> None:
     for value in (True, 1.5, b"x"):
         with pytest.raises(TypeError):
-            db.pg_array_literal(["a", value])
+            writes.pg_array_literal(["a", value])
     with pytest.raises(TypeError):
-        db.pg_array_literal([1, True])
+        writes.pg_array_literal([1, True])
 
 
 def test_the_stream_writes_the_one_declared_aggregate_record_and_the_budget_parses_it() -> None:

@@ -96,14 +96,14 @@ def test_the_task_body_returns_one_plain_summary_per_table(monkeypatch: pytest.M
 def test_prune_task_skips_without_a_budget_database_and_prunes_with_one(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # noqa: ANN001
-    from adpipe.budget import db, retention
+    from adpipe.budget import db, retention, schema
     from adpipe.orchestration import maintenance_tasks
 
     settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
     assert "skipped" in maintenance_tasks.prune_budget_ledger(settings)
     assert not (tmp_path / "budget.db").exists()
     engine = db.make_engine(settings)
-    db.ensure_schema(engine, settings)
+    schema.ensure_schema(engine, settings)
     engine.dispose()
     monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: 3_600_000)
     out = maintenance_tasks.prune_budget_ledger(settings)
