@@ -22,7 +22,7 @@ saw its first record, when it was done):
 
 The truth is the producer's own summary (``adpipe.tools.produce``): each
 row's windows and DLQ are read back with read_committed and compared with it
-by ``adpipe.tools.chaos_check.check_events``; a row that counts wrong is
+by ``adpipe.tools.chaos.check.check_events``; a row that counts wrong is
 reported, not ranked. Steady state is records / the engine's processing
 time (first record to output committed); start-up is the rest of the wall
 time. With ``--latency``: each streaming engine runs continuously while a
@@ -51,7 +51,8 @@ from pathlib import Path
 
 from adpipe import kafka_io
 from adpipe.settings import Settings, load_settings
-from adpipe.tools import bench, chaos_check, demo, produce
+from adpipe.tools import bench, demo, produce
+from adpipe.tools.chaos import check as chaos_check
 
 ENGINES = ("io_floor", "spark_batch", "spark_alo", "adpipe", "quixstreams", "pyflink")
 STREAMING = ("adpipe", "spark_alo", "quixstreams", "pyflink")  # the rows of --latency

@@ -7,7 +7,8 @@ import json
 
 import pytest
 from adpipe import kafka_io
-from adpipe.tools import chaos, chaos_check
+from adpipe.tools import chaos
+from adpipe.tools.chaos import check as chaos_check
 
 from tests.unit.helpers import aggregate
 

@@ -13,23 +13,25 @@ from pathlib import Path
 
 import pytest
 from adpipe.settings import load_settings
-from adpipe.tools import chaos, chaos_check
+from adpipe.tools import chaos
+from adpipe.tools.chaos import check as chaos_check
+from adpipe.tools.chaos import drain, parts, zombie
 
 
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[chaos.ChaosRun]:
-    monkeypatch.setattr(chaos, "RESTART_BACKOFF_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(parts, "RESTART_BACKOFF_S", (0.0, 0.0, 0.0))
     chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
-    chaos_run.t0 = time.monotonic()
+    chaos_run.clock.t0 = time.monotonic()
     yield chaos_run
-    for part in [chaos_run.stream, *chaos_run.budgets, chaos_run.load]:
+    for part in [chaos_run.crew.stream, *chaos_run.crew.budgets, chaos_run.loads.load]:
         if part is not None:
             part.signal(signal.SIGKILL)
             part.reap()
 
 
 def _sleeper(run: chaos.ChaosRun, name: str, seconds: str, start: bool = True) -> chaos.Part:
-    part = chaos.Part(name, ["sleep", seconds], dict(run.env), run.logs)
+    part = chaos.Part(name, ["sleep", seconds], dict(run.ctx.env), run.ctx.logs)
     if start:
         part.start()
     return part
@@ -38,69 +40,69 @@ def _sleeper(run: chaos.ChaosRun, name: str, seconds: str, start: bool = True) -
 def _run_pending(run: chaos.ChaosRun, timeout_s: float = 10.0) -> None:
     """Carry out every pending action, those they schedule included."""
     deadline = time.monotonic() + timeout_s
-    while run.pending and time.monotonic() < deadline:
-        run._due()
+    while run.clock.pending and time.monotonic() < deadline:
+        run.injector.due()
         time.sleep(0.05)
 
 
 def test_restart_backoff_grows_then_gives_up() -> None:
-    waits = [chaos.restart_backoff(n) for n in range(1, len(chaos.RESTART_BACKOFF_S) + 2)]
+    waits = [chaos.restart_backoff(n) for n in range(1, len(parts.RESTART_BACKOFF_S) + 2)]
     assert waits == [5.0, 10.0, 20.0, 40.0, 80.0, None]
     assert chaos.restart_backoff(0) is None
 
 
 def test_a_kill_of_a_part_that_is_not_running_is_not_a_fault(run: chaos.ChaosRun) -> None:
     planned = chaos.PlannedFault(1.0, chaos.STREAM_KILL, 0.0, 3.0)
-    assert run.inject(planned) is None and run.faults == []  # never started
-    run.stream = _sleeper(run, "stream", "0")
-    run.stream.proc.wait()  # type: ignore[union-attr]
-    assert run.inject(planned) is None and run.faults == []  # finished
-    run.stream = _sleeper(run, "stream", "30")
-    record = run.inject(planned)
-    assert record is not None and run.faults == [record] and record.injected
-    run.stream.proc.wait(timeout=5)  # type: ignore[union-attr]
-    assert run.stream.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
+    assert run.injector.inject(planned) is None and run.faults.records == []  # never started
+    run.crew.stream = _sleeper(run, "stream", "0")
+    run.crew.stream.proc.wait()  # type: ignore[union-attr]
+    assert run.injector.inject(planned) is None and run.faults.records == []  # finished
+    run.crew.stream = _sleeper(run, "stream", "30")
+    record = run.injector.inject(planned)
+    assert record is not None and run.faults.records == [record] and record.injected
+    run.crew.stream.proc.wait(timeout=5)  # type: ignore[union-attr]
+    assert run.crew.stream.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
 
 
 def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun) -> None:
     run.monitor.closed_hours = {"2026-11-22T12"}
-    run._load_part = lambda name, _hour: _sleeper(run, name, "0", start=False)  # type: ignore[method-assign]
+    run.loads.part = lambda name, _hour: _sleeper(run, name, "0", start=False)  # type: ignore[method-assign]
     # No load runs: one is started and its kill deferred; it finishes first.
     planned = chaos.PlannedFault(1.0, chaos.LOAD_KILL, 0.0, 3.0)
-    assert run.inject(planned) is not None
-    run.load.proc.wait()  # type: ignore[union-attr]
-    run.pending = [(0.0, action, arg) for _, action, arg in run.pending]
+    assert run.injector.inject(planned) is not None
+    run.loads.load.proc.wait()  # type: ignore[union-attr]
+    run.clock.pending = [(0.0, action, arg) for _, action, arg in run.clock.pending]
     _run_pending(run)
-    assert run.faults == [] and [s["kind"] for s in run.skipped] == [chaos.LOAD_KILL]
-    assert "finished first" in run.skipped[0]["why"]
+    assert run.faults.records == [] and [s["kind"] for s in run.faults.skipped] == [chaos.LOAD_KILL]
+    assert "finished first" in run.faults.skipped[0]["why"]
     # A load that still runs when the kill comes: a fault.
-    run._load_part = lambda name, _hour: _sleeper(run, name, "30", start=False)  # type: ignore[method-assign]
-    run.load = None
-    assert run.inject(planned) is not None
-    run.pending = [(0.0, action, arg) for _, action, arg in run.pending]
+    run.loads.part = lambda name, _hour: _sleeper(run, name, "30", start=False)  # type: ignore[method-assign]
+    run.loads.load = None
+    assert run.injector.inject(planned) is not None
+    run.clock.pending = [(0.0, action, arg) for _, action, arg in run.clock.pending]
     _run_pending(run)
-    assert [f.kind for f in run.faults] == [chaos.LOAD_KILL]
-    run.load.proc.wait(timeout=5)  # type: ignore[union-attr]
-    assert run.load.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
+    assert [f.kind for f in run.faults.records] == [chaos.LOAD_KILL]
+    run.loads.load.proc.wait(timeout=5)  # type: ignore[union-attr]
+    assert run.loads.load.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
 
 
 def test_load_kills_carried_to_the_drain_count_only_when_they_hit_a_running_load(
     run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run.hour_labels = ["2026-11-22T12", "2026-11-22T13"]
+    run.loads.hours = ["2026-11-22T12", "2026-11-22T13"]
     # pick 0.0: killed 3 s into the load; the first load ends after 1 s, the
     # second runs 30 s.
-    run.carried = [chaos.PlannedFault(at, chaos.LOAD_KILL, 0.0, 3.0) for at in (1.0, 2.0)]
+    run.faults.carried = [chaos.PlannedFault(at, chaos.LOAD_KILL, 0.0, 3.0) for at in (1.0, 2.0)]
     lengths = iter(["1", "30"])
     real_part = chaos.Part
     monkeypatch.setattr(
-        chaos, "Part", lambda name, _argv, env, logs: real_part(name, ["sleep", next(lengths)], env, logs)
+        drain, "Part", lambda name, _argv, env, logs: real_part(name, ["sleep", next(lengths)], env, logs)
     )
-    run._drain_load_kills(["adpipe", "load"])
-    assert [(f.kind, f.phase) for f in run.faults] == [(chaos.LOAD_KILL, "drain")]
-    assert "2026-11-22T12..2026-11-22T13" in run.faults[0].target
-    assert len(run.skipped) == 1 and "finished first" in run.skipped[0]["why"]
-    assert run.load_rcs == {0: 1, -signal.SIGKILL: 1}
+    drain.load_kills(run, ["adpipe", "load"])
+    assert [(f.kind, f.phase) for f in run.faults.records] == [(chaos.LOAD_KILL, "drain")]
+    assert "2026-11-22T12..2026-11-22T13" in run.faults.records[0].target
+    assert len(run.faults.skipped) == 1 and "finished first" in run.faults.skipped[0]["why"]
+    assert run.loads.rcs == {0: 1, -signal.SIGKILL: 1}
 
 
 def test_a_worker_that_will_not_start_is_retried_then_reported_down(
@@ -115,14 +117,14 @@ def test_a_worker_that_will_not_start_is_retried_then_reported_down(
         raise spark_cluster.SparkClusterError("java.net.BindException: Address already in use (port 39098)")
 
     monkeypatch.setattr(spark_cluster, "start_worker", refuse)
-    run.worker_down = 1
-    run._later(0, "start_worker", (1, 1))
+    run.injector.worker_down = 1
+    run.clock.later(0, "start_worker", (1, 1))
     _run_pending(run)  # never raises
     assert attempts == [1, 1, 1, 1]  # the first try and three retries (the patched backoff)
-    assert len(run.restart_failures) == 4 and run.worker_down == 1
-    assert run.parts_down() == ["spark worker 1 (java.net.BindException: Address already in use (port 39098))"]
+    assert len(run.restarts.failures) == 4 and run.injector.worker_down == 1
+    assert run.restarts.parts_down() == ["spark worker 1 (java.net.BindException: Address already in use (port 39098))"]
     faults = chaos_check.summarize_faults([], {chaos.WORKER_KILL: 1})
-    verdict, why = chaos_check.run_verdict({"events": True}, faults, run.parts_down(), 0)
+    verdict, why = chaos_check.run_verdict({"events": True}, faults, run.restarts.parts_down(), 0)
     assert verdict == "SHORT" and "left down: spark worker 1" in why[-1]
 
 
@@ -137,12 +139,13 @@ def test_a_worker_that_starts_on_a_retry_is_up(run: chaos.ChaosRun, monkeypatch:
             raise failure
 
     monkeypatch.setattr(spark_cluster, "start_worker", start)
-    run.worker_down = 2
-    run.faults.append(chaos.FaultRecord(chaos.WORKER_KILL, "spark worker 2", 0.0, 3.0))
-    run._later(0, "start_worker", (2, 1))
+    run.injector.worker_down = 2
+    run.faults.records.append(chaos.FaultRecord(chaos.WORKER_KILL, "spark worker 2", 0.0, 3.0))
+    run.clock.later(0, "start_worker", (2, 1))
     _run_pending(run)
-    assert run.worker_down is None and run.parts_down() == [] and run.restarted["spark_worker"] == 1
-    assert run.faults[0].restored_at_s is not None
+    assert run.injector.worker_down is None and run.restarts.parts_down() == []
+    assert run.restarts.counts["spark_worker"] == 1
+    assert run.faults.records[0].restored_at_s is not None
 
 
 def test_a_broker_restarts_only_after_its_old_process_exited(
@@ -161,18 +164,18 @@ def test_a_broker_restarts_only_after_its_old_process_exited(
     monkeypatch.setattr(kafka_broker, "stop_node", stop_node)
     monkeypatch.setattr(kafka_broker, "start_node", lambda _s, node: events.append(f"{node} started"))
     record = chaos.FaultRecord(chaos.BROKER_TERM, "broker 2", 0.0, 2.0)
-    run.faults.append(record)
-    run.broker_down = 2
-    stopper = threading.Thread(target=run._stop_broker, args=(2, signal.SIGTERM, record))
-    run.broker_stops[2] = stopper
+    run.faults.records.append(record)
+    run.injector.broker_down = 2
+    stopper = threading.Thread(target=run.injector.stop_broker, args=(2, signal.SIGTERM, record))
+    run.injector.broker_stops[2] = stopper
     stopper.start()
-    starter = threading.Thread(target=run._start_broker, args=(2, 1))
+    starter = threading.Thread(target=run.injector.start_broker, args=(2, 1))
     starter.start()
     starter.join(0.5)
     assert starter.is_alive() and events == []  # still waiting for the old process
     let_it_exit.set()
     starter.join(5)
-    assert events == ["2 exited", "2 started"] and run.broker_down is None and record.injected
+    assert events == ["2 exited", "2 started"] and run.injector.broker_down is None and record.injected
 
 
 def test_a_broker_that_was_not_running_is_not_a_fault(run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +183,7 @@ def test_a_broker_that_was_not_running_is_not_a_fault(run: chaos.ChaosRun, monke
 
     monkeypatch.setattr(kafka_broker, "stop_node", lambda _s, _node, _sig: False)
     record = chaos.FaultRecord(chaos.BROKER_KILL, "broker 1", 0.0, 2.0)
-    run._stop_broker(1, signal.SIGKILL, record)
+    run.injector.stop_broker(1, signal.SIGKILL, record)
     assert not record.injected and "not running" in record.note
     summary = chaos_check.summarize_faults([vars(record)], {chaos.BROKER_KILL: 1})
     assert (summary[chaos.BROKER_KILL]["planned"], summary[chaos.BROKER_KILL]["injected"]) == (1, 0)
@@ -206,12 +209,12 @@ def test_the_verdict_is_short_when_a_planned_fault_was_not_injected() -> None:
 
 def _pause_run(run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch) -> chaos.FaultRecord:
     """A stream_pause of a sleeping "driver" with a 1 s transaction timeout."""
-    monkeypatch.setattr(chaos, "PAUSE_MARGIN_S", 0.0)
-    monkeypatch.setattr(chaos, "ZOMBIE_EXIT_S", 0.3)
-    run.settings = load_settings({**run.env, "ADPIPE_TRANSACTION_TIMEOUT_MS": "1000"})
-    run.stream = _sleeper(run, "stream", "60")
-    record = run.inject(chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2))
-    assert record is not None and run.pause is not None
+    monkeypatch.setattr(zombie, "PAUSE_MARGIN_S", 0.0)
+    monkeypatch.setattr(zombie, "ZOMBIE_EXIT_S", 0.3)
+    run.ctx.settings = load_settings({**run.ctx.env, "ADPIPE_TRANSACTION_TIMEOUT_MS": "1000"})
+    run.crew.stream = _sleeper(run, "stream", "60")
+    record = run.injector.inject(chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2))
+    assert record is not None and run.crew.pause is not None
     return record
 
 
@@ -229,33 +232,33 @@ def test_a_stream_pause_outlives_the_transaction_timeout_with_a_successor_runnin
     run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record = _pause_run(run, monkeypatch)
-    zombie, successor = run.pause.zombie, run.pause.successor  # type: ignore[union-attr]
+    stopped, successor = run.crew.pause.zombie, run.crew.pause.successor  # type: ignore[union-attr]
     assert record.down_s == 1.0  # the transaction timeout, not the drawn 0.2 s
-    assert _state(zombie) == "T" and successor.alive  # stopped, and a second driver runs
+    assert _state(stopped) == "T" and successor.alive  # stopped, and a second driver runs
     # The successor's checkpoint is the same folder reached by another name,
     # and its lock another file.
     from adpipe.settings import load_settings
     from adpipe.stream.checkpoint_lock import lock_path
 
-    theirs = load_settings({**successor.env, "ADPIPE_HOME": str(run.settings.home)})
-    run.settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    assert theirs.checkpoint_dir.resolve() == run.settings.checkpoint_dir.resolve()
-    assert theirs.checkpoint_dir != run.settings.checkpoint_dir
-    assert lock_path(theirs).parent.resolve() != lock_path(run.settings).parent.resolve()
+    theirs = load_settings({**successor.env, "ADPIPE_HOME": str(run.ctx.settings.home)})
+    run.ctx.settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    assert theirs.checkpoint_dir.resolve() == run.ctx.settings.checkpoint_dir.resolve()
+    assert theirs.checkpoint_dir != run.ctx.settings.checkpoint_dir
+    assert lock_path(theirs).parent.resolve() != lock_path(run.ctx.settings).parent.resolve()
     time.sleep(0.5)
-    run._due()
-    assert _state(zombie) == "T"  # not resumed before the timeout has passed
+    run.injector.due()
+    assert _state(stopped) == "T"  # not resumed before the timeout has passed
     run.monitor.stream_committed += 1  # the successor committed a batch
     _run_pending(run)
     # Resumed; it did not stop by itself (a sleep is never fenced): killed.
-    assert run.pause is None and run.stream is successor and not zombie.alive
+    assert run.crew.pause is None and run.crew.stream is successor and not stopped.alive
     assert record.injected and record.restored_at_s is not None and "killed" in record.note
 
 
 def test_a_stream_pause_whose_successor_never_took_over_is_not_counted(
     run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(chaos, "PAUSE_MAX_S", 1.5)
+    monkeypatch.setattr(zombie, "PAUSE_MAX_S", 1.5)
     record = _pause_run(run, monkeypatch)
     _run_pending(run)
     assert not record.injected and "no real zombie" in record.note

@@ -28,7 +28,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from adpipe.tools import chaos_check as C
+from adpipe.tools.chaos import check as C
 
 from tests.unit.helpers import aggregate
 

@@ -1,0 +1,150 @@
+"""The output counted against what was sent: the producer's truth, a
+verdict that adds up what was lost and doubled, and the check by sums
+(:func:`check_events`) for an output without late listings."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+Key = tuple[str, str, str]  # (ad_id, window_start, event_type)
+
+
+def _minute_of(event_time: object) -> str | None:
+    """The UTC minute of an event_time as the contract allows it (epoch ms
+    or ISO-8601 with a zone), or None when it is neither."""
+    if isinstance(event_time, int) and not isinstance(event_time, bool):
+        ts = datetime.fromtimestamp(event_time / 1000, UTC)
+    elif isinstance(event_time, str):
+        try:
+            ts = datetime.fromisoformat(event_time)
+        except ValueError:
+            return None
+        if ts.tzinfo is None:
+            return None
+    else:
+        return None
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:00Z")
+
+
+@dataclass
+class Truth:
+    """What the producer sent, from its plan summaries."""
+
+    expected: Counter[Key] = field(default_factory=Counter)  # on-time plus planned-late events per key
+    malformed: int = 0
+    distinct_events: int = 0
+    messages: int = 0
+
+    @classmethod
+    def from_summaries(cls, summaries: Iterable[dict], closed_before: str | None = None) -> Truth:
+        """``closed_before``: only windows starting before this minute (the
+        closer's own windows stay open and are not judged)."""
+        truth = cls()
+        for summary in summaries:
+            truth.messages += summary["messages"]
+            truth.malformed += summary["malformed"]
+            for row in summary["counts"]:
+                if closed_before is None or row["window_start"] < closed_before:
+                    truth.expected[(row["ad_id"], row["window_start"], row["event_type"])] += row["events"]
+                    truth.distinct_events += row["events"]
+            for late in summary["late_events"]:
+                truth.expected[(late["ad_id"], late["window_start"], late["event_type"])] += 1
+                truth.distinct_events += 1
+        return truth
+
+
+@dataclass
+class Verdict:
+    """The outcome of one check: what was lost, what was doubled, and why."""
+
+    lost: int = 0
+    duplicated: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, lost: int, duplicated: int, problem: str | None) -> None:
+        self.lost += lost
+        self.duplicated += duplicated
+        if problem and len(self.problems) < 50:
+            self.problems.append(problem)
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0 and not self.problems
+
+
+def check_events(truth: Truth, aggregates: list[bytes], late: list[bytes], dlq_sources: list[str | None]) -> dict:
+    """Per key, the aggregates' counts plus the first late listing of each
+    event against what was sent; every malformed message in the DLQ once.
+    ``aggregates`` and ``late`` are record values as read with
+    read_committed; ``dlq_sources`` the DLQ records' source
+    (topic/partition/offset) headers.
+
+    For an output without late listings (``adpipe bench --peers``). With
+    late listings the sum can cancel out (an event lost from an aggregate,
+    another listed late as well as counted): the chaos verdict uses
+    :func:`check_stream_output`, which judges each listing on its own."""
+    verdict = Verdict()
+    observed = check_aggregates(aggregates, verdict)
+    late_ids: Counter[str] = Counter()
+    for value in late:
+        body = json.loads(value)
+        late_ids[body["event_id"]] += 1
+        if late_ids[body["event_id"]] == 1:
+            observed[(body["ad_id"], _minute_of(body["event_time"]) or "?", body["event_type"])] += 1
+    for event_id, n in late_ids.items():
+        if n > 1:
+            verdict.add(0, n - 1, f"late event {event_id} listed {n} times")
+    for key in sorted(set(truth.expected) | set(observed)):
+        want, got = truth.expected.get(key, 0), observed.get(key, 0)
+        if want != got:
+            verdict.add(max(0, want - got), max(0, got - want), f"{key}: sent {want}, counted or listed late {got}")
+    check_dlq(truth.malformed, dlq_sources, verdict)
+    return {
+        "ok": verdict.ok,
+        "lost": verdict.lost,
+        "duplicated": verdict.duplicated,
+        "aggregates": len(aggregates),
+        "events_counted": sum(observed.values()),
+        "late_listed": len(late_ids),
+        "dlq": len(dlq_sources),
+        "problems": verdict.problems,
+    }
+
+
+def check_aggregates(aggregates: list[bytes], verdict: Verdict) -> Counter[Key]:
+    """The events counted per key (every copy: a window written twice counts
+    twice); a window or record_uuid on more than one aggregate is a problem."""
+    counted: Counter[Key] = Counter()
+    windows: Counter[tuple[str, str]] = Counter()
+    uuids: Counter[str] = Counter()
+    for value in aggregates:
+        body = json.loads(value)
+        windows[(body["ad_id"], body["window_start"])] += 1
+        uuids[body["record_uuid"]] += 1
+        counted[(body["ad_id"], body["window_start"], "impression")] += body["impressions"]
+        counted[(body["ad_id"], body["window_start"], "click")] += body["clicks"]
+    for (ad, window), n in windows.items():
+        if n > 1:
+            verdict.add(0, n - 1, f"aggregate ({ad}, {window}) written {n} times")
+    for record_uuid, n in uuids.items():
+        if n > 1:
+            verdict.add(0, 0, f"record_uuid {record_uuid} on {n} aggregates")
+    return +counted  # zero counts (an ad without clicks) are no key
+
+
+def check_dlq(malformed: int, dlq_sources: list[str | None], verdict: Verdict) -> None:
+    """Each malformed message in the DLQ once (one record per source offset)."""
+    sources = Counter(dlq_sources)
+    if len(sources) != malformed:
+        verdict.add(
+            max(0, malformed - len(sources)),
+            max(0, len(sources) - malformed),
+            f"DLQ holds {len(sources)} malformed messages, {malformed} were sent",
+        )
+    copies = sum(n - 1 for n in sources.values() if n > 1)
+    if copies:
+        verdict.add(0, copies, f"{copies} DLQ records repeat a source offset")

@@ -1,0 +1,101 @@
+"""The drain after the fault window: until the stream job has caught up and
+its output is quiet, the window's load finished, the load kills carried
+over landed, every hour loaded once more, and every aggregate charged."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from adpipe import kafka_io
+
+from .monitor import budget_offsets
+from .parts import Part
+from .plan import LOAD_KILL, load_kill_delay
+from .rig import Rig
+from .timeline import FaultRecord
+
+log = logging.getLogger("adpipe.tools.chaos")
+
+# The drain ends when the aggregates topic has not grown for this long.
+QUIET_S = 15.0
+
+
+def run(rig: Rig, started: float, timeout_s: float = 1800) -> None:
+    """Until the stream job has committed everything and its output has
+    been quiet for a while (a window closed by the last batch is written
+    by the next), then every hour loaded once more, then until the
+    budget service has read every aggregate."""
+    settings, loads = rig.ctx.settings, rig.loads
+    deadline = started + timeout_s
+    quiet_since, last_end = time.monotonic(), -1
+    while time.monotonic() < deadline:
+        rig.tick()
+        rig.monitor.sample()
+        end = sum(kafka_io.end_offsets(settings.kafka, settings.topics.aggregates).values())
+        if end != last_end or rig.monitor.stream_lag or not rig.crew.stream.alive:
+            quiet_since, last_end = time.monotonic(), end
+        elif time.monotonic() - quiet_since >= QUIET_S:
+            break
+        time.sleep(1)
+    # A load of the window still running ends first: beside the stream
+    # job it may hold the cluster's last cores while it waits for the
+    # load lock, which the final load would hold while it waits for
+    # cores (adpipe chaos found this deadlock).
+    while loads.load is not None and time.monotonic() < deadline:
+        rig.injector.due()
+        rig.supervisor.supervise()
+        time.sleep(1)
+    # Every hour once more, in one run (a backfill: one Spark start-up).
+    first, last = loads.hours[0], loads.hours[-1]
+    argv = [sys.executable, "-m", "adpipe", "load", "--hour", first, "--to-hour", last]
+    load_kills(rig, argv)
+    for attempt in range(1, 6):
+        part = Part(f"final-load{attempt}", argv, rig.ctx.env, rig.ctx.logs)
+        loads.load = part  # killed with the rest if the run is stopped
+        part.start()
+        rc = part.proc.wait()  # type: ignore[union-attr]
+        part.reap()
+        loads.load = None
+        if rc == 0:
+            for hour in loads.hours:
+                loads.done[hour] = loads.done.get(hour, 0) + 1
+            rig.faults.recovered_load()
+            break
+        log.warning("final load of %s..%s exited %d; again", first, last, rc)
+    # Every aggregate charged: the service's offsets past the last
+    # committed record of each partition.
+    ends: dict[int, int] = {}
+    for record in kafka_io.read_topic(settings.kafka, settings.topics.aggregates):
+        ends[record.partition] = record.offset + 1
+    while time.monotonic() < deadline:
+        rig.injector.due()
+        rig.supervisor.supervise()
+        done = budget_offsets(settings)
+        if all(done.get(p, 0) >= o for p, o in ends.items()):
+            return
+        time.sleep(1)
+    log.error("the budget service did not charge every aggregate within %.0f s of the drain", timeout_s)
+
+
+def load_kills(rig: Rig, argv: list[str]) -> None:
+    """The carried-over load kills, each on a load of every hour (closed
+    now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one that had
+    finished first is skipped, as in the window. The final load then
+    recovers from all of them."""
+    loads = rig.loads
+    for n, planned in enumerate(rig.faults.carried, start=1):
+        load = Part(f"drain-load{n}", argv, rig.ctx.env, rig.ctx.logs)
+        loads.load = load  # killed with the rest if the run is stopped
+        load.start()
+        delay = load_kill_delay(planned)
+        target = f"load {loads.hours[0]}..{loads.hours[-1]} (killed {delay:.0f} s into it, drain)"
+        record = FaultRecord(LOAD_KILL, target, round(rig.clock.elapsed(), 1), round(planned.down_s, 1), phase="drain")
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and load.alive:
+            time.sleep(0.2)
+        rig.injector.land_load_kill(load, record, planned)
+        loads.rcs[load.proc.wait()] += 1  # type: ignore[union-attr]
+        load.reap()
+        loads.load = None

@@ -1,0 +1,59 @@
+"""The run's hourly loads: ``adpipe load`` of each closed hour in turn, one at
+a time, and what they did."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+from .context import RunContext
+from .monitor import Monitor
+from .parts import Part
+from .timeline import FaultLog
+
+
+class Loads:
+    """The load running now (the window's, or one of the drain's), the
+    loads that finished per hour and every load's exit code."""
+
+    def __init__(self, ctx: RunContext, monitor: Monitor, faults: FaultLog) -> None:
+        self.ctx, self.monitor, self.faults = ctx, monitor, faults
+        self.hours: list[str] = []  # the run's, in order (plan.run_hours)
+        self.load: Part | None = None
+        self.load_hour: str | None = None
+        self.done: dict[str, int] = {}  # hour -> loads of it that finished
+        self.starts = 0
+        self.rcs: Counter[int] = Counter()
+
+    def start_next(self) -> None:
+        """Load the next hour that is closed (in turn), unless one runs."""
+        if self.load is not None and self.load.alive:
+            return
+        closed = sorted(self.monitor.closed_hours)
+        if not closed:
+            return
+        self.starts += 1
+        hour = closed[self.starts % len(closed)]
+        self.load = self.part(f"load{self.starts}", hour)
+        self.load.start()
+        self.load_hour = hour
+
+    def part(self, name: str, hour: str) -> Part:
+        argv = [sys.executable, "-m", "adpipe", "load", "--hour", hour]
+        return Part(f"{name}-{hour}", argv, self.ctx.env, self.ctx.logs)
+
+    def reap(self) -> None:
+        """Note a load that finished: its hour loaded once more if it
+        succeeded, and the load kills before it recovered from."""
+        if self.load is not None and self.load.proc is not None and self.load.proc.poll() is not None:
+            rc = self.load.proc.returncode
+            self.load.reap()
+            if rc == 0:
+                self.done[self.load_hour] = self.done.get(self.load_hour, 0) + 1  # type: ignore[index]
+                self.faults.recovered_load()
+            self.rcs[rc] += 1
+            self.load = None
+
+    def failed(self) -> int:
+        """Loads that did not finish."""
+        return sum(n for rc, n in self.rcs.items() if rc != 0)

@@ -1,0 +1,152 @@
+"""The run's supervised processes (:class:`Part`), the long-running ones as
+they stand (:class:`Crew`: the stream driver, the budget instances, a
+stream_pause in progress) and the bookkeeping of their restarts
+(:class:`Restarts`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from adpipe.faults import wait_group_gone
+
+from .context import RunContext
+from .timeline import Clock, FaultRecord
+
+log = logging.getLogger("adpipe.tools.chaos")
+
+BUDGET_INSTANCES = 2
+# A failed restart of a part (a Spark worker whose web UI port the killed
+# one's JVM still held: BindException) is tried again after each of these
+# waits; after the last the part is reported down and the run goes on.
+RESTART_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+def restart_backoff(attempt: int) -> float | None:
+    """Seconds to wait before attempt ``attempt + 1`` at restarting a part
+    whose attempt ``attempt`` (1-based) failed; None: give up."""
+    return RESTART_BACKOFF_S[attempt - 1] if 1 <= attempt <= len(RESTART_BACKOFF_S) else None
+
+
+class Part:
+    """A supervised process of the run (its own process group, so a kill
+    takes its JVM with it), restarted after it dies."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name, self.argv, self.env, self.log_dir = name, argv, env, log_dir
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.exits: Counter[int] = Counter()
+        self.hold_until = 0.0  # not restarted before this (monotonic)
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        self.starts += 1
+        self.started_at = time.monotonic()
+        log_path = self.log_dir / f"{self.name}-{self.starts}.log"
+        with log_path.open("w") as out:
+            self.proc = subprocess.Popen(  # noqa: S603
+                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> bool:
+        if not self.alive:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)  # type: ignore[union-attr]
+        except ProcessLookupError:
+            return False
+        return True
+
+    def reap(self) -> None:
+        """Note how a finished process ended (once)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.exits[self.proc.returncode] += 1
+            wait_group_gone(self.proc.pid)
+            self.proc = None
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.signal(signal.SIGCONT) and self.signal(signal.SIGTERM):
+            try:
+                self.proc.wait(timeout=timeout_s)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait()  # type: ignore[union-attr]
+        self.reap()
+
+
+@dataclass
+class ZombiePause:
+    """A stream_pause in progress: the stopped driver, its successor, and
+    the ledger position when it stopped."""
+
+    record: FaultRecord
+    zombie: Part
+    successor: Part
+    stopped_at: float  # monotonic
+    min_s: float
+    committed_before: int
+    resumed_at: float | None = None
+
+
+class Crew:
+    """The run's long-running parts: the stream driver (its successor once a
+    stream_pause has retired it) and the budget instances."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        adpipe = [sys.executable, "-m", "adpipe"]
+        self.stream = Part("stream", [*adpipe, "stream"], ctx.env, ctx.logs)
+        self.budgets = [
+            Part(f"budget-{i + 1}", [*adpipe, "budget"], ctx.env, ctx.logs) for i in range(BUDGET_INSTANCES)
+        ]
+        self.pause: ZombiePause | None = None
+
+    def budgets_alive(self) -> bool:
+        return all(p.alive for p in self.budgets)
+
+    def kill(self, *others: Part | None) -> None:
+        """Kill every part, a paused driver's successor and ``others`` too."""
+        successor = self.pause.successor if self.pause is not None else None
+        for part in [self.stream, successor, *self.budgets, *others]:
+            if part is not None:
+                part.signal(signal.SIGCONT)
+                part.signal(signal.SIGKILL)
+                part.reap()
+
+
+class Restarts:
+    """Restarts per part, the restarts that failed, and the parts whose
+    restarts gave up."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.counts: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.down: dict[str, str] = {}  # part -> why its restarts gave up
+
+    def failed(self, part: str, exc: BaseException, attempt: int, action: str, arg: object) -> None:
+        """Try again after a backoff (``action`` with ``(arg, attempt + 1)``),
+        or give up: the part is reported down in the verdict, and the run
+        goes on without it."""
+        self.failures.append(f"{part}, attempt {attempt}: {str(exc)[:300]}")
+        delay = restart_backoff(attempt)
+        if delay is None:
+            log.error("restarting %s failed %d times; it stays down: %s", part, attempt, exc)
+            self.down[part] = str(exc)[:300]
+            return
+        log.warning("restarting %s failed (attempt %d), again in %.0f s: %s", part, attempt, delay, exc)
+        self.clock.later(delay, action, (arg, attempt + 1))
+
+    def parts_down(self) -> list[str]:
+        return [f"{part} ({why})" for part, why in sorted(self.down.items())]

@@ -1,0 +1,85 @@
+"""A supervisor's job during the run: restart the stream driver and the
+budget instances when they die, kill a stalled stream job, note the loads
+that finished, and judge when each fault was recovered from."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from .loads import Loads
+from .monitor import Monitor
+from .parts import Crew, Restarts
+from .plan import BUDGET_KILL, LOAD_KILL, PART_KINDS, STREAM_KILL
+from .timeline import Clock, FaultLog
+
+log = logging.getLogger("adpipe.tools.chaos")
+
+# A running, unpaused stream job whose ledger has not moved for this long
+# while input waits is stalled: killed and restarted, as the stream DAG's
+# supervisor does (ADPIPE_STREAM_STALL_S), and counted in the report.
+STALL_S = 240.0
+
+
+class Supervisor:
+    def __init__(
+        self, crew: Crew, loads: Loads, monitor: Monitor, restarts: Restarts, faults: FaultLog, clock: Clock
+    ) -> None:
+        self.crew, self.loads, self.monitor = crew, loads, monitor
+        self.restarts, self.faults, self.clock = restarts, faults, clock
+        self.stalls = 0
+
+    def supervise(self) -> None:
+        """Restart what died (a supervisor's job), note loads that finished."""
+        now = time.monotonic()
+        m, crew = self.monitor, self.crew
+        paused = crew.pause is not None
+        if (
+            crew.stream.alive
+            and not paused
+            and m.stream_lag > 0
+            and now - max(m.stream_progress_at, crew.stream.started_at) > STALL_S
+        ):
+            log.error(
+                "the stream job made no progress for %.0f s with %d records waiting: killed", STALL_S, m.stream_lag
+            )
+            self.stalls += 1
+            crew.stream.signal(signal.SIGKILL)
+        # During a stream_pause the stopped driver and its successor are the
+        # pause's to handle: a restart now would be a third driver.
+        for part in [*([crew.stream] if crew.pause is None else []), *crew.budgets]:
+            if part.proc is not None and part.proc.poll() is not None:
+                part.reap()
+                part.hold_until = max(part.hold_until, now + 1)
+            if part.proc is None and now >= part.hold_until:
+                part.start()
+                is_stream = part is crew.stream
+                self.restarts.counts["stream" if is_stream else "budget"] += 1
+                self.faults.restored(STREAM_KILL if is_stream else BUDGET_KILL)
+        self.loads.reap()
+
+    def judge_recovery(self) -> None:
+        """A fault is recovered from when the part it hit runs again (a
+        killed or stopped stream job, budget instance or worker; a broker is
+        not waited for: the others carry on) and, after the fault, what that
+        part feeds moved on (the stream job's ledger, the budget service's
+        offsets) or had nothing waiting."""
+        m, now, t0 = self.monitor, time.monotonic(), self.clock.t0
+        for record in self.faults.records:
+            if record.recovery_s is not None or record.kind == LOAD_KILL:
+                continue
+            if record.kind in PART_KINDS and record.restored_at_s is None:
+                continue
+            since = t0 + max(record.at_s, record.restored_at_s or 0.0)
+            budget = record.kind == BUDGET_KILL
+            progress_at = m.budget_progress_at if budget else m.stream_progress_at
+            idle = (
+                (m.budget_lag == 0 and self.crew.budgets_alive())
+                if budget
+                else (m.stream_lag == 0 and self.crew.stream.alive)
+            )
+            if progress_at > since:
+                record.recovery_s = round(progress_at - t0 - record.at_s, 1)
+            elif idle and m.sampled_at > since:
+                record.recovery_s = round(now - t0 - record.at_s, 1)

@@ -1,0 +1,116 @@
+"""The stream_pause fault, a real zombie: the driver stays stopped past the
+transaction timeout while a successor driver takes over its checkpoint,
+then is resumed and must stop by itself (fenced)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from .context import RunContext
+from .monitor import Monitor
+from .parts import Crew, Part, Restarts, ZombiePause
+from .plan import STREAM_PAUSE
+from .timeline import Clock, FaultLog, FaultRecord
+
+# The driver stays stopped past the transaction timeout (plus this margin)
+# while a successor driver takes over the checkpoint, and is resumed once
+# the successor has committed a batch (at most PAUSE_MAX_S). The resumed
+# zombie must then stop by itself (fenced) within ZOMBIE_EXIT_S, or it is
+# killed and the fault says so.
+PAUSE_MARGIN_S = 10.0
+PAUSE_MAX_S = 240.0
+ZOMBIE_EXIT_S = 90.0
+
+
+def has_fenced(part: Part) -> bool:
+    """Whether a stream driver's sink has taken its transactional id (its
+    log says so: adpipe.stream.sink's "older instances fenced")."""
+    log_path = part.log_dir / f"{part.name}-{part.starts}.log"
+    try:
+        return "older instances fenced" in log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+class Zombies:
+    """A stream_pause from start to end: the successor started beside the
+    stopped driver (:meth:`start`), the zombie resumed (:meth:`resume`),
+    then retired (:meth:`retire`); the clock calls back in between."""
+
+    def __init__(
+        self, ctx: RunContext, crew: Crew, monitor: Monitor, restarts: Restarts, faults: FaultLog, clock: Clock
+    ) -> None:
+        self.ctx, self.crew, self.monitor = ctx, crew, monitor
+        self.restarts, self.faults, self.clock = restarts, faults, clock
+        self.successors = 0
+
+    def start(self, record: FaultRecord) -> None:
+        """Start a second driver on the stopped one's checkpoint. On one host
+        the checkpoint's flock (adpipe.stream.checkpoint_lock) would refuse
+        it: the stopped driver still holds it. The successor reaches the same
+        checkpoint through another name, so its lock is another file, as a
+        driver on another host would (where only the transactional.id's
+        fencing and Spark's own offset-log checks stand between them)."""
+        settings, stream = self.ctx.settings, self.crew.stream
+        self.successors += 1
+        # A base of its own whose <job id> entry is the checkpoint itself: the
+        # successor's checkpoint is the same folder, its lock (<job id>.lock
+        # beside it) another file.
+        view = self.ctx.home / f"checkpoint-view-{self.successors}"
+        view.mkdir(parents=True, exist_ok=True)
+        (view / settings.job_id).symlink_to(settings.checkpoint_dir, target_is_directory=True)
+        env = {**stream.env, "ADPIPE_CHECKPOINT_URI": f"file://{view}"}
+        successor = Part(f"stream-successor{self.successors}", stream.argv, env, self.ctx.logs)
+        successor.start()
+        min_s = settings.transaction_timeout_ms / 1000 + PAUSE_MARGIN_S
+        record.down_s = round(max(record.down_s, min_s), 1)
+        self.crew.pause = ZombiePause(
+            record, stream, successor, time.monotonic(), record.down_s, self.monitor.stream_committed
+        )
+        self.clock.later(record.down_s, "resume_stream")
+
+    def resume(self) -> None:
+        """SIGCONT the stopped driver once its transaction timed out and its
+        successor committed a batch (or PAUSE_MAX_S passed)."""
+        pause = self.crew.pause
+        assert pause is not None
+        stopped_s = time.monotonic() - pause.stopped_at
+        # Taken over: the successor committed a batch, or (no input waits)
+        # its sink fenced the stopped driver's transactional id.
+        took_over = self.monitor.stream_committed > pause.committed_before or has_fenced(pause.successor)
+        if not took_over and pause.successor.alive and stopped_s < PAUSE_MAX_S:
+            self.clock.later(2, "resume_stream")
+            return
+        if not took_over:
+            pause.record.injected = False
+            pause.record.note = (
+                f"no real zombie: the successor committed nothing in {stopped_s:.0f} s "
+                f"(it {'ran' if pause.successor.alive else 'exited'})"
+            )
+        pause.zombie.signal(signal.SIGCONT)
+        pause.resumed_at = time.monotonic()
+        pause.record.down_s = round(stopped_s, 1)
+        self.clock.later(1, "retire_zombie")
+
+    def retire(self) -> None:
+        """Wait for the resumed driver to stop by itself (fenced, or refused
+        by the checkpoint); then its successor is the stream job."""
+        pause = self.crew.pause
+        assert pause is not None and pause.resumed_at is not None
+        since = time.monotonic() - pause.resumed_at
+        if pause.zombie.alive and since < ZOMBIE_EXIT_S:
+            self.clock.later(1, "retire_zombie")
+            return
+        if pause.zombie.alive:
+            pause.record.note = f"{pause.record.note}; the zombie still ran {since:.0f} s after its resume: killed"
+            pause.zombie.signal(signal.SIGKILL)
+            pause.zombie.proc.wait(timeout=30)  # type: ignore[union-attr]
+        rc = pause.zombie.proc.poll() if pause.zombie.proc is not None else None
+        pause.zombie.reap()
+        pause.record.note = f"{pause.record.note}; the resumed zombie exited {rc} after {since:.0f} s".lstrip("; ")
+        # The successor is the stream job now (restarted as one if it died).
+        self.crew.stream = pause.successor
+        self.restarts.counts["stream_takeover"] += 1
+        self.crew.pause = None
+        self.faults.restored(STREAM_PAUSE)
