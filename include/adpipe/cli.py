@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     # In the order of `adpipe --help`: set-up, producing, the pipeline, checks.
     local_cli.add_parsers(sub)
+    tools_cli.add_jars_parser(sub)
     tools_cli.add_status_parser(sub)
     tools_cli.add_produce_parser(sub)
     stream_cli.add_parsers(sub)

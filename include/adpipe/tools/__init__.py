@@ -9,7 +9,10 @@ contract and check it from outside.
 * :mod:`~adpipe.tools.demo` - ``adpipe demo``, which prints its story with
   :mod:`~adpipe.tools.story` (steps, progress bars, a closing table);
   :mod:`~adpipe.tools.bench` - ``adpipe bench``.
-* :mod:`~adpipe.tools.cli` - those verbs.
+* :mod:`~adpipe.tools.cli` - those verbs, and ``adpipe jars``.
+* :mod:`~adpipe.tools.class_archive_training` - ``adpipe jars``' training of
+  the Spark drivers' class archives (its workloads use the lakehouse, so it
+  sits here rather than beside the shared ``adpipe.class_archive``).
 * :mod:`~adpipe.tools.constraints` - Airflow's constraints less the
   project's pins, for ``make python-packages`` (standard library only: it
   runs before anything is installed); :mod:`~adpipe.tools.container_health`

@@ -1,9 +1,11 @@
-"""``adpipe produce``, ``verify``, ``bench`` and ``demo``: the tools around
-the pipeline."""
+"""``adpipe produce``, ``verify``, ``bench``, ``demo``, ``chaos`` and
+``status``: the tools around the pipeline; and ``adpipe jars``, the install
+step that fetches the JVM jars and trains the drivers' class archives."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 from pathlib import Path
@@ -127,6 +129,27 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe import class_archive
+    from adpipe.jars import ensure_classpath
+    from adpipe.spark import in_threads
+    from adpipe.tools import class_archive_training
+
+    for name in ("kafka", "spark"):
+        jars = ensure_classpath(settings.jar_cache, name)
+        print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
+    if class_archive.missing(settings):
+        print("training the Spark drivers' class archives (once; a minute or two)", flush=True)
+    trained = in_threads({layout: functools.partial(class_archive_training.train, settings, layout)
+                          for layout in class_archive.LAYOUTS})
+    for layout, archive in trained.items():
+        print(f"class archive ({layout} Spark driver): "
+              f"{archive if archive is not None else 'none (see the warning above); Spark starts without one'}")
+    for stale in class_archive.prune(settings):
+        print(f"removed the class archive of another JVM or classpath: {stale}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.tools import demo
 
@@ -161,6 +184,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(status.home_line(settings))
         print(status.format_table(components))
     return 0
+
+
+def add_jars_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("jars", help="fetch the JVM jars into the project cache (done on first use anyway)")
+    p.set_defaults(func=cmd_jars)
 
 
 def add_status_parser(sub: argparse._SubParsersAction) -> None:
