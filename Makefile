@@ -59,13 +59,15 @@ test-slow: jars ## the long scenarios kept out of make test's 30 minutes, on two
 test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real scheduler; screenshots under ADPIPE_TEST_HOME/ui/screenshots
 	$(BIN)/pytest -m ui
 
+# The benchmark harness is bench/ at the project root, not part of the
+# installed package: python -m bench runs it from here.
 bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads
-	$(BIN)/adpipe bench --peers --install-only
-	$(BIN)/adpipe bench --peers $(ARGS)
-	$(BIN)/adpipe bench --events 1000000 --ads 10000 --minutes 60
+	$(BIN)/python -m bench --peers --install-only
+	$(BIN)/python -m bench --peers $(ARGS)
+	$(BIN)/python -m bench --events 1000000 --ads 10000 --minutes 60
 
 bench-stages: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
-	$(BIN)/adpipe bench $(ARGS)
+	$(BIN)/python -m bench $(ARGS)
 
 # `make chaos`: its own home and ports, beside a demo broker or a test run.
 CHAOS_ENV := ADPIPE_HOME=$(CURDIR)/.adpipe-chaos ADPIPE_KAFKA_BOOTSTRAP=127.0.0.1:39092 \
@@ -85,7 +87,7 @@ test-unit: jars ## unit tests only
 	$(BIN)/pytest tests/unit
 
 lint: venv ## ruff
-	$(BIN)/ruff check include jobs dags tests
+	$(BIN)/ruff check include jobs dags tests bench
 
 kafka-up: jars ## start the local broker
 	$(BIN)/adpipe kafka up

@@ -6,7 +6,9 @@ keeps it so):
 * ``adpipe.cli`` - the ``adpipe`` command: a thin dispatcher to each
   package's own ``cli`` module.
 * ``adpipe.tools`` - around the pipeline: synthetic producer, the
-  independent verify, the demo, the benchmark.
+  independent verify, the demo, chaos, status, the class archives'
+  training. (The benchmark harness is ``bench/`` at the project root,
+  outside the package: nothing here imports or launches it.)
 * ``adpipe.orchestration`` - what the Airflow DAGs in ``dags/`` call.
 * the parts of the pipeline, none of which imports another:
   ``adpipe.stream`` (the aggregation job and its transactional sink),

@@ -5,9 +5,9 @@ Delta write, read and MERGE took 24.7 s instead of 31.0 s here.
 
 ``adpipe jars`` (``make jars``) trains one archive per driver classpath
 layout (plain, and with the PostgreSQL driver first for the Hive metastore)
-by running a small Spark workload (adpipe.tools.class_archive_training) with
-``-XX:ArchiveClassesAtExit`` in a process of its own, and renames the
-archive into ``.cache/jvm/cds`` once that JVM has written it whole.
+with :mod:`adpipe.tools.class_archive_training`, into the path named here.
+This module names the archives and maps them, and launches nothing: the
+training's workloads use the lakehouse, which a shared module may not reach.
 :func:`driver_options` adds it to a driver's options when the archive of its
 layout, JVM and Spark exists. The JVM checks the archive itself (its JVM
 build, classpath and jars) and runs without it on any mismatch, so a stale
@@ -17,18 +17,12 @@ they never reach a command's output."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from adpipe.jars import postgres_jdbc_jar
 from adpipe.settings import Settings
-
-log = logging.getLogger(__name__)
 
 QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 # Options that mean the user runs class sharing their own way.
@@ -102,38 +96,3 @@ def layout_class_path(settings: Settings, layout: str) -> str:
     """What the driver classpath of ``layout`` starts with: nothing, or the
     PostgreSQL JDBC driver (a Hive metastore driver's, adpipe.lakehouse.metastore)."""
     return "" if layout == "plain" else str(postgres_jdbc_jar(settings.jar_cache))
-
-
-def train(settings: Settings, layout: str) -> Path | None:
-    """Write the archive of ``layout`` (``plain`` or ``metastore``) unless it
-    exists: a child process runs the workload with the dump option, and the
-    file is renamed into place after that JVM ended. None when no archive
-    can be made here (the reason is logged)."""
-    path = archive_path(settings, layout_class_path(settings, layout))
-    if path is None:
-        log.warning("class archive: no JVM library found (JAVA_HOME, java on PATH); Spark starts without one")
-        return None
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="adpipe-cds-") as tmp:
-        partial = Path(tmp) / "archive.jsa"
-        env = {
-            **os.environ,
-            "ADPIPE_HOME": str(Path(tmp) / "home"),
-            "ADPIPE_JVM_OPTIONS": " ".join([f"-XX:ArchiveClassesAtExit={partial}", *QUIET]),
-            "ADPIPE_METASTORE": "derby",  # the classpath matters, not the catalog
-            "ADPIPE_SPARK_MASTER": "local[2]",  # the driver's own JVM, wherever jobs run
-        }
-        env.pop("PYSPARK_SUBMIT_ARGS", None)
-        cmd = [sys.executable, "-m", "adpipe.tools.class_archive_training", "--layout", layout, "--work", tmp]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)  # noqa: S603
-        if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
-            log.warning(
-                "class archive %s: not made (exit %d); Spark starts without one:\n%s",
-                layout, done.returncode, (done.stdout + done.stderr)[-2000:],
-            )
-            return None
-        shutil.move(partial, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-    return path

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     # In the order of `adpipe --help`: set-up, producing, the pipeline, checks.
     local_cli.add_parsers(sub)
+    tools_cli.add_jars_parser(sub)
     tools_cli.add_status_parser(sub)
     tools_cli.add_produce_parser(sub)
     stream_cli.add_parsers(sub)
@@ -69,7 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    return run_command(build_parser(), argv)
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Run what ``parser`` makes of ``argv`` (its ``func``, given the
+    arguments and the settings) as every adpipe verb runs: ``-v``, the
+    settings read once, the log set up, one error line instead of a
+    traceback, 130 on Ctrl-C. Also for a command line of its own built
+    the same way (a ``-v`` flag and a ``func`` default), such as the
+    benchmark's outside the package."""
     args = parser.parse_args(argv)
     if args.verbose:
         # The JVMs' own log lines on the console too (Spark's default), in

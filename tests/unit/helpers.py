@@ -1,13 +1,15 @@
 """The unit tests' helpers, one module for every test module (the fixtures
 are in conftest.py): raw Kafka rows and events for the tests of the
-raw-event reading and of the stream's windows, and aggregate records as
-the stream job writes them."""
+raw-event reading and of the stream's windows, aggregate records as the
+stream job writes them, and the commands of a Makefile target."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import UTC, datetime
 
+from adpipe.settings import PROJECT_ROOT
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
 
 # Kafka source rows as the stream job receives them (key and value binary).
@@ -78,3 +80,11 @@ def aggregate(ad: str, window: str, impressions: int, clicks: int, record_uuid: 
             "clicks": clicks,
         }
     ).encode()
+
+
+def make_dry_run(*args: str) -> list[str]:
+    """The commands make would run (``make -n``), one per line."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    return [line.strip() for line in done.stdout.replace("\\\n", " ").splitlines() if line.strip()]

@@ -8,9 +8,7 @@ import sys
 import pytest
 from adpipe.cli import build_parser
 
-VERBS = [
-    "kafka", "pg", "jars", "produce", "stream", "load", "validate", "maintain", "budget", "verify", "bench", "demo"
-]
+VERBS = ["kafka", "pg", "jars", "produce", "stream", "load", "validate", "maintain", "budget", "verify", "demo"]
 
 
 @pytest.mark.parametrize("verb", VERBS)

@@ -138,8 +138,8 @@ def test_only_the_settings_build_kafka_client_configurations() -> None:
     offenders = []
     # The bench's peer programs run in environments of their own, without
     # adpipe: the driver passes them the bootstrap from the settings.
-    peers = PROJECT_ROOT / "include" / "adpipe" / "tools" / "peers"
-    for path in sorted((PROJECT_ROOT / "include" / "adpipe").rglob("*.py")):
+    peers = PROJECT_ROOT / "bench" / "peers"
+    for path in sorted([*(PROJECT_ROOT / "include" / "adpipe").rglob("*.py"), *(PROJECT_ROOT / "bench").rglob("*.py")]):
         if path.name == "settings.py" or peers in path.parents:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):

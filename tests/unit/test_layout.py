@@ -1,13 +1,18 @@
 """The package's layout holds: imports point down, parts stay apart, no
-circle between modules (see the docstring of ``adpipe/__init__.py``).
+circle between modules (see the docstring of ``adpipe/__init__.py``), and
+nothing in it uses the benchmark harness (``bench/``, outside the package).
 
 The graph is read from the source with ``ast`` (function-level imports
 included, since adpipe defers heavy imports into functions), so a new
-import that breaks a rule fails here before anyone has to find it."""
+import that breaks a rule fails here before anyone has to find it. A module
+a file starts as a subprocess (``python -m adpipe.x``) is an edge as much as
+an import: the file cannot work without it."""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,13 +61,42 @@ def _resolve(name: str, modules: set[str]) -> str:
     return name
 
 
-def imports_of(path: Path, modules: set[str], this: str = "") -> set[str]:
-    """Every adpipe module ``path`` (the module ``this``) imports, at any
-    depth of the file."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of ``tree``: prose, not commands."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+_PYTHON_M = re.compile(r"\bpython3?\s+-m\s+([A-Za-z_][\w.]*)")
+
+
+def launched(tree: ast.AST) -> Iterator[str]:
+    """The modules a file starts as ``python -m NAME``: ``"-m", "NAME"`` side by
+    side in a list or tuple (a subprocess's argv, ``[sys.executable, "-m",
+    "adpipe.x"]``), or ``python -m NAME`` in a string of code (a command line
+    for a shell); never in a docstring."""
+    prose = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List | ast.Tuple):
+            words = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None for e in node.elts]
+            yield from (name for flag, name in zip(words, words[1:]) if flag == "-m" and name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            yield from _PYTHON_M.findall(node.value)
+
+
+def names_used(path: Path, this: str = "") -> set[str]:
+    """Every module name ``path`` (the module ``this``) imports, at any depth
+    of the file, or launches (:func:`launched`): absolute dotted names."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = set(launched(tree))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: resolve against this module's package
@@ -70,15 +104,33 @@ def imports_of(path: Path, modules: set[str], this: str = "") -> set[str]:
                 for _ in range(node.level - 1):
                     package = package.rsplit(".", 1)[0]
                 base = f"{package}.{base}" if base else package
-            names = [f"{base}.{a.name}" for a in node.names] or [base]
-        else:
-            continue
-        for name in names:
-            if name == "adpipe" or name.startswith("adpipe."):
-                target = _resolve(name, modules)
-                if target != this:
-                    found.add(target)
+            found.update([f"{base}.{a.name}" for a in node.names] or [base])
     return found
+
+
+def imports_of(path: Path, modules: set[str], this: str = "") -> set[str]:
+    """Every adpipe module ``path`` (the module ``this``) imports or launches.
+    ``python -m adpipe`` is the package: the command line any layer may run,
+    as a user would (the demo, chaos and the load's verify task do)."""
+    found: set[str] = set()
+    for name in names_used(path, this):
+        if name == "adpipe" or name.startswith("adpipe."):
+            target = _resolve(name, modules)
+            if target != this:
+                found.add(target)
+    return found
+
+
+def uses_of_the_benchmark(root: Path = PACKAGE_DIR) -> list[str]:
+    """Each use of the benchmark harness (the top-level ``bench`` package)
+    by a module of the package: the shipped package must not depend on what
+    it does not ship."""
+    return [
+        f"{module} imports or launches {name}"
+        for module, path in all_modules(root).items()
+        for name in sorted(names_used(path, module))
+        if name == "bench" or name.startswith("bench.")
+    ]
 
 
 def import_graph(root: Path = PACKAGE_DIR) -> dict[str, set[str]]:
@@ -109,7 +161,9 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
     for module, targets in sorted(graph.items()):
         for target in sorted(targets):
             if rank(target) > rank(module):
-                found.append(f"upward import: {module} ({layer(module)}) imports {target} ({layer(target)})")
+                found.append(
+                    f"upward import: {module} ({layer(module)}) imports or launches {target} ({layer(target)})"
+                )
             elif layer(module) in PARTS and layer(target) in PARTS and layer(module) != layer(target):
                 found.append(f"part imports another part: {module} imports {target}")
             elif layer(module) == "adpipe.orchestration" and layer(target) == "adpipe.local":
@@ -164,6 +218,10 @@ def test_the_package_keeps_its_layout() -> None:
     assert violations(graph) == []
 
 
+def test_the_package_never_uses_the_benchmark() -> None:
+    assert uses_of_the_benchmark() == []
+
+
 def test_every_package_says_what_it_owns_and_may_import() -> None:
     for package in (*PARTS, "adpipe.orchestration", "adpipe.tools"):
         doc = ast.get_docstring(ast.parse((PACKAGE_DIR.parent / package.replace(".", "/") / "__init__.py").read_text()))
@@ -180,10 +238,12 @@ def test_dags_and_jobs_stay_thin() -> None:
 
 
 def test_unit_tests_mirror_the_packages() -> None:
+    """tests/unit/<x> mirrors adpipe.<x>, or the benchmark harness (bench/)."""
     for folder in sorted(p for p in (PROJECT_ROOT / "tests" / "unit").iterdir() if p.is_dir()):
         if folder.name.startswith("__"):
             continue
-        assert (PACKAGE_DIR / folder.name / "__init__.py").exists(), f"tests/unit/{folder.name} mirrors no package"
+        mirrored = PACKAGE_DIR / folder.name if folder.name != "bench" else PROJECT_ROOT / "bench"
+        assert (mirrored / "__init__.py").exists(), f"tests/unit/{folder.name} mirrors no package"
 
 
 # The checker itself can fail: each rule on a small made-up graph.
@@ -224,3 +284,53 @@ def test_the_reader_sees_imports_inside_functions(tmp_path: Path) -> None:
     graph = import_graph(root)
     assert graph["adpipe.stream.sink"] == {"adpipe.settings", "adpipe.stream"}
     assert graph["adpipe.stream.job"] == {"adpipe.stream.sink"}
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    """A made-up package under ``root``: its modules' source by path."""
+    for name, source in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+    return root / "adpipe"
+
+
+def test_the_reader_sees_subprocess_launches_and_the_rules_judge_them(tmp_path: Path) -> None:
+    root = _package(
+        tmp_path,
+        {
+            "adpipe/__init__.py": "",
+            "adpipe/settings.py": (
+                '"""Trained by python -m adpipe.tools.prose (a docstring is prose, not an edge)."""\n'
+                "import subprocess, sys\n"
+                "def train():\n"
+                '    subprocess.run([sys.executable, "-m", "adpipe.tools.train", "--layout", "plain"])\n'
+                'SHELL = "python -m adpipe.tools.shell --once"\n'
+            ),
+            "adpipe/tools/__init__.py": "",
+            "adpipe/tools/train.py": "",
+            "adpipe/tools/shell.py": "",
+            "adpipe/tools/prose.py": "",
+        },
+    )
+    graph = import_graph(root)
+    assert graph["adpipe.settings"] == {"adpipe.tools.train", "adpipe.tools.shell"}
+    assert (
+        "upward import: adpipe.settings (shared) imports or launches adpipe.tools.train (adpipe.tools)"
+        in violations(graph)
+    )
+
+
+def test_the_benchmark_rule_catches_an_import_and_a_launch(tmp_path: Path) -> None:
+    root = _package(
+        tmp_path,
+        {
+            "adpipe/__init__.py": '"""The harness: python -m bench (prose)."""\n',
+            "adpipe/tools/__init__.py": "",
+            "adpipe/tools/demo.py": "def f():\n    from bench import stages\n",
+            "adpipe/tools/chaos.py": 'import sys\nCMD = [sys.executable, "-m", "bench.spark_rows", "batch"]\n',
+        },
+    )
+    assert uses_of_the_benchmark(root) == [
+        "adpipe.tools.chaos imports or launches bench.spark_rows",
+        "adpipe.tools.demo imports or launches bench.stages",
+    ]

@@ -1,7 +1,7 @@
 """What the budget service reports of itself: the Prometheus metrics
 (:class:`adpipe.metrics.BudgetMetrics`, served at /metrics), one log line
-per batch (operators grep it, and ``adpipe bench`` reads it:
-``adpipe.tools.bench.budget_log_stats``), and the run's totals, logged when
+per batch (operators grep it, and `make bench` reads it:
+``bench.logs.budget_log_stats``), and the run's totals, logged when
 it stops."""
 
 from __future__ import annotations

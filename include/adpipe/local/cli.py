@@ -1,10 +1,9 @@
-"""``adpipe kafka``, ``adpipe pg``, ``adpipe spark`` and ``adpipe jars``: the embedded
-default's servers and JVM jars."""
+"""``adpipe kafka``, ``adpipe pg`` and ``adpipe spark``: the embedded
+default's servers."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 from collections.abc import Callable
 from types import ModuleType
 
@@ -85,26 +84,6 @@ def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe import class_archive
-    from adpipe.jars import ensure_classpath
-    from adpipe.spark import in_threads
-
-    for name in ("kafka", "spark"):
-        jars = ensure_classpath(settings.jar_cache, name)
-        print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
-    if class_archive.missing(settings):
-        print("training the Spark drivers' class archives (once; a minute or two)", flush=True)
-    trained = in_threads({layout: functools.partial(class_archive.train, settings, layout)
-                          for layout in class_archive.LAYOUTS})
-    for layout, archive in trained.items():
-        print(f"class archive ({layout} Spark driver): "
-              f"{archive if archive is not None else 'none (see the warning above); Spark starts without one'}")
-    for stale in class_archive.prune(settings):
-        print(f"removed the class archive of another JVM or classpath: {stale}")
-    return 0
-
-
 def _add_server_parser(
     sub: argparse._SubParsersAction, name: str, help_text: str, description: str, up_help: str, func: Callable
 ) -> argparse.ArgumentParser:
@@ -178,5 +157,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="workers of the cluster, 1 to 8 (up only; default: as started before under ADPIPE_HOME, else 2)",
     )
-    p = sub.add_parser("jars", help="fetch the JVM jars into the project cache (done on first use anyway)")
-    p.set_defaults(func=cmd_jars)

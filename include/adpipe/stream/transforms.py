@@ -1,7 +1,8 @@
 """Pure DataFrame -> DataFrame steps of the aggregation stream job
 (:func:`minute_state_rows`), and Spark's own dedupe and minute windows
 (:func:`count_minute_windows`), which the bench's Spark rows run as the
-reference the job is measured against (adpipe.tools.bench_spark).
+reference the job is measured against (``bench/spark_rows.py``, the
+benchmark harness outside the package).
 
 Each but :func:`minute_state_rows` (the job's stateful operator, streaming
 only) works the same on a streaming and on a batch DataFrame, so the unit

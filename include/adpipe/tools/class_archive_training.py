@@ -1,18 +1,63 @@
-"""The workloads that train the Spark drivers' class archives
-(adpipe.class_archive), run as ``python -m adpipe.tools.class_archive_training``
-in a process of its own by ``adpipe jars``: the JVM writes the archive as it
-exits, so this process ends that JVM before it returns."""
+"""Training the Spark drivers' class archives (named and mapped by
+adpipe.class_archive) for ``adpipe jars``: :func:`train` runs this module as
+``python -m adpipe.tools.class_archive_training`` in a process of its own,
+with ``-XX:ArchiveClassesAtExit``, and renames the archive into
+``.cache/jvm/cds`` once that JVM has written it whole. The child runs the
+workload of a layout; the JVM writes the archive as it exits, so the child
+ends that JVM before it returns."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from adpipe.class_archive import LAYOUTS
+from adpipe.class_archive import LAYOUTS, QUIET, archive_path, layout_class_path
 from adpipe.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+def train(settings: Settings, layout: str) -> Path | None:
+    """Write the archive of ``layout`` (``plain`` or ``metastore``) unless it
+    exists: a child process runs the workload with the dump option, and the
+    file is renamed into place after that JVM ended. None when no archive
+    can be made here (the reason is logged)."""
+    path = archive_path(settings, layout_class_path(settings, layout))
+    if path is None:
+        log.warning("class archive: no JVM library found (JAVA_HOME, java on PATH); Spark starts without one")
+        return None
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="adpipe-cds-") as tmp:
+        partial = Path(tmp) / "archive.jsa"
+        env = {
+            **os.environ,
+            "ADPIPE_HOME": str(Path(tmp) / "home"),
+            "ADPIPE_JVM_OPTIONS": " ".join([f"-XX:ArchiveClassesAtExit={partial}", *QUIET]),
+            "ADPIPE_METASTORE": "derby",  # the classpath matters, not the catalog
+            "ADPIPE_SPARK_MASTER": "local[2]",  # the driver's own JVM, wherever jobs run
+        }
+        env.pop("PYSPARK_SUBMIT_ARGS", None)
+        cmd = [sys.executable, "-m", "adpipe.tools.class_archive_training", "--layout", layout, "--work", tmp]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)  # noqa: S603
+        if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
+            log.warning(
+                "class archive %s: not made (exit %d); Spark starts without one:\n%s",
+                layout, done.returncode, (done.stdout + done.stderr)[-2000:],
+            )
+            return None
+        shutil.move(partial, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+    return path
 
 
 def _workload(settings: Settings, layout: str, work: Path) -> None:

@@ -1,9 +1,11 @@
-"""``adpipe produce``, ``verify``, ``bench`` and ``demo``: the tools around
-the pipeline."""
+"""``adpipe produce``, ``verify``, ``demo``, ``chaos`` and ``status``: the
+tools around the pipeline; and ``adpipe jars``, the install step that
+fetches the JVM jars and trains the drivers' class archives."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 from pathlib import Path
@@ -75,55 +77,24 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report["ok"] else 1
 
 
-def cmd_bench_peers(args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe.tools import bench_peers
+def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe import class_archive
+    from adpipe.jars import ensure_classpath
+    from adpipe.spark import in_threads
+    from adpipe.tools import class_archive_training
 
-    try:
-        engines = bench_peers.parse_only(args.only)
-    except ValueError as exc:
-        raise SystemExit(f"adpipe bench --only: {exc}") from exc
-    if args.install_only:
-        for name, path in bench_peers.ensure_peers(settings, engines).items():
-            print(f"{name}: {path}")
-        return 0
-    result = bench_peers.run(
-        settings,
-        events=args.events or 1_000_000,
-        ads=args.ads,
-        engines=engines,
-        seed=args.seed,
-        latency=args.latency,
-        rate=args.rate,
-        latency_duration_s=args.latency_duration,
-    )
-    print()
-    print(bench_peers.render_table(result))
-    print(f"\nJSON: {result['files']}/peers.json")
-    failed = [r["engine"] for r in result["rows"] if r["counts"] in ("WRONG", "FAILED")]
-    return 1 if failed else 0
-
-
-def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe.tools import bench
-
-    if args.peers:
-        return cmd_bench_peers(args, settings)
-    if args.stream_caps:
-        caps = [int(c) for c in args.stream_caps.split(",")]
-        print(json.dumps(bench.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
-        return 0
-    if args.budget_batch_sizes:
-        try:
-            sizes = [int(c) for c in args.budget_batch_sizes.split(",")]
-        except ValueError:
-            sizes = []
-        if not sizes or any(size < 1 for size in sizes):
-            raise SystemExit(f"--budget-batch-sizes: integers >= 1 separated by commas, got {args.budget_batch_sizes}")
-        result = bench.budget_batch_sizes(settings, sizes, aggregates=args.events or 50_000)
-        print(json.dumps(result, indent=2))
-        return 0 if all(r["exact"] for r in result["runs"]) else 1
-    result = bench.run(settings, events=args.events or 20_000, seed=args.seed, ads=args.ads, minutes=args.minutes)
-    print(json.dumps(result, indent=2))
+    for name in ("kafka", "spark"):
+        jars = ensure_classpath(settings.jar_cache, name)
+        print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
+    if class_archive.missing(settings):
+        print("training the Spark drivers' class archives (once; a minute or two)", flush=True)
+    trained = in_threads({layout: functools.partial(class_archive_training.train, settings, layout)
+                          for layout in class_archive.LAYOUTS})
+    for layout, archive in trained.items():
+        print(f"class archive ({layout} Spark driver): "
+              f"{archive if archive is not None else 'none (see the warning above); Spark starts without one'}")
+    for stale in class_archive.prune(settings):
+        print(f"removed the class archive of another JVM or classpath: {stale}")
     return 0
 
 
@@ -161,6 +132,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(status.home_line(settings))
         print(status.format_table(components))
     return 0
+
+
+def add_jars_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("jars", help="fetch the JVM jars into the project cache (done on first use anyway)")
+    p.set_defaults(func=cmd_jars)
 
 
 def add_status_parser(sub: argparse._SubParsersAction) -> None:
@@ -256,79 +232,6 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--report", help="also write the JSON report to this file")
     p.set_defaults(func=cmd_verify)
-
-    p = sub.add_parser(
-        "bench",
-        help="time each stage for N events; --peers: adpipe side by side with Spark, quixstreams and PyFlink",
-        description="Without a mode: runs every stage (produce, stream, budget, load, rerun, validate) as the real "
-        "command on fresh topics and prints the seconds each took. --peers (what `make bench` runs): on one topic "
-        "(1,000,000 events over 50 ads and 30 minutes, 2 % retries, 1 % malformed), the I/O floor "
-        "(confluent-kafka read + json.loads), Spark's batch ceiling (adpipe's transforms as a batch query), "
-        "Spark's at-least-once Kafka sink (the same streaming query), adpipe's exactly-once job, quixstreams "
-        "(exactly-once) and PyFlink SQL (exactly-once sink), each a process of its own; prints steady-state "
-        "events/s, start-up, CPU s per million, peak memory and the ratio to Spark's batch ceiling, with every "
-        "output checked against the producer's summary (a row that counts wrong is reported, not ranked; exit 1). "
-        "The peers are installed on first use into .cache/bench/<peer> (and the Flink Kafka connector jar from "
-        "Maven Central). Results are kept under $ADPIPE_HOME/bench/. Speed targets live here, not in the tests.",
-    )
-    p.add_argument(
-        "--events",
-        type=int,
-        default=None,
-        help="events to send (20,000; 200,000 with --stream-caps; 1,000,000 with --peers); with "
-        "--budget-batch-sizes: aggregates (50,000)",
-    )
-    sweep = p.add_mutually_exclusive_group()
-    sweep.add_argument(
-        "--peers",
-        action="store_true",
-        help="instead: the side-by-side comparison above (make bench)",
-    )
-    p.add_argument(
-        "--minutes",
-        type=int,
-        default=30,
-        help="per-stage timing: minutes of event time the events span (default 30); with --ads 10000 --minutes 60 "
-        "--events 1000000, Union & Load of one hour of 600,000 aggregates and the budget service over them",
-    )
-    peers = p.add_argument_group("with --peers (--ads and --seed also for the per-stage timing)")
-    peers.add_argument("--ads", type=int, default=50, help="distinct ads (default 50; 10000 for the wide variant)")
-    peers.add_argument(
-        "--only",
-        metavar="ROW,ROW",
-        help="these rows only: io_floor, spark_batch, spark_alo, adpipe, quixstreams, pyflink (default: all)",
-    )
-    peers.add_argument("--seed", type=int, default=7, help="the producer's seed (default 7)")
-    peers.add_argument(
-        "--latency",
-        action="store_true",
-        help="then, for adpipe, spark_alo, quixstreams and pyflink in turn: each running continuously while a "
-        "producer sends at --rate for --latency-duration; p50/p99 seconds from a window's close (end + watermark "
-        "delay) to its aggregate being visible to a read_committed consumer",
-    )
-    peers.add_argument(
-        "--rate", type=float, default=None, help="messages/s for --latency (default: half of adpipe's measured rate)"
-    )
-    peers.add_argument(
-        "--latency-duration", type=float, default=300.0, help="seconds of production per --latency row (default 300)"
-    )
-    peers.add_argument(
-        "--install-only", action="store_true", help="install the peers' environments and jar, then stop"
-    )
-    sweep.add_argument(
-        "--stream-caps",
-        metavar="N,N,...",
-        help="instead: the stream job alone, once per cap on records per micro-batch (0: none), e.g. "
-        "25000,50000,100000,200000,0; prints events/s and the slowest batch and transaction of each",
-    )
-    sweep.add_argument(
-        "--budget-batch-sizes",
-        metavar="N,N,...",
-        help="instead: the budget service alone on PostgreSQL over one topic of synthetic aggregates, once per "
-        "ADPIPE_BUDGET_BATCH_SIZE, e.g. 25,100,250,500,1000,2000; prints aggregates/s, batch times and whether "
-        "each run's ledger and spend are exact (exit 1 if one is not)",
-    )
-    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
         "demo",

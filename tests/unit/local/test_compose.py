@@ -14,7 +14,6 @@ import importlib.util
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,6 +26,8 @@ from adpipe.local.kafka_broker import server_properties
 from adpipe.settings import PROJECT_ROOT, load_settings
 from adpipe.tools.produce import ProduceSpec, parse_start
 from check_jsonschema.builtin_schemas import get_builtin_schema
+
+from tests.unit.helpers import make_dry_run
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yaml"
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
@@ -375,14 +376,6 @@ def test_adpipe_services_run_adpipe_commands() -> None:
 # -- the image ------------------------------------------------------------------------
 
 
-def _make_dry_run(*args: str) -> list[str]:
-    """The commands make would run (``make -n``), one per line."""
-    done = subprocess.run(
-        ["make", "--no-print-directory", "-n", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
-    )
-    return [line.strip() for line in done.stdout.replace("\\\n", " ").splitlines() if line.strip()]
-
-
 def test_the_image_is_airflows_with_the_pinned_airflow_and_python() -> None:
     args = _dockerfile_args()
     pins = dict(
@@ -405,9 +398,9 @@ def test_the_dockerfile_installs_with_the_makefiles_steps() -> None:
     words = shlex.split(make_run)
     assert words[1] == "python-packages" and "AIRFLOW_CONSTRAINTS=${AIRFLOW_CONSTRAINTS}" in words
     docker_args = [w.replace("${AIRFLOW_CONSTRAINTS}", "https://example.invalid/constraints.txt") for w in words[2:]]
-    in_image = _make_dry_run("python-packages", *docker_args)
+    in_image = make_dry_run("python-packages", *docker_args)
     # The venv's recipe calls the same target (a sub-make, which -n still runs, printing its commands).
-    in_venv = _make_dry_run("-W", "requirements.txt", ".venv/.installed")
+    in_venv = make_dry_run("-W", "requirements.txt", ".venv/.installed")
     assert any("python-packages" in line for line in in_venv)
 
     def steps(lines: list[str], values: dict[str, str]) -> list[list[str]]:
@@ -420,7 +413,7 @@ def test_the_dockerfile_installs_with_the_makefiles_steps() -> None:
     assert len(image_steps) == 3, in_image
     assert image_steps == venv_steps
     # The JVM jars: the Makefile's jars target, with the image's adpipe.
-    jars = [line for line in _make_dry_run("-W", "requirements.txt", "jars") if line.endswith(" jars")]
+    jars = [line for line in make_dry_run("-W", "requirements.txt", "jars") if line.endswith(" jars")]
     assert [j.replace(".venv/bin/", "") for j in jars] == ["adpipe jars"]
     assert "adpipe jars" in runs
 

@@ -83,7 +83,7 @@ def check_events(truth: Truth, aggregates: list[bytes], late: list[bytes], dlq_s
     read_committed; ``dlq_sources`` the DLQ records' source
     (topic/partition/offset) headers.
 
-    For an output without late listings (``adpipe bench --peers``). With
+    For an output without late listings (``make bench``'s rows). With
     late listings the sum can cancel out (an event lost from an aggregate,
     another listed late as well as counted): the chaos verdict uses
     :func:`check_stream_output`, which judges each listing on its own."""

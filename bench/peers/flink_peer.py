@@ -1,4 +1,4 @@
-"""PyFlink 2.x SQL peer of ``adpipe bench --peers``, with an exactly-once
+"""PyFlink 2.x SQL peer of ``make bench``, with an exactly-once
 Kafka sink: records read as one raw string column (so a record is judged by
 the contract's rules, not by Flink's lenient JSON format, which turns a
 numeric event_id into a string), validated in SQL, malformed ones to a DLQ

@@ -1,8 +1,8 @@
-"""make bench's reading of stream logs (adpipe.tools.bench)."""
+"""make bench's reading of stream logs (bench.logs)."""
 
 from __future__ import annotations
 
-from adpipe.tools.bench import batch_stats
+from bench.logs import batch_stats
 
 LOG = """\
 2026-11-23 22:40:01,001 INFO adpipe.stream: stream job x started: query q, checkpoint c, available-now

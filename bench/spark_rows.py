@@ -1,6 +1,7 @@
-"""The two Spark rows of ``adpipe bench --peers``, run by the driver as
-``python -m adpipe.tools.bench_spark batch|alo`` (a process of their own, so
-the driver measures the whole process tree, JVM included):
+"""The two Spark rows of ``make bench``, run by the driver as ``python -m
+bench.spark_rows batch|alo`` (a process of their own, so the driver
+measures the whole process tree, JVM included; :mod:`bench.engines` puts
+the project root on its PYTHONPATH):
 
 * ``batch``: Spark's batch ceiling. adpipe's own transforms
   (``parse_raw_events``, ``valid_events``, ``minute_windows``) as a batch
@@ -23,14 +24,14 @@ import threading
 import time
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-
 from adpipe.raw_events import parse_raw_events, valid_events
 from adpipe.settings import Settings, load_settings
 from adpipe.spark import build_spark
 from adpipe.stream.transforms import minute_windows
-from adpipe.tools.peers.peer_common import READY_LINE, REPORT_PREFIX
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from bench.peers.peer_common import READY_LINE, REPORT_PREFIX
 
 ISO_Z = "yyyy-MM-dd'T'HH:mm:ss'Z'"
 

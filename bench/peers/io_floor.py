@@ -1,4 +1,4 @@
-"""The I/O floor of ``adpipe bench --peers``: one confluent-kafka consumer
+"""The I/O floor of ``make bench``: one confluent-kafka consumer
 (read_committed) that reads every record of the input topic and parses it
 with ``json.loads``, nothing more. No output; its report counts the records
 that were not JSON."""

@@ -1,7 +1,8 @@
-"""The pure parts of ``adpipe bench --peers`` (adpipe.tools.bench_peers):
-judging an output against the producer's summary, the process-tree
-arithmetic, the rows, the ratios, the table, the latency statistics; and the
-peers' own reading of the contract held to adpipe verify's."""
+"""The pure parts of ``make bench``'s side-by-side run (bench.comparison
+and the modules it runs on): judging an output against the producer's
+summary, the process-tree arithmetic, the rows, the ratios, the table, the
+latency statistics; and the peers' own reading of the contract held to
+adpipe verify's."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from adpipe.tools import bench_peers as B
 from adpipe.tools import produce, verify
-from adpipe.tools.peers import peer_common
 
+from bench import comparison, engines, latency, logs, processes, results
+from bench.peers import peer_common
 from tests.unit.helpers import aggregate
 
 SUMMARY = {
@@ -34,44 +35,44 @@ EXACT = [aggregate("ad-000001", "2026-11-22T12:00:00Z", 3, 1), aggregate("ad-000
 
 
 def test_an_exact_output_with_its_dlq_passes() -> None:
-    check = B.judge(SUMMARY, EXACT, ["t/0/5", "t/1/9"], BEFORE)
+    check = results.judge(SUMMARY, EXACT, ["t/0/5", "t/1/9"], BEFORE)
     assert check["ok"] and check["dlq_judged"]
     assert (check["aggregates"], check["events_counted"], check["dlq"]) == (2, 5, 2)
 
 
 def test_a_closer_window_past_before_is_not_judged() -> None:
     closer = aggregate("ad-000001", "2026-11-22T12:32:00Z", 1, 0)
-    assert B.judge(SUMMARY, [*EXACT, closer], None, BEFORE)["ok"]
-    assert not B.judge(SUMMARY, [*EXACT, closer], None, None)["ok"]
+    assert results.judge(SUMMARY, [*EXACT, closer], None, BEFORE)["ok"]
+    assert not results.judge(SUMMARY, [*EXACT, closer], None, None)["ok"]
 
 
 def test_no_dlq_is_not_judged_but_a_short_dlq_is_wrong() -> None:
-    assert B.judge(SUMMARY, EXACT, None, BEFORE) | {"problems": []} == B.judge(SUMMARY, EXACT, None, BEFORE)
-    assert B.judge(SUMMARY, EXACT, None, BEFORE)["dlq_judged"] is False
-    short = B.judge(SUMMARY, EXACT, ["t/0/5"], BEFORE)
+    assert results.judge(SUMMARY, EXACT, None, BEFORE) | {"problems": []} == results.judge(SUMMARY, EXACT, None, BEFORE)
+    assert results.judge(SUMMARY, EXACT, None, BEFORE)["dlq_judged"] is False
+    short = results.judge(SUMMARY, EXACT, ["t/0/5"], BEFORE)
     assert not short["ok"] and short["lost"] == 1
 
 
 def test_a_doubled_window_a_wrong_count_and_a_null_ad_are_wrong() -> None:
-    doubled = B.judge(SUMMARY, [*EXACT, EXACT[1]], None, BEFORE)
+    doubled = results.judge(SUMMARY, [*EXACT, EXACT[1]], None, BEFORE)
     assert not doubled["ok"] and doubled["duplicated"] >= 1
-    wrong = B.judge(SUMMARY, [aggregate("ad-000001", "2026-11-22T12:00:00Z", 2, 1), EXACT[1]], None, BEFORE)
+    wrong = results.judge(SUMMARY, [aggregate("ad-000001", "2026-11-22T12:00:00Z", 2, 1), EXACT[1]], None, BEFORE)
     assert not wrong["ok"] and wrong["lost"] == 1
     null_ad = json.dumps({"record_uuid": "x", "ad_id": None, "window_start": "2026-11-22T12:00:00Z"}).encode()
-    nulled = B.judge(SUMMARY, [*EXACT, null_ad], None, BEFORE)
+    nulled = results.judge(SUMMARY, [*EXACT, null_ad], None, BEFORE)
     assert not nulled["ok"] and "without a string ad_id" in nulled["problems"][0]
 
 
 def test_dlq_source_from_adpipe_header_or_peer_value() -> None:
     from adpipe.kafka_io import Record
 
-    assert B.dlq_source(Record("d", 0, 0, None, b"raw", {"adpipe.source": b"t/1/2"})) == "t/1/2"
-    assert B.dlq_source(Record("d", 0, 0, None, b'{"reason": "x", "source": "t/3/4"}', {})) == "t/3/4"
-    assert B.dlq_source(Record("d", 0, 0, None, b"not json", {})) is None
+    assert results.dlq_source(Record("d", 0, 0, None, b"raw", {"adpipe.source": b"t/1/2"})) == "t/1/2"
+    assert results.dlq_source(Record("d", 0, 0, None, b'{"reason": "x", "source": "t/3/4"}', {})) == "t/3/4"
+    assert results.dlq_source(Record("d", 0, 0, None, b"not json", {})) is None
 
 
 def test_closer_plan_has_one_valid_event_per_ad() -> None:
-    plan = B.closer_plan(3, datetime(2026, 11, 22, 12, 32, tzinfo=UTC))
+    plan = comparison.closer_plan(3, datetime(2026, 11, 22, 12, 32, tzinfo=UTC))
     verdicts = [verify.classify(m.value) for m in plan.messages]
     assert [v.ad_id for v in verdicts] == ["ad-000000", "ad-000001", "ad-000002"]
     assert [m.key for m in plan.messages] == [b"ad-000000", b"ad-000001", b"ad-000002"]
@@ -80,8 +81,8 @@ def test_closer_plan_has_one_valid_event_per_ad() -> None:
 
 def test_parse_report_takes_the_last_report_line() -> None:
     text = 'noise\nBENCH-REPORT {"a": 1}\nmore\nBENCH-REPORT {"a": 2, "processing_s": 3.5}\n'
-    assert B.parse_report(text) == {"a": 2, "processing_s": 3.5}
-    assert B.parse_report("nothing") is None
+    assert processes.parse_report(text) == {"a": 2, "processing_s": 3.5}
+    assert processes.parse_report("nothing") is None
 
 
 def test_adpipe_processing_from_started_to_last_batch() -> None:
@@ -91,23 +92,23 @@ def test_adpipe_processing_from_started_to_last_batch() -> None:
         "2026-11-24 10:00:10,250 INFO adpipe.stream: batch 1: input offsets 5 ...\n"
         "2026-11-24 10:00:11,000 INFO adpipe.stream: stream job j stopped after 2 batches\n"
     )
-    assert B.adpipe_processing_s(log) == 10.25
-    assert B.adpipe_processing_s("no lines") is None
+    assert logs.adpipe_processing_s(log) == 10.25
+    assert logs.adpipe_processing_s("no lines") is None
 
 
-def measured(wall: float, cpu: float = 4.0, rc: int = 0) -> B.Measured:
-    return B.Measured(wall, cpu, 512.0, rc, None, Path("x.log"))
+def measured(wall: float, cpu: float = 4.0, rc: int = 0) -> processes.Measured:
+    return processes.Measured(wall, cpu, 512.0, rc, None, Path("x.log"))
 
 
 def test_rows_ratios_and_table() -> None:
     ok = {"ok": True, "problems": []}
     rows = [
-        B.make_row("spark_batch", 1_000_000, measured(30.0), 20.0, ok),
-        B.make_row("adpipe", 1_000_000, measured(60.0, 100.0), 50.0, ok),
-        B.make_row("quixstreams", 1_000_000, measured(70.0), 62.5, {"ok": False, "problems": ["window lost"]}),
-        B.make_row("pyflink", 1_000_000, measured(9.0, rc=1), None, None),
+        results.make_row("spark_batch", 1_000_000, measured(30.0), 20.0, ok),
+        results.make_row("adpipe", 1_000_000, measured(60.0, 100.0), 50.0, ok),
+        results.make_row("quixstreams", 1_000_000, measured(70.0), 62.5, {"ok": False, "problems": ["window lost"]}),
+        results.make_row("pyflink", 1_000_000, measured(9.0, rc=1), None, None),
     ]
-    B.add_ratios(rows)
+    results.add_ratios(rows)
     by = {r["engine"]: r for r in rows}
     assert by["spark_batch"]["events_per_s"] == 50_000 and by["spark_batch"]["ratio_to_batch"] == 1.0
     assert by["spark_batch"]["startup_s"] == 10.0
@@ -128,7 +129,7 @@ def test_rows_ratios_and_table() -> None:
         "latency_rate": 5000.0,
         "latency_duration_s": 300.0,
     }
-    table = B.render_table(result)
+    table = results.render_table(result)
     assert "adpipe           20,000     0.40" in table
     assert "quixstreams counts WRONG (not ranked): window lost" in table
     assert "adpipe             200      6.0      9.5" in table
@@ -138,19 +139,19 @@ def test_latency_from_window_close_only_for_closed_windows() -> None:
     end = "2026-11-22T12:01:00Z"
     end_ms = datetime.fromisoformat(end).timestamp() * 1000
     arrivals = [(end, end_ms + 30_000 + 4_000), ("2026-11-22T12:02:00Z", end_ms + 60_000 + 30_000 + 8_000)]
-    stats = B.latency_stats(arrivals, 30_000, until_ms=end_ms + 60_000 + 30_000)
+    stats = latency.latency_stats(arrivals, 30_000, until_ms=end_ms + 60_000 + 30_000)
     assert stats == {"windows": 2, "p50_s": 4.0, "p99_s": 8.0, "max_s": 8.0}
-    assert B.latency_stats(arrivals, 30_000, until_ms=end_ms + 31_000)["windows"] == 1
+    assert latency.latency_stats(arrivals, 30_000, until_ms=end_ms + 31_000)["windows"] == 1
     # Events sent 3 s after their event time: each window closes 3 s later on the wall clock.
-    late_sent = B.latency_stats(arrivals, 30_000, until_ms=end_ms + 90_000, send_lag_ms=3_000)
+    late_sent = latency.latency_stats(arrivals, 30_000, until_ms=end_ms + 90_000, send_lag_ms=3_000)
     assert late_sent == {"windows": 2, "p50_s": 1.0, "p99_s": 5.0, "max_s": 5.0}
 
 
 def test_parse_only_keeps_the_table_order() -> None:
-    assert B.parse_only("pyflink,adpipe") == ["adpipe", "pyflink"]
-    assert B.parse_only(None) == list(B.ENGINES)
+    assert engines.parse_only("pyflink,adpipe") == ["adpipe", "pyflink"]
+    assert engines.parse_only(None) == list(engines.ENGINES)
     with pytest.raises(ValueError, match="unknown rows flonk"):
-        B.parse_only("flonk")
+        engines.parse_only("flonk")
 
 
 def test_tree_of_and_proc_table(tmp_path: Path) -> None:
@@ -161,9 +162,10 @@ def test_tree_of_and_proc_table(tmp_path: Path) -> None:
 
     stat(10, 1, 100, 1), stat(11, 10, 50, 2), stat(12, 11, 0, 3), stat(20, 1, 7, 4)
     (tmp_path / "self").mkdir()
-    table = B.proc_table(tmp_path)
-    assert table[11][0] == 10 and table[11][1] == pytest.approx(100 / B._TICK) and table[12][2] == 3 * B._PAGE
-    assert B.tree_of(table, 10) == {10, 11, 12}
+    table = processes.proc_table(tmp_path)
+    assert table[11][0] == 10 and table[11][1] == pytest.approx(100 / processes._TICK)
+    assert table[12][2] == 3 * processes._PAGE
+    assert processes.tree_of(table, 10) == {10, 11, 12}
 
 
 @pytest.mark.parametrize("kind", produce.MALFORMED_KINDS)
@@ -207,15 +209,15 @@ def test_the_peers_apply_the_future_skew_rule() -> None:
 
 
 def test_peer_scripts_import_nothing_of_adpipe_or_pyspark() -> None:
-    for path in B.PEERS_DIR.glob("*.py"):
+    for path in engines.PEERS_DIR.glob("*.py"):
         text = path.read_text()
         imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
         assert not [line for line in imports if "adpipe" in line or "pyspark" in line], path
-    assert str(B.PEERS_DIR) not in sys.path  # they find peer_common as scripts, next to them
+    assert str(engines.PEERS_DIR) not in sys.path  # they find peer_common as scripts, next to them
 
 
 def test_proportional_bytes_reads_smaps_rollup(tmp_path: Path) -> None:
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "smaps_rollup").write_text("0-f ---p 0 00:00 0 [rollup]\nRss: 900 kB\nPss: 300 kB\n")
-    assert B.proportional_bytes(7, tmp_path) == 300 * 1024
-    assert B.proportional_bytes(8, tmp_path) is None
+    assert processes.proportional_bytes(7, tmp_path) == 300 * 1024
+    assert processes.proportional_bytes(8, tmp_path) is None

@@ -1,5 +1,7 @@
 """What the peer programs share; standard library only (they run in their
-own environments, without adpipe).
+own environments, without adpipe). The driver and the Spark rows take
+``READY_LINE`` and ``REPORT_PREFIX`` from here too: one spelling of the
+lines they read back.
 
 ``classify`` is a peer's own reading of the contract's raw event, written
 as a user of that engine would write it: not adpipe's code (the unit tests

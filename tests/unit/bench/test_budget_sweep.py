@@ -1,4 +1,4 @@
-"""make bench's budget sweep, its pure parts (adpipe.tools.bench): the
+"""make bench's budget sweep, its pure parts (bench.logs, bench.stages): the
 reading of the service's log, the synthetic aggregates and the spend they
 must come to."""
 
@@ -8,7 +8,9 @@ import json
 from datetime import UTC, datetime
 
 from adpipe.budget.aggregate import parse_aggregate
-from adpipe.tools.bench import budget_log_stats, expected_spend, synthetic_aggregates
+
+from bench.logs import budget_log_stats
+from bench.stages import expected_spend, synthetic_aggregates
 
 LOG = """\
 2026-11-24 08:30:00,100 INFO adpipe.budget: budget service: group g reading t (read_committed) into \

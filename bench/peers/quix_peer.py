@@ -1,4 +1,4 @@
-"""quixstreams 3.x peer of ``adpipe bench --peers``, with
+"""quixstreams 3.x peer of ``make bench``, with
 ``processing_guarantee="exactly-once"``: the contract's validation (malformed
 records to a DLQ topic with their position), dedupe by event_id in a state
 store (per message key, the ad_id), tumbling 60 s windows on event time with
