@@ -32,7 +32,7 @@ def committed_watermark(commits: dict[int, tuple[int, str]]) -> int | None:
 def committed_outputs(commits: dict[int, tuple[int, str]]) -> dict[str, dict[int, int]]:
     """Per output topic and partition, the offset after the last record of
     the last batch in a stream job's ledger commits (the ``out`` of its
-    metadata, adpipe.stream.sink.ledger_metadata); empty when the ledger
+    metadata, adpipe.stream.sink_ledger.ledger_metadata); empty when the ledger
     does not say."""
     entries = [json.loads(meta) for _offset, meta in commits.values() if meta]
     if not entries:
