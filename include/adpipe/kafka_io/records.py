@@ -1,7 +1,8 @@
 """Reading records back, bounded: a whole topic to the end offsets taken at
 the start, the count of readable records in offset ranges, and the records
-at given offsets. Verify, the tests and the lakehouse read topics with these;
-each read is a consumer that is assigned partitions and commits nothing."""
+at given offsets (the raw records the stream job copies to the late and DLQ
+topics). Verify, status, chaos and the tests read topics with these; each
+read is a consumer that is assigned partitions and commits nothing."""
 
 from __future__ import annotations
 
