@@ -16,8 +16,10 @@ keeps it so):
   gate), ``adpipe.budget`` (the budget service), ``adpipe.local`` (the
   embedded default's servers: Kafka broker, PostgreSQL, Airflow).
 * shared pieces of the contract, at the top of the package: ``settings``
-  (the one place that reads configuration), ``schemas``, ``raw_events``,
-  ``kafka_io``, ``spark`` (the one SparkSession builder), ``jars`` (JVM
+  (the one place that reads configuration; ``setting_values`` reads and
+  checks one value), ``kafka_access`` (topics, credentials, regions: how a
+  client reaches Kafka), ``schemas``, ``raw_events``, ``kafka_io`` (the
+  Kafka clients), ``spark`` (the one SparkSession builder), ``jars`` (JVM
   classpaths), ``pg``, ``money``, ``faults`` (named crash points),
   ``metrics`` (every Prometheus metric of the parts, and their /metrics).
 """

@@ -1,6 +1,12 @@
 """The one place that reads configuration: a frozen, typed object built from
 the environment. Every entry point calls :func:`load_settings` once and passes
-the result down; nothing else reads ``os.environ`` for adpipe settings."""
+the result down; nothing else reads ``os.environ`` for adpipe settings.
+
+Which variables there are, their defaults and what each is for live here
+(the :class:`Settings` fields and :func:`load_settings`); how one value is
+read and checked lives in :mod:`adpipe.setting_values`, and how a client
+reaches Kafka (topics, credentials, regions) in :mod:`adpipe.kafka_access`.
+Their names are importable from here too, as they always were."""
 
 from __future__ import annotations
 
@@ -11,85 +17,55 @@ import shlex
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlparse
 
-from adpipe.money import MoneyError, parse_micros
+from adpipe.kafka_access import (
+    KAFKA_SECURITY,
+    SCRAM_MECHANISM,
+    KafkaAccess,
+    KafkaCredentials,
+    Region,
+    Topics,
+    local_kafka_ca_file,
+    local_kafka_password_file,
+)
+from adpipe.setting_values import (
+    HOST_PORT,
+    SettingsError,
+    broker_properties,
+    budget,
+    choice,
+    integer,
+    jvm_memory,
+    local_folder,
+    money,
+    port,
+    share,
+    uri,
+    utc_time,
+)
+
+__all__ = [
+    "BUDGET_PERIODS",
+    "KAFKA_SECURITY",
+    "PROJECT_ROOT",
+    "SCRAM_MECHANISM",
+    "KafkaAccess",
+    "KafkaCredentials",
+    "Region",
+    "Settings",
+    "SettingsError",
+    "Topics",
+    "isolated_env",
+    "load_settings",
+    "local_kafka_ca_file",
+    "local_kafka_password_file",
+]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 # What ADPIPE_BUDGET_PERIOD may be (adpipe.budget.money.period_of).
 BUDGET_PERIODS = ("day", "hour", "month", "total")
-
-_HOST_PORT = re.compile(r"^[^\s:,]+:\d{1,5}$")
-
-
-class SettingsError(ValueError):
-    """A configuration value is missing or malformed."""
-
-
-def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from exc
-    if value < minimum:
-        raise SettingsError(f"{name}={value} must be >= {minimum}")
-    return value
-
-
-def _utc_time(env: dict[str, str], name: str, default: datetime) -> datetime:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={raw!r} is not an ISO-8601 time") from exc
-    if value.tzinfo is None:
-        raise SettingsError(f"{name}={raw!r} needs a zone (e.g. 2026-11-22T00:00:00Z)")
-    return value.astimezone(UTC)
-
-
-def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
-    """One of ``choices`` (the first is the default)."""
-    value = env.get(name, choices[0])
-    if value not in choices:
-        raise SettingsError(f"{name}={value!r} must be one of {', '.join(choices)}")
-    return value
-
-
-def _share(env: dict[str, str], name: str, default: float) -> float:
-    """A fraction between 0 and 1."""
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={raw!r} is not a number") from exc
-    if not 0.0 <= value <= 1.0:
-        raise SettingsError(f"{name}={raw} must be between 0 and 1")
-    return value
-
-
-def _money(env: dict[str, str], name: str, default: str) -> int:
-    """An amount in micro-units (exact decimal, at most 6 places)."""
-    raw = (env.get(name) or default).strip()
-    try:
-        return parse_micros(raw)
-    except MoneyError as exc:
-        raise SettingsError(f"{name}: {exc}") from exc
-
-
-def _budget(env: dict[str, str], name: str, default: str) -> int | None:
-    """A budget in micro-units; "none" or "unlimited": no budget."""
-    if (env.get(name) or default).strip().lower() in ("none", "unlimited"):
-        return None
-    return _money(env, name, default)
 
 
 def _budget_period(env: dict[str, str]) -> str:
@@ -99,198 +75,88 @@ def _budget_period(env: dict[str, str]) -> str:
     return period
 
 
-_JVM_MEMORY = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
-
-
-def _jvm_memory(env: dict[str, str], name: str, default: str) -> str:
-    """A JVM memory size as Spark takes it: ``512m``, ``2g``."""
-    value = (env.get(name) or default).strip()
-    if not _JVM_MEMORY.match(value):
-        raise SettingsError(f"{name}={value!r} must be a size such as 512m or 2g")
-    return value
-
-
-def _port(env: dict[str, str], name: str, default: int) -> int:
-    """A TCP port; 0 means: none."""
-    value = _int(env, name, default)
-    if value > 65535:
-        raise SettingsError(f"{name}={value} is not a port (0-65535)")
-    return value
-
-
 def _statsd_address(env: dict[str, str]) -> str:
     """``ADPIPE_AIRFLOW_STATSD``: host:port, or ``off``."""
     raw = (env.get("ADPIPE_AIRFLOW_STATSD") or Settings.airflow_statsd).strip()
     if raw.lower() == "off":
         return ""
-    if not _HOST_PORT.match(raw):
+    if not HOST_PORT.match(raw):
         raise SettingsError(f"ADPIPE_AIRFLOW_STATSD={raw!r} must be host:port or off")
     return raw
 
 
-def _uri(env: dict[str, str], name: str) -> str:
-    """A URI setting (empty: its default under ADPIPE_HOME)."""
-    raw = (env.get(name) or "").strip()
-    if raw and not urlparse(raw).scheme:
-        raise SettingsError(f"{name}={raw!r} needs a scheme (file://, hdfs://, s3a://)")
-    return raw
+class _Locations:
+    """Where a deployment keeps its state and how its local databases are
+    reached, derived from a few :class:`Settings` fields (declared here for
+    the type checker; the dataclass below holds them). A base of its own so
+    that ``Settings`` reads as the list of what is configured."""
 
-
-def _local_folder(uri: str, what: str) -> Path:
-    parsed = urlparse(uri)
-    if parsed.scheme not in ("", "file"):
-        raise SettingsError(f"{what} {uri} is not a local folder")
-    return Path(parsed.path)
-
-
-@dataclass(frozen=True)
-class Topics:
-    """Kafka topic names of the contract (each overridable)."""
-
-    events: str = "ad-events"
-    aggregates: str = "ad-aggregates"
-    dlq: str = "ad-events-dlq"
-    late: str = "ad-events-late"
-    budget_events: str = "ad-budget-events"
-
-    def all(self) -> tuple[str, ...]:
-        return (self.events, self.aggregates, self.dlq, self.late, self.budget_events)
-
-
-# How clients reach Kafka (ADPIPE_KAFKA_SECURITY): without credentials, or
-# SASL/SCRAM-SHA-512 over TLS.
-KAFKA_SECURITY = ("plaintext", "sasl_ssl")
-SCRAM_MECHANISM = "SCRAM-SHA-512"
-
-
-def local_kafka_password_file(home: Path, username: str) -> Path:
-    """Where ``adpipe kafka up --secure`` keeps a user's password (0600)."""
-    return home / "kafka" / "secrets" / f"{username}.password"
-
-
-def local_kafka_ca_file(home: Path) -> Path:
-    """The PEM certificate of the local secure broker's own CA."""
-    return home / "kafka" / "tls" / "ca.pem"
-
-
-def _jaas_quoted(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-@dataclass(frozen=True)
-class KafkaCredentials:
-    """Who a client is to a Kafka cluster: nobody (``plaintext``), or a
-    SASL/SCRAM-SHA-512 user over TLS (``sasl_ssl``), its password given
-    inline or, better, in a file read when a client is configured, and the
-    PEM file of the CA that signed the brokers' certificates (empty: the
-    system's trust store). The password never shows in ``repr``."""
-
-    security: str = "plaintext"
-    username: str = ""
-    password: str = field(default="", repr=False)
-    password_file: str = ""
-    ca_file: str = ""
-
-    @property
-    def secure(self) -> bool:
-        return self.security == "sasl_ssl"
-
-    def secret(self) -> str:
-        """The password (from the file, read now, when not given inline)."""
-        if self.password:
-            return self.password
-        if not self.password_file:
-            raise SettingsError(
-                f"Kafka user {self.username!r} has no password: set ADPIPE_KAFKA_PASSWORD_FILE "
-                "(or ADPIPE_KAFKA_PASSWORD)"
-            )
-        try:
-            value = Path(self.password_file).read_text().rstrip("\r\n")
-        except OSError as exc:
-            raise SettingsError(f"the Kafka password file {self.password_file} cannot be read: {exc.strerror}") from exc
-        if not value:
-            raise SettingsError(f"the Kafka password file {self.password_file} is empty")
-        return value
-
-
-@dataclass(frozen=True)
-class KafkaAccess:
-    """One Kafka cluster as a client reaches it: its bootstrap addresses and
-    the credentials. Every adpipe client is configured from one of these:
-    :meth:`client_config` (confluent-kafka / librdkafka) and
-    :meth:`spark_options` (Spark's Kafka source, the Java client)."""
-
-    bootstrap: str
-    credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
-
-    @property
-    def secure(self) -> bool:
-        return self.credentials.secure
-
-    def describe(self) -> str:
-        """Where and as whom, never the password."""
-        c = self.credentials
-        return f"{self.bootstrap} (SASL_SSL, {SCRAM_MECHANISM} as {c.username})" if c.secure else self.bootstrap
-
-    def client_config(self) -> dict[str, str]:
-        """``bootstrap.servers`` and, on a secured cluster, the librdkafka
-        security settings; a client adds its own settings to these."""
-        config = {"bootstrap.servers": self.bootstrap}
-        c = self.credentials
-        if c.secure:
-            config.update(
-                {
-                    "security.protocol": "SASL_SSL",
-                    "sasl.mechanisms": SCRAM_MECHANISM,
-                    "sasl.username": c.username,
-                    "sasl.password": c.secret(),
-                }
-            )
-            if c.ca_file:
-                config["ssl.ca.location"] = c.ca_file
-        return config
-
-    def spark_options(self) -> dict[str, str]:
-        """The same for Spark's Kafka source (``kafka.``-prefixed Java client
-        settings). Spark redacts an option whose value names a password from
-        its plans and logs; the Java client logs ``sasl.jaas.config`` hidden."""
-        options = {"kafka.bootstrap.servers": self.bootstrap}
-        c = self.credentials
-        if c.secure:
-            jaas = (
-                "org.apache.kafka.common.security.scram.ScramLoginModule required "
-                f"username={_jaas_quoted(c.username)} password={_jaas_quoted(c.secret())};"
-            )
-            options.update(
-                {
-                    "kafka.security.protocol": "SASL_SSL",
-                    "kafka.sasl.mechanism": SCRAM_MECHANISM,
-                    "kafka.sasl.jaas.config": jaas,
-                }
-            )
-            if c.ca_file:
-                options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": c.ca_file})
-        return options
-
-
-@dataclass(frozen=True)
-class Region:
-    """One region's stream job as Union & Load sees it: its job id (which
-    names its ledger group and record_uuid namespace), broker, topics and
-    the credentials this process uses on that broker."""
-
+    home: Path
+    checkpoint_base_uri: str
+    warehouse_base_uri: str
     job_id: str
-    kafka_bootstrap: str
-    topics: Topics
-    kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
+    pg_host: str
+    pg_port: int
+    pg_user: str
+    pg_password: str
 
     @property
-    def kafka(self) -> KafkaAccess:
-        return KafkaAccess(self.kafka_bootstrap, self.kafka_credentials)
+    def checkpoint_uri(self) -> str:
+        """This job's checkpoint: ``<ADPIPE_CHECKPOINT_URI>/<job id>``, any URI
+        Spark writes (default: under ADPIPE_HOME). Written as Hadoop reads
+        it: a path is not percent-encoded (``file:///tmp/my checkpoints``)."""
+        base = self.checkpoint_base_uri or f"file://{self.home / 'checkpoints'}"
+        return f"{base.rstrip('/')}/{self.job_id}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The checkpoint as a local folder (a ``file:`` URI only)."""
+        return local_folder(self.checkpoint_uri, "the checkpoint")
+
+    @property
+    def warehouse_uri(self) -> str:
+        """Spark's warehouse: ADPIPE_WAREHOUSE_URI, default under ADPIPE_HOME."""
+        return self.warehouse_base_uri.rstrip("/") or f"file://{self.home / 'warehouse'}"
+
+    @property
+    def warehouse_dir(self) -> Path:
+        """The warehouse as a local folder (a ``file:`` URI only)."""
+        return local_folder(self.warehouse_uri, "the warehouse")
+
+    @property
+    def metrics_dir(self) -> Path:
+        """The load's metrics as files for node_exporter's textfile collector."""
+        return self.home / "metrics"
+
+    @property
+    def log_dir(self) -> Path:
+        """The JVMs' log files (ADPIPE_JVM_LOGS=file) and the demo's own log."""
+        return self.home / "logs"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.home / "kafka"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.home / "postgres"
+
+    def pg_url(self, database: str, redacted: bool = False) -> str:
+        """SQLAlchemy URL of a database on the local PostgreSQL; ``redacted``:
+        the password as ``***``, for anything printed or logged."""
+        password = "***" if redacted else self.pg_password
+        return f"postgresql+psycopg2://{self.pg_user}:{password}@{self.pg_host}:{self.pg_port}/{database}"
+
+    def jdbc_url(self, database: str) -> str:
+        return f"jdbc:postgresql://{self.pg_host}:{self.pg_port}/{database}"
+
+    @property
+    def jar_cache(self) -> Path:
+        return PROJECT_ROOT / ".cache" / "jvm"
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(_Locations):
     """Everything adpipe is configured by. Build with :func:`load_settings`."""
 
     home: Path
@@ -459,60 +325,6 @@ class Settings:
     airflow_statsd: str = "127.0.0.1:9125"
 
     @property
-    def checkpoint_uri(self) -> str:
-        """This job's checkpoint: ``<ADPIPE_CHECKPOINT_URI>/<job id>``, any URI
-        Spark writes (default: under ADPIPE_HOME). Written as Hadoop reads
-        it: a path is not percent-encoded (``file:///tmp/my checkpoints``)."""
-        base = self.checkpoint_base_uri or f"file://{self.home / 'checkpoints'}"
-        return f"{base.rstrip('/')}/{self.job_id}"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        """The checkpoint as a local folder (a ``file:`` URI only)."""
-        return _local_folder(self.checkpoint_uri, "the checkpoint")
-
-    @property
-    def warehouse_uri(self) -> str:
-        """Spark's warehouse: ADPIPE_WAREHOUSE_URI, default under ADPIPE_HOME."""
-        return self.warehouse_base_uri.rstrip("/") or f"file://{self.home / 'warehouse'}"
-
-    @property
-    def warehouse_dir(self) -> Path:
-        """The warehouse as a local folder (a ``file:`` URI only)."""
-        return _local_folder(self.warehouse_uri, "the warehouse")
-
-    @property
-    def metrics_dir(self) -> Path:
-        """The load's metrics as files for node_exporter's textfile collector."""
-        return self.home / "metrics"
-
-    @property
-    def log_dir(self) -> Path:
-        """The JVMs' log files (ADPIPE_JVM_LOGS=file) and the demo's own log."""
-        return self.home / "logs"
-
-    @property
-    def kafka_dir(self) -> Path:
-        return self.home / "kafka"
-
-    @property
-    def pg_dir(self) -> Path:
-        return self.home / "postgres"
-
-    def pg_url(self, database: str, redacted: bool = False) -> str:
-        """SQLAlchemy URL of a database on the local PostgreSQL; ``redacted``:
-        the password as ``***``, for anything printed or logged."""
-        password = "***" if redacted else self.pg_password
-        return f"postgresql+psycopg2://{self.pg_user}:{password}@{self.pg_host}:{self.pg_port}/{database}"
-
-    def jdbc_url(self, database: str) -> str:
-        return f"jdbc:postgresql://{self.pg_host}:{self.pg_port}/{database}"
-
-    @property
-    def jar_cache(self) -> Path:
-        return PROJECT_ROOT / ".cache" / "jvm"
-
-    @property
     def lateness_ms(self) -> int:
         """Spark's watermark delay: the configured delay plus allowed lateness."""
         return (self.watermark_delay_s + self.allowed_lateness_s) * 1000
@@ -567,15 +379,6 @@ def _kafka_credentials(
     if not ca_file and local_kafka_ca_file(home).exists():
         ca_file = str(local_kafka_ca_file(home))
     return KafkaCredentials(security, username, password, password_file, ca_file)
-
-
-def _broker_properties(raw: str) -> tuple[str, ...]:
-    """``ADPIPE_KAFKA_BROKER_PROPERTIES``: ``key=value`` entries."""
-    entries = tuple(e.strip() for e in re.split(r"[;\n]", raw) if e.strip())
-    bad = [e for e in entries if not re.fullmatch(r"[A-Za-z0-9._-]+=.*", e)]
-    if bad:
-        raise SettingsError(f"ADPIPE_KAFKA_BROKER_PROPERTIES: {bad[0]!r} is not key=value")
-    return entries
 
 
 def isolated_env(prefix: str) -> dict[str, str]:
@@ -651,7 +454,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_events=env.get("ADPIPE_TOPIC_BUDGET_EVENTS", Topics.budget_events),
     )
     bootstrap = env.get("ADPIPE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    if not all(_HOST_PORT.match(part.strip()) for part in bootstrap.split(",")):
+    if not all(HOST_PORT.match(part.strip()) for part in bootstrap.split(",")):
         raise SettingsError(f"ADPIPE_KAFKA_BOOTSTRAP={bootstrap!r} must be host:port[,host:port]")
     credentials = _kafka_credentials(
         home,
@@ -673,78 +476,78 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         home=home,
         kafka_bootstrap=bootstrap,
         kafka_credentials=credentials,
-        kafka_controller_port=_int(env, "ADPIPE_KAFKA_CONTROLLER_PORT", Settings.kafka_controller_port, 1),
-        kafka_broker_properties=_broker_properties(env.get("ADPIPE_KAFKA_BROKER_PROPERTIES", "")),
+        kafka_controller_port=integer(env, "ADPIPE_KAFKA_CONTROLLER_PORT", Settings.kafka_controller_port, 1),
+        kafka_broker_properties=broker_properties(env, "ADPIPE_KAFKA_BROKER_PROPERTIES"),
         spark_master=env.get("ADPIPE_SPARK_MASTER", "local[2]"),
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
-        spark_driver_memory=_jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
+        spark_driver_memory=jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
-        jvm_logs=_choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),
-        spark_executor_memory=_jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", Settings.spark_executor_memory),
-        spark_cores_max=_int(env, "ADPIPE_SPARK_CORES_MAX", Settings.spark_cores_max),
+        jvm_logs=choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),
+        spark_executor_memory=jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", Settings.spark_executor_memory),
+        spark_cores_max=integer(env, "ADPIPE_SPARK_CORES_MAX", Settings.spark_cores_max),
         spark_driver_host=env.get("ADPIPE_SPARK_DRIVER_HOST") or "127.0.0.1",
-        spark_master_port=_int(env, "ADPIPE_SPARK_MASTER_PORT", Settings.spark_master_port, 1),
-        spark_master_ui_port=_int(env, "ADPIPE_SPARK_MASTER_UI_PORT", Settings.spark_master_ui_port, 1),
-        spark_worker_cores=_int(env, "ADPIPE_SPARK_WORKER_CORES", Settings.spark_worker_cores, 1),
-        spark_worker_memory=_jvm_memory(env, "ADPIPE_SPARK_WORKER_MEMORY", Settings.spark_worker_memory),
+        spark_master_port=integer(env, "ADPIPE_SPARK_MASTER_PORT", Settings.spark_master_port, 1),
+        spark_master_ui_port=integer(env, "ADPIPE_SPARK_MASTER_UI_PORT", Settings.spark_master_ui_port, 1),
+        spark_worker_cores=integer(env, "ADPIPE_SPARK_WORKER_CORES", Settings.spark_worker_cores, 1),
+        spark_worker_memory=jvm_memory(env, "ADPIPE_SPARK_WORKER_MEMORY", Settings.spark_worker_memory),
         budget_db=env.get("ADPIPE_BUDGET_DB", f"sqlite:///{home / 'budget.db'}"),
         topics=topics,
-        topic_partitions=_int(env, "ADPIPE_TOPIC_PARTITIONS", Settings.topic_partitions, 1),
-        shuffle_partitions=_int(env, "ADPIPE_SHUFFLE_PARTITIONS", Settings.shuffle_partitions, 1),
-        watermark_delay_s=_int(env, "ADPIPE_WATERMARK_DELAY_S", Settings.watermark_delay_s),
-        allowed_lateness_s=_int(env, "ADPIPE_ALLOWED_LATENESS_S", Settings.allowed_lateness_s),
-        trigger_interval_s=_int(env, "ADPIPE_TRIGGER_INTERVAL_S", Settings.trigger_interval_s, 1),
-        max_offsets_per_trigger=_int(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", Settings.max_offsets_per_trigger),
-        max_future_skew_s=_int(env, "ADPIPE_MAX_FUTURE_SKEW_S", Settings.max_future_skew_s),
-        late_dedupe_retention_s=_int(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", Settings.late_dedupe_retention_s),
-        max_late_share=_share(env, "ADPIPE_MAX_LATE_SHARE", Settings.max_late_share),
-        load_output_wait_s=_int(env, "ADPIPE_LOAD_OUTPUT_WAIT_S", Settings.load_output_wait_s, 0),
-        checkpoint_base_uri=_uri(env, "ADPIPE_CHECKPOINT_URI"),
-        warehouse_base_uri=_uri(env, "ADPIPE_WAREHOUSE_URI"),
+        topic_partitions=integer(env, "ADPIPE_TOPIC_PARTITIONS", Settings.topic_partitions, 1),
+        shuffle_partitions=integer(env, "ADPIPE_SHUFFLE_PARTITIONS", Settings.shuffle_partitions, 1),
+        watermark_delay_s=integer(env, "ADPIPE_WATERMARK_DELAY_S", Settings.watermark_delay_s),
+        allowed_lateness_s=integer(env, "ADPIPE_ALLOWED_LATENESS_S", Settings.allowed_lateness_s),
+        trigger_interval_s=integer(env, "ADPIPE_TRIGGER_INTERVAL_S", Settings.trigger_interval_s, 1),
+        max_offsets_per_trigger=integer(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", Settings.max_offsets_per_trigger),
+        max_future_skew_s=integer(env, "ADPIPE_MAX_FUTURE_SKEW_S", Settings.max_future_skew_s),
+        late_dedupe_retention_s=integer(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", Settings.late_dedupe_retention_s),
+        max_late_share=share(env, "ADPIPE_MAX_LATE_SHARE", Settings.max_late_share),
+        load_output_wait_s=integer(env, "ADPIPE_LOAD_OUTPUT_WAIT_S", Settings.load_output_wait_s, 0),
+        checkpoint_base_uri=uri(env, "ADPIPE_CHECKPOINT_URI"),
+        warehouse_base_uri=uri(env, "ADPIPE_WAREHOUSE_URI"),
         job_id=env.get("ADPIPE_JOB_ID", "region-local"),
-        transaction_timeout_ms=_int(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", Settings.transaction_timeout_ms, 1000),
+        transaction_timeout_ms=integer(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", Settings.transaction_timeout_ms, 1000),
         pg_host=env.get("ADPIPE_PG_HOST", "127.0.0.1"),
-        pg_port=_int(env, "ADPIPE_PG_PORT", Settings.pg_port, 1),
+        pg_port=integer(env, "ADPIPE_PG_PORT", Settings.pg_port, 1),
         pg_user=env.get("ADPIPE_PG_USER", "adpipe"),
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
         budget_group=env.get("ADPIPE_BUDGET_GROUP") or "adpipe-budget",
-        budget_batch_size=_int(env, "ADPIPE_BUDGET_BATCH_SIZE", Settings.budget_batch_size, 1),
+        budget_batch_size=integer(env, "ADPIPE_BUDGET_BATCH_SIZE", Settings.budget_batch_size, 1),
         budget_period=_budget_period(env),
-        budget_default_cpm_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPM", "2.00"),
-        budget_default_cpc_micros=_money(env, "ADPIPE_BUDGET_DEFAULT_CPC", "0.50"),
-        budget_default_budget_micros=_budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
-        budget_session_timeout_ms=_int(
+        budget_default_cpm_micros=money(env, "ADPIPE_BUDGET_DEFAULT_CPM", "2.00"),
+        budget_default_cpc_micros=money(env, "ADPIPE_BUDGET_DEFAULT_CPC", "0.50"),
+        budget_default_budget_micros=budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
+        budget_session_timeout_ms=integer(
             env, "ADPIPE_BUDGET_SESSION_TIMEOUT_MS", Settings.budget_session_timeout_ms, 6000
         ),
-        budget_db_outage_s=_int(env, "ADPIPE_BUDGET_DB_OUTAGE_S", Settings.budget_db_outage_s, 0),
-        budget_max_poll_interval_ms=_int(
+        budget_db_outage_s=integer(env, "ADPIPE_BUDGET_DB_OUTAGE_S", Settings.budget_db_outage_s, 0),
+        budget_max_poll_interval_ms=integer(
             env, "ADPIPE_BUDGET_MAX_POLL_INTERVAL_MS", Settings.budget_max_poll_interval_ms, 1000
         ),
-        budget_db_connect_timeout_s=_int(
+        budget_db_connect_timeout_s=integer(
             env, "ADPIPE_BUDGET_DB_CONNECT_TIMEOUT_S", Settings.budget_db_connect_timeout_s, 1
         ),
-        budget_db_statement_timeout_ms=_int(
+        budget_db_statement_timeout_ms=integer(
             env, "ADPIPE_BUDGET_DB_STATEMENT_TIMEOUT_MS", Settings.budget_db_statement_timeout_ms, 100
         ),
-        budget_publish_interval_s=_int(env, "ADPIPE_BUDGET_PUBLISH_INTERVAL_MS", 5000, 100) / 1000,
-        budget_ledger_margin_h=_int(env, "ADPIPE_BUDGET_LEDGER_MARGIN_H", Settings.budget_ledger_margin_h, 0),
+        budget_publish_interval_s=integer(env, "ADPIPE_BUDGET_PUBLISH_INTERVAL_MS", 5000, 100) / 1000,
+        budget_ledger_margin_h=integer(env, "ADPIPE_BUDGET_LEDGER_MARGIN_H", Settings.budget_ledger_margin_h, 0),
         metastore=metastore,
         metastore_database=metastore_database,
         extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics, credentials, home),
         alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
-        alert_webhook_timeout_s=_int(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", Settings.alert_webhook_timeout_s, 1),
-        stream_max_restarts=_int(env, "ADPIPE_STREAM_MAX_RESTARTS", Settings.stream_max_restarts),
-        stream_restart_window_s=_int(env, "ADPIPE_STREAM_RESTART_WINDOW_S", Settings.stream_restart_window_s, 1),
-        stream_max_lag=_int(env, "ADPIPE_STREAM_MAX_LAG", Settings.stream_max_lag),
-        stream_stall_s=_int(env, "ADPIPE_STREAM_STALL_S", Settings.stream_stall_s, 1),
-        load_start=_utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
-        load_wait_timeout_s=_int(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
-        load_submit=_choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process")),
-        vacuum_retention_h=_int(env, "ADPIPE_VACUUM_RETENTION_H", Settings.vacuum_retention_h, 168),
-        airflow_port=_int(env, "ADPIPE_AIRFLOW_PORT", Settings.airflow_port, 1),
+        alert_webhook_timeout_s=integer(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", Settings.alert_webhook_timeout_s, 1),
+        stream_max_restarts=integer(env, "ADPIPE_STREAM_MAX_RESTARTS", Settings.stream_max_restarts),
+        stream_restart_window_s=integer(env, "ADPIPE_STREAM_RESTART_WINDOW_S", Settings.stream_restart_window_s, 1),
+        stream_max_lag=integer(env, "ADPIPE_STREAM_MAX_LAG", Settings.stream_max_lag),
+        stream_stall_s=integer(env, "ADPIPE_STREAM_STALL_S", Settings.stream_stall_s, 1),
+        load_start=utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
+        load_wait_timeout_s=integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
+        load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process")),
+        vacuum_retention_h=integer(env, "ADPIPE_VACUUM_RETENTION_H", Settings.vacuum_retention_h, 168),
+        airflow_port=integer(env, "ADPIPE_AIRFLOW_PORT", Settings.airflow_port, 1),
         metrics_host=env.get("ADPIPE_METRICS_HOST") or Settings.metrics_host,
-        stream_metrics_port=_port(env, "ADPIPE_STREAM_METRICS_PORT", Settings.stream_metrics_port),
-        budget_metrics_port=_port(env, "ADPIPE_BUDGET_METRICS_PORT", Settings.budget_metrics_port),
-        load_metrics_port=_port(env, "ADPIPE_LOAD_METRICS_PORT", Settings.load_metrics_port),
+        stream_metrics_port=port(env, "ADPIPE_STREAM_METRICS_PORT", Settings.stream_metrics_port),
+        budget_metrics_port=port(env, "ADPIPE_BUDGET_METRICS_PORT", Settings.budget_metrics_port),
+        load_metrics_port=port(env, "ADPIPE_LOAD_METRICS_PORT", Settings.load_metrics_port),
         airflow_statsd=_statsd_address(env),
     )

@@ -186,7 +186,7 @@ def test_a_load_waits_while_an_output_partitions_leader_is_stopped(cluster: Sett
     (printed with -s)."""
     from adpipe.lakehouse.ranges import region_ranges
     from adpipe.settings import Topics
-    from adpipe.stream.sink import ledger_metadata
+    from adpipe.stream.sink_ledger import ledger_metadata
     from confluent_kafka import Consumer, TopicPartition
 
     # A fresh aggregates topic; then a transactional id and a job (its ledger

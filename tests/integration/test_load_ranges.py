@@ -133,7 +133,7 @@ def test_a_load_waits_for_the_last_batchs_transaction_markers_then_fails_retriab
     import pytest
     from adpipe.lakehouse.ranges import OutputNotStable
     from adpipe.settings import load_settings
-    from adpipe.stream.sink import ledger_metadata
+    from adpipe.stream.sink_ledger import ledger_metadata
     from confluent_kafka import Consumer
 
     settings = pipeline.settings

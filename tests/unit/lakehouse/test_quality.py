@@ -502,11 +502,11 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
 
 SETUP_SCRIPT = """
 import sys
-from adpipe.lakehouse.quality import _checkpoints, _context_lock
+from adpipe.lakehouse.quality.context import context_lock, set_up_checkpoints
 from adpipe.settings import load_settings
 settings = load_settings({"ADPIPE_HOME": sys.argv[1]})
-with _context_lock(settings):
-    _, checkpoints = _checkpoints(settings)
+with context_lock(settings):
+    _, checkpoints = set_up_checkpoints(settings)
 print(sorted(checkpoints))
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from adpipe import kafka_io
-from adpipe.stream.sink import MAX_LEDGER_METADATA_BYTES, ledger_metadata
+from adpipe.stream.sink_ledger import MAX_LEDGER_METADATA_BYTES, ledger_metadata
 
 
 def test_the_ledger_names_each_output_partitions_end_and_the_load_reads_it_back() -> None:

@@ -1,0 +1,163 @@
+"""How a client reaches Kafka, as the settings describe it: the contract's
+topic names (:class:`Topics`), who the client is (:class:`KafkaCredentials`:
+nobody, or a SASL/SCRAM-SHA-512 user over TLS), the cluster with those
+credentials (:class:`KafkaAccess`, from which every adpipe client takes its
+configuration) and one region's stream job (:class:`Region`).
+
+Plain frozen dataclasses, no Kafka client library: :mod:`adpipe.settings`
+builds them from the environment, :mod:`adpipe.kafka_io` and Spark's Kafka
+source configure their clients from them. No other adpipe module sets
+``bootstrap.servers`` (``tests/unit/test_kafka_access.py`` checks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adpipe.setting_values import SettingsError
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Kafka topic names of the contract (each overridable)."""
+
+    events: str = "ad-events"
+    aggregates: str = "ad-aggregates"
+    dlq: str = "ad-events-dlq"
+    late: str = "ad-events-late"
+    budget_events: str = "ad-budget-events"
+
+    def all(self) -> tuple[str, ...]:
+        return (self.events, self.aggregates, self.dlq, self.late, self.budget_events)
+
+
+# How clients reach Kafka (ADPIPE_KAFKA_SECURITY): without credentials, or
+# SASL/SCRAM-SHA-512 over TLS.
+KAFKA_SECURITY = ("plaintext", "sasl_ssl")
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+def local_kafka_password_file(home: Path, username: str) -> Path:
+    """Where ``adpipe kafka up --secure`` keeps a user's password (0600)."""
+    return home / "kafka" / "secrets" / f"{username}.password"
+
+
+def local_kafka_ca_file(home: Path) -> Path:
+    """The PEM certificate of the local secure broker's own CA."""
+    return home / "kafka" / "tls" / "ca.pem"
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class KafkaCredentials:
+    """Who a client is to a Kafka cluster: nobody (``plaintext``), or a
+    SASL/SCRAM-SHA-512 user over TLS (``sasl_ssl``), its password given
+    inline or, better, in a file read when a client is configured, and the
+    PEM file of the CA that signed the brokers' certificates (empty: the
+    system's trust store). The password never shows in ``repr``."""
+
+    security: str = "plaintext"
+    username: str = ""
+    password: str = field(default="", repr=False)
+    password_file: str = ""
+    ca_file: str = ""
+
+    @property
+    def secure(self) -> bool:
+        return self.security == "sasl_ssl"
+
+    def secret(self) -> str:
+        """The password (from the file, read now, when not given inline)."""
+        if self.password:
+            return self.password
+        if not self.password_file:
+            raise SettingsError(
+                f"Kafka user {self.username!r} has no password: set ADPIPE_KAFKA_PASSWORD_FILE "
+                "(or ADPIPE_KAFKA_PASSWORD)"
+            )
+        try:
+            value = Path(self.password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise SettingsError(f"the Kafka password file {self.password_file} cannot be read: {exc.strerror}") from exc
+        if not value:
+            raise SettingsError(f"the Kafka password file {self.password_file} is empty")
+        return value
+
+
+@dataclass(frozen=True)
+class KafkaAccess:
+    """One Kafka cluster as a client reaches it: its bootstrap addresses and
+    the credentials. Every adpipe client is configured from one of these:
+    :meth:`client_config` (confluent-kafka / librdkafka) and
+    :meth:`spark_options` (Spark's Kafka source, the Java client)."""
+
+    bootstrap: str
+    credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
+
+    @property
+    def secure(self) -> bool:
+        return self.credentials.secure
+
+    def describe(self) -> str:
+        """Where and as whom, never the password."""
+        c = self.credentials
+        return f"{self.bootstrap} (SASL_SSL, {SCRAM_MECHANISM} as {c.username})" if c.secure else self.bootstrap
+
+    def client_config(self) -> dict[str, str]:
+        """``bootstrap.servers`` and, on a secured cluster, the librdkafka
+        security settings; a client adds its own settings to these."""
+        config = {"bootstrap.servers": self.bootstrap}
+        c = self.credentials
+        if c.secure:
+            config.update(
+                {
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanisms": SCRAM_MECHANISM,
+                    "sasl.username": c.username,
+                    "sasl.password": c.secret(),
+                }
+            )
+            if c.ca_file:
+                config["ssl.ca.location"] = c.ca_file
+        return config
+
+    def spark_options(self) -> dict[str, str]:
+        """The same for Spark's Kafka source (``kafka.``-prefixed Java client
+        settings). Spark redacts an option whose value names a password from
+        its plans and logs; the Java client logs ``sasl.jaas.config`` hidden."""
+        options = {"kafka.bootstrap.servers": self.bootstrap}
+        c = self.credentials
+        if c.secure:
+            jaas = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f"username={_jaas_quoted(c.username)} password={_jaas_quoted(c.secret())};"
+            )
+            options.update(
+                {
+                    "kafka.security.protocol": "SASL_SSL",
+                    "kafka.sasl.mechanism": SCRAM_MECHANISM,
+                    "kafka.sasl.jaas.config": jaas,
+                }
+            )
+            if c.ca_file:
+                options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": c.ca_file})
+        return options
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region's stream job as Union & Load sees it: its job id (which
+    names its ledger group and record_uuid namespace), broker, topics and
+    the credentials this process uses on that broker."""
+
+    job_id: str
+    kafka_bootstrap: str
+    topics: Topics
+    kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
+
+    @property
+    def kafka(self) -> KafkaAccess:
+        return KafkaAccess(self.kafka_bootstrap, self.kafka_credentials)

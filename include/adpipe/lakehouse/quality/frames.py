@@ -1,0 +1,179 @@
+"""The hour's DataFrames the quality gate checks, built in Spark (no GE here).
+
+The three tables' rows of one ``event_hour`` (published, or the candidate a
+write-audit-publish run would publish), and the frames and helper columns
+the suites read: the expected per-minute counts from the raw events, the
+reconciliation of those with the aggregates, and the columns GE's built-in
+expectations check window alignment, event hours and the late share on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from adpipe.lakehouse import tables
+
+MINUTE_US = 60_000_000
+
+
+@dataclass(frozen=True)
+class HourFrames:
+    """The three tables' rows of one ``event_hour``."""
+
+    raw_df: DataFrame
+    quarantine_df: DataFrame
+    aggregates_df: DataFrame
+
+
+def normalize_hour(hour: datetime) -> datetime:
+    """The hour as an aware UTC datetime; rejects naive or mid-hour values."""
+    if hour.tzinfo is None or hour.utcoffset() is None:
+        raise ValueError(f"hour {hour!r} must be timezone-aware (UTC)")
+    hour = hour.astimezone(UTC)
+    if (hour.minute, hour.second, hour.microsecond) != (0, 0, 0):
+        raise ValueError(f"hour {hour.isoformat()} is not the start of an hour")
+    return datetime(hour.year, hour.month, hour.day, hour.hour, tzinfo=UTC)
+
+
+def hour_frames(spark: SparkSession, hour: datetime, staged_through: int | None = None) -> HourFrames:
+    """The three tables' rows of ``event_hour == hour``: the published ones,
+    or with ``staged_through`` the candidate a write-audit-publish run would
+    publish: the published rows plus the staged rows of runs up to that one
+    that are not published yet."""
+    hour = normalize_hour(hour)
+
+    def read(name: str, schema: Any) -> DataFrame:
+        keys = next(k for s, k in tables.TABLES.values() if s is schema)
+        names = schema.fieldNames()
+        published = spark.table(name).where(F.col("event_hour") == F.lit(hour)).select(*names)
+        if staged_through is None:
+            return published
+        staged = (
+            spark.table(tables.staged(name))  # the staging twin of a published table
+            .where((F.col("event_hour") == F.lit(hour)) & (F.col("load_run") <= F.lit(staged_through)))
+            .select(*names)
+            .join(published.select(*keys), list(keys), "left_anti")
+        )
+        return published.unionByName(staged)
+
+    return HourFrames(
+        raw_df=read(tables.RAW, tables.RAW_SCHEMA),
+        quarantine_df=read(tables.QUARANTINE, tables.QUARANTINE_SCHEMA),
+        aggregates_df=read(tables.AGGREGATES, tables.AGGREGATES_SCHEMA),
+    )
+
+
+def expected_minute_counts(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
+    """Per (``region``, ``ad_id``, ``window_start``): the distinct raw events
+    of each type, without the ``event_id``s quarantined as late (the
+    contract's counts). Each region's stream counts the events of its own
+    raw topic, so the region is part of the key."""
+    late_ids_df = (
+        quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_LATE))
+        .where(F.col("event_id").isNotNull())
+        .select("region", "event_id")
+        .distinct()
+    )
+    # An event that reached several regions is counted by each one's stream:
+    # the raw table holds one region's row, the quarantine the others' copies.
+    event_columns = ["region", "event_id", "ad_id", "event_type", "event_time"]
+    copies_df = quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_CROSS_REGION)).select(*event_columns)
+    return (
+        raw_df.dropDuplicates(["event_id"])
+        .select(*event_columns)
+        .unionByName(copies_df)
+        .join(late_ids_df, on=["region", "event_id"], how="left_anti")
+        .withColumn("window_start", F.date_trunc("minute", F.col("event_time")))
+        .groupBy("region", "ad_id", "window_start")
+        .agg(
+            F.count(F.when(F.col("event_type") == "impression", True)).alias("expected_impressions"),
+            F.count(F.when(F.col("event_type") == "click", True)).alias("expected_clicks"),
+        )
+    )
+
+
+def emitted_only(raw_df: DataFrame, watermarks: dict[str, int] | None) -> DataFrame:
+    """The raw events whose minute window the region's stream has closed
+    (window end at or before its committed watermark, epoch ms): only those
+    can have an aggregate yet. A quiet region closes an hour by the clock
+    while its last windows are still open in its stream (they are emitted
+    with its next events, and loaded then as corrections). None: all."""
+    if watermarks is None:
+        return raw_df
+    if not watermarks:
+        return raw_df.where(F.lit(False))
+    pairs = [item for region, mark in sorted(watermarks.items()) for item in (F.lit(region), F.lit(mark))]
+    mark = F.create_map(*pairs)[F.col("region")]
+    window_end_ms = F.unix_millis(F.date_trunc("minute", F.col("event_time"))) + F.lit(60_000)
+    return raw_df.where(F.coalesce(window_end_ms <= mark, F.lit(False)))
+
+
+def reconciliation_frame(raw_df: DataFrame, quarantine_df: DataFrame, aggregates_df: DataFrame) -> DataFrame:
+    """Per (``region``, ``ad_id``, ``window_start``): expected counts (from
+    raw) next to the aggregates' counts, full outer join, so a missing aggregate has null
+    ``actual_*`` and an aggregate without raw events has null ``expected_*``.
+
+    Columns: ``region``, ``ad_id``, ``window_start``, ``expected_impressions``,
+    ``expected_clicks``, ``actual_impressions``, ``actual_clicks`` (summed over
+    the aggregate rows of the key, so a duplicated aggregate shows as an
+    over-count too), ``aggregate_rows``, ``impressions_diff`` and
+    ``clicks_diff`` (actual - expected; null when a side is missing)."""
+    expected_df = expected_minute_counts(raw_df, quarantine_df)
+    actual_df = aggregates_df.groupBy("region", "ad_id", "window_start").agg(
+        F.sum("impressions").alias("actual_impressions"),
+        F.sum("clicks").alias("actual_clicks"),
+        F.count(F.lit(1)).alias("aggregate_rows"),
+    )
+    return (
+        expected_df.join(actual_df, on=["region", "ad_id", "window_start"], how="full_outer")
+        .withColumn("impressions_diff", F.col("actual_impressions") - F.col("expected_impressions"))
+        .withColumn("clicks_diff", F.col("actual_clicks") - F.col("expected_clicks"))
+        .select(
+            "region",
+            "ad_id",
+            "window_start",
+            "expected_impressions",
+            "expected_clicks",
+            "actual_impressions",
+            "actual_clicks",
+            "aggregate_rows",
+            "impressions_diff",
+            "clicks_diff",
+        )
+    )
+
+
+def with_window_checks(aggregates_df: DataFrame) -> DataFrame:
+    """Helper columns GE's built-ins can check the window alignment on:
+    ``window_start_us_past_minute`` (0 when the start is on the minute),
+    ``window_length_us`` (60 000 000 for a one-minute window) and
+    ``window_start_hour`` (must equal ``event_hour``)."""
+    start_us = F.unix_micros(F.col("window_start"))
+    return (
+        aggregates_df.withColumn("window_start_us_past_minute", F.pmod(start_us, F.lit(MINUTE_US)))
+        .withColumn("window_length_us", F.unix_micros(F.col("window_end")) - start_us)
+        .withColumn("window_start_hour", F.date_trunc("hour", F.col("window_start")))
+    )
+
+
+def with_late_flag(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
+    """``is_late``: 1 for a raw event quarantined as late, else 0 (its mean
+    is the hour's late share)."""
+    late_ids_df = (
+        quarantine_df.where(F.col("source") == F.lit(tables.SOURCE_LATE))
+        .where(F.col("event_id").isNotNull())
+        .select("event_id", F.lit(1).alias("is_late"))
+        .distinct()
+    )
+    return raw_df.join(late_ids_df, on="event_id", how="left").withColumn(
+        "is_late", F.coalesce(F.col("is_late"), F.lit(0))
+    )
+
+
+def with_hour_check(raw_df: DataFrame) -> DataFrame:
+    """``event_time_hour``: the hour ``event_time`` falls in (must equal ``event_hour``)."""
+    return raw_df.withColumn("event_time_hour", F.date_trunc("hour", F.col("event_time")))
