@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adpipe.processes import start_detached
+
 from bench.peers.peer_common import READY_LINE, REPORT_PREFIX
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -129,12 +131,9 @@ class Running:
 
     def __init__(self, cmd: Sequence[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> None:
         self.log = log
-        self._out = log.open("w")
         self.cpu_before = _children_cpu()
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(  # noqa: S603
-            list(cmd), env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
-        )
+        self.proc = start_detached(cmd, log, env=env, cwd=cwd, append=False)
         self.sampler = TreeSampler(self.proc.pid)
         self._thread = threading.Thread(target=self.sampler.run, daemon=True)
         self._thread.start()
@@ -167,7 +166,6 @@ class Running:
         wall = time.monotonic() - self.started
         self.sampler.stop()
         self._thread.join()
-        self._out.close()
         reaped = _children_cpu() - self.cpu_before
         cpu = max(reaped, sum(self.sampler.cpu_by_pid.values()))
         text = self.log.read_text(errors="replace")

@@ -37,6 +37,7 @@ from adpipe.local.airflow import (
     stop_standalone,
     ui_answers,
 )
+from adpipe.processes import start_detached
 from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.stream import job as stream_job
 from adpipe.tools import produce, verify
@@ -66,12 +67,7 @@ def start_adpipe(workdir: Path, verb: str, args: tuple[str, ...], env: dict[str,
     Spark's JVM together with the Python driver), its output in a new log
     under ``workdir``."""
     log_path = workdir / f"{verb}-{uuid.uuid4().hex[:6]}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "adpipe", verb, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    return proc, log_path
+    return start_detached([sys.executable, "-m", "adpipe", verb, *args], log_path, env=env, append=False), log_path
 
 
 @dataclass

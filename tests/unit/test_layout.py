@@ -39,6 +39,7 @@ SHARED = {
     "adpipe.metrics",
     "adpipe.money",
     "adpipe.pg",
+    "adpipe.processes",
     "adpipe.raw_events",
     "adpipe.schemas",
     "adpipe.setting_values",

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from adpipe.jars import ensure_classpath
 from adpipe.local import kafka_security
+from adpipe.processes import start_detached
 from adpipe.settings import KafkaAccess, Settings
 
 log = logging.getLogger(__name__)
@@ -428,14 +429,7 @@ def _prepare(settings: Settings, count: int, secure: bool = False) -> list[Node]
 
 
 def _spawn(settings: Settings, node: Node) -> subprocess.Popen:
-    out = open(node.directory / "broker.out", "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(  # noqa: S603
-        _java(settings, "kafka.Kafka", str(node.config), node=node),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_detached(_java(settings, "kafka.Kafka", str(node.config), node=node), node.directory / "broker.out")
     node.pid_file.write_text(f"{proc.pid}\n")
     log.info("started Kafka node %d pid %d on %s", node.node_id, proc.pid, node.bootstrap)
     return proc

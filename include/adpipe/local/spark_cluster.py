@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from adpipe.processes import start_detached
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -410,16 +411,7 @@ def _prepare(settings: Settings, count: int) -> None:
 
 
 def _spawn(settings: Settings, name: str, command: list[str]) -> subprocess.Popen:
-    with log_file(settings, name).open("ab") as out:
-        proc = subprocess.Popen(  # noqa: S603 - spark-class of the installed pyspark, our arguments
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=daemon_env(settings),
-            cwd=cluster_dir(settings),
-        )
+    proc = start_detached(command, log_file(settings, name), env=daemon_env(settings), cwd=cluster_dir(settings))
     _pid_file(settings, name).write_text(f"{proc.pid}\n")
     log.info("started Spark %s pid %d (log %s)", name, proc.pid, log_file(settings, name))
     return proc

@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from adpipe.processes import start_detached
 from adpipe.settings import PROJECT_ROOT, Settings, load_settings
 from adpipe.stream.liveness import (
     STREAM_APPLICATION,
@@ -300,16 +300,8 @@ class StreamSubmitOperator(SparkSubmitOperator):
         log_path = stream_dir(settings) / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env_vars or {})}
-        with log_path.open("ab") as out:
-            proc = subprocess.Popen(  # noqa: S603 - the provider-built spark-submit command
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=str(PROJECT_ROOT),
-                start_new_session=True,  # its own process group: the task's end does not take it down
-            )
+        # Its own process group: the task's end does not take it down.
+        proc = start_detached(command, log_path, env=env, cwd=PROJECT_ROOT)
         state = record_start(settings, proc.pid, log_path)
         log.info(
             "started stream %s: pid %d, log %s (start %d, restarts in state %d)",

@@ -27,6 +27,7 @@ from adpipe.budget import report as budget_report
 from adpipe.lakehouse import load, quality
 from adpipe.lakehouse.metastore import metastore_session
 from adpipe.local import kafka_broker, postgres
+from adpipe.processes import start_detached
 from adpipe.settings import Settings, isolated_env
 from adpipe.tools import produce, table_verify, verify
 from adpipe.tools.story import Story, render_table
@@ -129,10 +130,8 @@ def _stream(
     output in ``log_path``; the bar follows the records of its committed
     batches against the ``pending`` ones."""
     cmd = [sys.executable, "-m", "adpipe", "stream", "--available-now", "--max-offsets-per-trigger", str(max_offsets)]
-    with log_path.open("w") as out, story.progress("stream job", total=max(pending, 1)) as bar:
-        proc = subprocess.Popen(  # noqa: S603
-            cmd, env={**env, **(fault or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    with story.progress("stream job", total=max(pending, 1)) as bar:
+        proc = start_detached(cmd, log_path, env={**env, **(fault or {})}, append=False)
         while proc.poll() is None:
             time.sleep(0.5)
             so_far = read_stream_log(log_path.read_text(errors="replace"), 0, log_path)

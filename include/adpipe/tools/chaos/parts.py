@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adpipe.faults import wait_group_gone
+from adpipe.processes import start_detached
 
 from .context import RunContext
 from .timeline import Clock, FaultRecord
@@ -51,10 +52,7 @@ class Part:
         self.starts += 1
         self.started_at = time.monotonic()
         log_path = self.log_dir / f"{self.name}-{self.starts}.log"
-        with log_path.open("w") as out:
-            self.proc = subprocess.Popen(  # noqa: S603
-                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.proc = start_detached(self.argv, log_path, env=self.env, append=False)
 
     @property
     def alive(self) -> bool:
