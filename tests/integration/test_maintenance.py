@@ -54,10 +54,11 @@ def test_maintain_compacts_vacuums_past_the_retention_and_keeps_rows(pg: Setting
     probe_table, missing = f"{T.DATABASE}.maintenance_probe_{name}", f"{T.DATABASE}.no_such_table_{name}"
     env = {**os.environ, **BROKER_ENV, "ADPIPE_SPARK_DRIVER_MEMORY": "1g", "ADPIPE_VACUUM_RETENTION_H": "240"}
     probe_log = tmp_path / "probe.log"
-    with probe_log.open("w") as log:
+    with probe_log.open("w") as probe_stderr:
         probe = subprocess.Popen(
             [sys.executable, str(PROBE), probe_table, T.RAW],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=probe_stderr, text=True,
+            start_new_session=True,
         )
     with reaped(probe):
         before = _json_line(probe, probe_log)
