@@ -8,26 +8,39 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 Key = tuple[str, str, str]  # (ad_id, window_start, event_type)
 
 
-def _minute_of(event_time: object) -> str | None:
-    """The UTC minute of an event_time as the contract allows it (epoch ms
-    or ISO-8601 with a zone), or None when it is neither."""
+MINUTE_MS = 60_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def parse_event_ms(event_time: object) -> int | None:
+    """An event_time as the contract allows it (epoch ms, or ISO-8601 with a
+    zone) in epoch milliseconds, or None when it is neither."""
     if isinstance(event_time, int) and not isinstance(event_time, bool):
-        ts = datetime.fromtimestamp(event_time / 1000, UTC)
-    elif isinstance(event_time, str):
-        try:
-            ts = datetime.fromisoformat(event_time)
-        except ValueError:
-            return None
-        if ts.tzinfo is None:
-            return None
-    else:
+        return event_time
+    if not isinstance(event_time, str):
         return None
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:00Z")
+    try:
+        ts = datetime.fromisoformat(event_time)
+    except ValueError:
+        return None
+    if ts.tzinfo is None:
+        return None
+    return (ts - _EPOCH) // timedelta(milliseconds=1)
+
+
+def minute_label(epoch_ms: int) -> str:
+    """The UTC minute of an instant, as aggregates name their window."""
+    return datetime.fromtimestamp(epoch_ms // MINUTE_MS * 60, UTC).strftime("%Y-%m-%dT%H:%M:00Z")
+
+
+def _minute_of(event_time: object) -> str | None:
+    ms = parse_event_ms(event_time)
+    return None if ms is None else minute_label(ms)
 
 
 @dataclass
@@ -75,6 +88,10 @@ class Verdict:
     def ok(self) -> bool:
         return self.lost == 0 and self.duplicated == 0 and not self.problems
 
+    def report(self, **counts: int) -> dict:
+        """The check's result: the verdict with the check's own ``counts``."""
+        return {"ok": self.ok, "lost": self.lost, "duplicated": self.duplicated, **counts, "problems": self.problems}
+
 
 def check_events(truth: Truth, aggregates: list[bytes], late: list[bytes], dlq_sources: list[str | None]) -> dict:
     """Per key, the aggregates' counts plus the first late listing of each
@@ -103,16 +120,12 @@ def check_events(truth: Truth, aggregates: list[bytes], late: list[bytes], dlq_s
         if want != got:
             verdict.add(max(0, want - got), max(0, got - want), f"{key}: sent {want}, counted or listed late {got}")
     check_dlq(truth.malformed, dlq_sources, verdict)
-    return {
-        "ok": verdict.ok,
-        "lost": verdict.lost,
-        "duplicated": verdict.duplicated,
-        "aggregates": len(aggregates),
-        "events_counted": sum(observed.values()),
-        "late_listed": len(late_ids),
-        "dlq": len(dlq_sources),
-        "problems": verdict.problems,
-    }
+    return verdict.report(
+        aggregates=len(aggregates),
+        events_counted=sum(observed.values()),
+        late_listed=len(late_ids),
+        dlq=len(dlq_sources),
+    )
 
 
 def check_aggregates(aggregates: list[bytes], verdict: Verdict) -> Counter[Key]:

@@ -9,16 +9,13 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
-from .events import Key
+from .events import MINUTE_MS, Key, minute_label, parse_event_ms
 
 # The contract's one length limit of a string field (docs/design.md states it);
 # an event over it is malformed.
 MAX_FIELD_CHARS = 200
-MINUTE_MS = 60_000
 EVENT_TYPES = ("impression", "click")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -57,24 +54,6 @@ class RawEvent:
         return (self.event_ms // MINUTE_MS + 1) * MINUTE_MS
 
 
-def minute_label(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms // MINUTE_MS * 60, UTC).strftime("%Y-%m-%dT%H:%M:00Z")
-
-
-def _event_ms(event_time: object) -> int | None:
-    if isinstance(event_time, int) and not isinstance(event_time, bool):
-        return event_time
-    if not isinstance(event_time, str):
-        return None
-    try:
-        ts = datetime.fromisoformat(event_time)
-    except ValueError:
-        return None
-    if ts.tzinfo is None:
-        return None
-    return (ts - _EPOCH) // timedelta(milliseconds=1)
-
-
 def parse_event(value: bytes | None, timestamp_ms: int, max_future_skew_ms: int) -> RawEvent | None:
     """The valid event a raw record holds, by the contract's rules, or None
     when it is malformed."""
@@ -90,7 +69,7 @@ def parse_event(value: bytes | None, timestamp_ms: int, max_future_skew_ms: int)
         return None
     if any(isinstance(f, str) and len(f) > MAX_FIELD_CHARS for f in (event_id, ad_id, campaign_id)):
         return None
-    event_ms = _event_ms(body.get("event_time"))
+    event_ms = parse_event_ms(body.get("event_time"))
     if event_ms is None or (timestamp_ms >= 0 and event_ms > timestamp_ms + max_future_skew_ms):
         return None
     return RawEvent(event_id, ad_id, event_type, event_ms)

@@ -94,21 +94,17 @@ def check_stream_output(
 
     # 4. The DLQ.
     check_dlq(truth.malformed, dlq_sources, verdict)
-    return {
-        "ok": verdict.ok,
-        "lost": verdict.lost,
-        "duplicated": verdict.duplicated,
-        "aggregates": len(aggregates),
-        "events_counted": sum(counted.values()),
-        "late_listed": len(late),
-        "late_justified": sum(justified_late.values()),
-        "late_unjustified": unjustified,
-        "late_doubles": doubles,
-        "raw_valid_events": sum(raw_per_key.values()),
-        "ledger_batches_seen": len(bounds.boundaries),
-        "dlq": len(dlq_sources),
-        "problems": verdict.problems,
-    }
+    return verdict.report(
+        aggregates=len(aggregates),
+        events_counted=sum(counted.values()),
+        late_listed=len(late),
+        late_justified=sum(justified_late.values()),
+        late_unjustified=unjustified,
+        late_doubles=doubles,
+        raw_valid_events=sum(raw_per_key.values()),
+        ledger_batches_seen=len(bounds.boundaries),
+        dlq=len(dlq_sources),
+    )
 
 
 def _unjustified(listing: LateListing, event: RawEvent, raw: RawTopic, bounds: WatermarkBounds) -> str | None:
