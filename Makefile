@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps deps-ui venv python-packages jars demo test test-slow test-ui test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
+.PHONY: help deps deps-ui venv python-packages jars demo test test-slow test-ui test-long test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ test-slow: jars ## the long scenarios kept out of make test's 30 minutes, on two
 
 test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real scheduler; screenshots under ADPIPE_TEST_HOME/ui/screenshots
 	$(BIN)/pytest -m ui
+
+test-long: jars deps-ui ## test-slow and test-ui in one run on the two workers (CI): the UI test fills a worker the slow ones leave idle
+	$(BIN)/pytest -n 2 --dist loadgroup -m "slow or ui"
 
 # The benchmark harness is bench/ at the project root, not part of the
 # installed package: python -m bench runs it from here.
