@@ -43,16 +43,22 @@ def _timed(env: dict[str, str], log_path: Path, *args: str) -> float:
     return time.monotonic() - started
 
 
+def _new_run(settings: Settings, kind: str) -> tuple[str, Path]:
+    """A bench run's id (``<kind>-<timestamp>``) and its own folder."""
+    run_id = f"{kind}-{time.strftime('%Y%m%d%H%M%S')}"
+    work = settings.home / "bench" / run_id
+    work.mkdir(parents=True, exist_ok=True)
+    return run_id, work
+
+
 def stream_caps(settings: Settings, caps: list[int], events: int = 200_000, seed: int = 7) -> dict:
     """The stream job alone over one topic of ``events``, once per cap on
     records per micro-batch (``ADPIPE_MAX_OFFSETS_PER_TRIGGER``; 0: none),
     each from a fresh checkpoint: how the cap trades throughput for batch
     length (which bounds the transaction time and the driver's memory)."""
-    run_id = "caps-" + time.strftime("%Y%m%d%H%M%S")
+    run_id, work = _new_run(settings, "caps")
     env = demo.demo_env(settings, run_id)
     bench_settings = load_settings(env)
-    work = settings.home / "bench" / run_id
-    work.mkdir(parents=True, exist_ok=True)
     kafka_broker.up(settings)
     kafka_io.ensure_pipeline_topics(settings, bench_settings.topics)
     spec = produce.ProduceSpec(events=events, seed=seed, ads=50, minutes=30, duplicate_rate=0.02, malformed_rate=0.01)
@@ -201,9 +207,7 @@ def budget_batch_sizes(
     sees). Each run is checked on its own: its ledger has one row per
     distinct record_uuid and their spend equals a plain-Python sum at the
     default prices. A run's database is dropped when it checks out."""
-    run_id = "budget-" + time.strftime("%Y%m%d%H%M%S")
-    work = settings.home / "bench" / run_id
-    work.mkdir(parents=True, exist_ok=True)
+    run_id, work = _new_run(settings, "budget")
     kafka_broker.up(settings)
     postgres.up(settings)
     topic = f"bench-{run_id}-aggregates"
@@ -283,11 +287,9 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
     spread over ``minutes`` minutes (2 % retries, 1 % malformed), timed from
     the outside: produce, stream, budget, load of the first hour, its rerun,
     validate."""
-    run_id = "bench-" + time.strftime("%Y%m%d%H%M%S")
+    run_id, work = _new_run(settings, "bench")
     env = demo.demo_env(settings, run_id)
     bench_settings = load_settings(env)
-    work = settings.home / "bench" / run_id
-    work.mkdir(parents=True, exist_ok=True)
     kafka_broker.up(settings)
     postgres.up(settings)
     # The budget service on PostgreSQL, as deployed: a fresh database per run.
