@@ -7,6 +7,7 @@ Expected counts come from the producer's own summary, never from the job."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -16,11 +17,12 @@ import pytest
 from adpipe import kafka_io
 from adpipe import schemas as S
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT
+from adpipe.stream import checkpoint_lock
 from adpipe.stream import job as stream
 from adpipe.stream.sink import TransactionalSink
 from confluent_kafka import Producer
 
-from tests.integration.helpers import assert_exactly_once, wait_for
+from tests.integration.helpers import assert_exactly_once, reaped, wait_for
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -130,6 +132,51 @@ def test_sigkill_at_each_commit_point_then_restart_is_exactly_once(pipeline, poi
         # is skipped) or it never saw it (aborted, produced again).
         skipped = "already committed by an earlier run" in restarted.log
         assert skipped == (len(everything) == len(aggregates))
+
+
+def test_a_standby_driver_takes_over_from_an_active_one_sigkilled_mid_transaction(pipeline) -> None:  # noqa: ANN001
+    settings = pipeline.settings
+    fast = {"ADPIPE_TRIGGER_INTERVAL_S": "1"}
+    # The active driver SIGKILLs itself in its second batch, its records in
+    # an open transaction; no input yet, so it runs no batch before the
+    # standby waits.
+    active, active_log = pipeline.start_stream(
+        "--max-offsets-per-trigger", "400", extra_env={**fast, "ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": "1"}
+    )
+    with reaped(active):
+        wait_for(lambda: checkpoint_lock.holder(settings) == active.pid, active, active_log, "the active driver's lock",
+                 timeout_s=180)
+        standby, standby_log = pipeline.start_stream("--standby", "--max-offsets-per-trigger", "400", extra_env=fast)
+        with reaped(standby):
+            wait_for(lambda: checkpoint_lock.waiters(settings) == [standby.pid], standby, standby_log,
+                     "the standby waiting for the checkpoint", timeout_s=180)
+            assert "standby: warm in" in standby_log.read_text()
+            # A second standby-less driver is still refused.
+            refused = pipeline.stream(timeout=120)
+            assert refused.returncode == 4 and f"(pid {active.pid} " in refused.log, refused.log[-3000:]
+
+            s1 = pipeline.produce(events=1500, seed=41, minutes=4, start=START, duplicate_rate=0.04,
+                                  malformed_rate=0.02)
+            assert active.wait(timeout=240) == -9, active_log.read_text()[-3000:]
+            assert f"fault injection: SIGKILL at {AFTER_PRODUCE}" in active_log.read_text()
+
+            def caught_up() -> bool:
+                lag = kafka_io.stream_lag(settings)
+                return bool(lag) and sum(lag.values()) == 0
+
+            wait_for(caught_up, standby, standby_log, "the standby consuming all input", timeout_s=240, interval_s=1)
+            assert checkpoint_lock.holder(settings) == standby.pid
+            log = standby_log.read_text()
+            # Its first batch is the one the active driver died in, replayed.
+            active_batches = re.findall(r"adpipe\.stream: batch (\d+):", active_log.read_text())
+            took_over = re.search(r"standby: took over; batch (\d+) done", log)
+            assert took_over and int(took_over[1]) == int(active_batches[-1]) + 1, log[-3000:]
+            assert "older instances fenced, open transaction aborted" in log
+            # The killed transaction's records were written and stay hidden.
+            assert len(pipeline.aggregates("read_uncommitted")) > len(pipeline.aggregates())
+            assert_exactly_once(pipeline, [s1], min_windows=20 * 2)  # the watermark's lateness holds the rest
+            standby.terminate()
+            assert standby.wait(timeout=120) == 0, log[-3000:]
 
 
 def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipeline) -> None:  # noqa: ANN001

@@ -12,17 +12,25 @@ Where: beside a local (``file://``) checkpoint (``<checkpoint>.lock``), so
 every driver on the host, whatever its ``ADPIPE_HOME``, meets the same lock;
 for ``hdfs://`` or ``s3a://`` under ``ADPIPE_HOME``, which guards one host
 (across hosts the fencing and Spark's own refusal of a concurrent offset-log
-write remain)."""
+write remain).
+
+A standby driver (``adpipe stream --standby``) waits for the lock in a
+blocking ``flock``: the kernel hands it over the instant the holder dies, and
+lists the waiter in ``/proc/locks`` (``->``), which is how ``adpipe status``
+sees it."""
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from adpipe.settings import Settings, SettingsError
+
+log = logging.getLogger("adpipe.stream")
 
 
 class CheckpointInUseError(RuntimeError):
@@ -37,9 +45,10 @@ def lock_path(settings: Settings) -> Path:
 
 
 @contextmanager
-def checkpoint_lock(settings: Settings) -> Iterator[Path]:
+def checkpoint_lock(settings: Settings, standby: bool = False) -> Iterator[Path]:
     """Hold the checkpoint's lock for the block, or raise at once, naming
-    the process that holds it."""
+    the process that holds it; with ``standby``, wait for it instead (until
+    the holder ends)."""
     path = lock_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -48,10 +57,15 @@ def checkpoint_lock(settings: Settings) -> Iterator[Path]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
-            raise CheckpointInUseError(
-                f"the checkpoint {settings.checkpoint_uri} is in use by another stream driver ({holder}); "
-                f"stop it first (lock {path})"
-            ) from None
+            if not standby:
+                raise CheckpointInUseError(
+                    f"the checkpoint {settings.checkpoint_uri} is in use by another stream driver ({holder}); "
+                    f"stop it first (lock {path})"
+                ) from None
+            log.info("standby: the checkpoint %s is held by the active driver (%s); waiting for it (lock %s)",
+                     settings.checkpoint_uri, holder, path)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel wakes us when the holder ends
+            log.info("standby: the active driver (%s) ended; taking over the checkpoint", holder)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
         yield path
@@ -64,12 +78,35 @@ def holder(settings: Settings, lock_table: Path = Path("/proc/locks")) -> int | 
     none does, or the kernel's lock table cannot be read). Read from the
     table, never by taking the lock: a probe holding it for an instant could
     make a driver that starts at that instant refuse to run."""
+    read = _read_locks(settings, lock_table)
+    return flock_holder(*read) if read else None
+
+
+def waiters(settings: Settings, lock_table: Path = Path("/proc/locks")) -> list[int]:
+    """The pids of the standby drivers waiting for this checkpoint's lock
+    (read from the kernel's lock table, as :func:`holder`)."""
+    read = _read_locks(settings, lock_table)
+    return flock_waiters(*read) if read else []
+
+
+def _read_locks(settings: Settings, lock_table: Path) -> tuple[str, str] | None:
+    """The kernel's lock table and the lock file's id in it, or None."""
     try:
         st = lock_path(settings).stat()
-        table = lock_table.read_text()
+        return lock_table.read_text(), f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     except OSError:
         return None
-    return flock_holder(table, f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+
+
+def flock_waiters(table: str, file_id: str) -> list[int]:
+    """The pids waiting for a flock on ``major:minor:inode`` in a
+    ``/proc/locks`` text: lines ``7: -> FLOCK  ADVISORY  WRITE 23650 fe:00:10944805 0 EOF``."""
+    pids = []
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 7 and fields[1] == "->" and fields[2] == "FLOCK" and fields[6] == file_id:
+            pids.append(int(fields[5]))
+    return pids
 
 
 def flock_holder(table: str, file_id: str) -> int | None:

@@ -23,6 +23,9 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.stream.offset_log import CheckpointVersionError
     from adpipe.stream.sink import LedgerMismatchError, ProducerFencedError, TransactionTimedOutError
 
+    if args.standby and args.available_now:
+        log.error("--standby waits to take over a running job: it cannot be --available-now")
+        return 2
     if args.max_offsets_per_trigger is not None:
         settings = settings.with_overrides(max_offsets_per_trigger=args.max_offsets_per_trigger)
     try:
@@ -31,6 +34,7 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
             available_now=args.available_now,
             fault=FaultPlan.from_env(),
             accept_empty_ledger=args.accept_empty_ledger,
+            standby=args.standby,
         )
     except (ProducerFencedError, LedgerMismatchError, CheckpointInUseError, CheckpointVersionError) as exc:
         log.error("%s", exc)
@@ -51,6 +55,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "fit the checkpoint, a checkpoint another driver holds or an older query wrote.",
     )
     p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="a warm standby driver of the same job: start the JVM and the session now, wait for the running "
+        "driver's checkpoint, and take over the moment that driver ends (SIGKILL included)",
+    )
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
     p.add_argument(
         "--accept-empty-ledger",

@@ -254,8 +254,10 @@ class BatchHandler:
         sink: TransactionalSink,
         limits: dict[str, int],
         checkpoint: CheckpointFiles,
+        took_over: float | None = None,
     ) -> None:
         self.spark = spark
+        self.took_over = took_over  # a standby's: when it took the checkpoint (monotonic)
         self.settings = settings
         self.checkpoint = checkpoint
         self.sink = sink
@@ -356,6 +358,9 @@ class BatchHandler:
             batch_s=time.monotonic() - started,
         )
         write_heartbeat(self.settings, batch_id, offsets, len(aggregates), copies.dlq, copies.late, result.skipped)
+        if self.took_over is not None and self.batches == 1:
+            log.info("standby: took over; batch %d done %.1f s after the active driver ended",
+                     batch_id, time.monotonic() - self.took_over)
 
 
 def write_heartbeat(
@@ -497,7 +502,11 @@ QUERY_SOURCES = 1
 
 
 def run(
-    settings: Settings, available_now: bool = False, fault: FaultPlan | None = None, accept_empty_ledger: bool = False
+    settings: Settings,
+    available_now: bool = False,
+    fault: FaultPlan | None = None,
+    accept_empty_ledger: bool = False,
+    standby: bool = False,
 ) -> int:
     """Run the stream job until stopped (SIGTERM/SIGINT) or, with
     ``available_now``, until what is in the topic now is processed.
@@ -507,19 +516,61 @@ def run(
     driver per checkpoint), checks that the checkpoint fits this query, and
     the sink fences older instances and checks its ledger against the
     checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
-    that must not run fails before any batch."""
-    with checkpoint_lock(settings):
-        kafka_io.ensure_pipeline_topics(settings)
-        kafka_io.check_broker_time(settings.kafka, settings.topics.events)
-        spark = build_spark(settings, f"adpipe-stream-{settings.job_id}")
-        try:
-            checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
-            check_query_shape(checkpoint, QUERY_SOURCES)
-            handler = _run_query(spark, settings, checkpoint, available_now, fault, accept_empty_ledger)
-        finally:
+    that must not run fails before any batch.
+
+    ``standby``: start warm (the JVM, the session, the parse's classes and a
+    Python worker) and only then wait for the lock, which the kernel hands
+    over when the active driver dies; then go on as above: the sink's
+    fencing aborts the dead driver's open transaction, Spark replays its
+    uncommitted batch."""
+    name = f"adpipe-stream-{settings.job_id}"
+    spark = None
+    try:
+        if standby:
+            started = time.monotonic()
+            spark = build_spark(settings, name)
+            warm_up(spark, settings)
+            log.info("standby: warm in %.1f s", time.monotonic() - started)
+        with checkpoint_lock(settings, standby=standby):
+            took_over = time.monotonic()
+            kafka_io.ensure_pipeline_topics(settings)
+            kafka_io.check_broker_time(settings.kafka, settings.topics.events)
+            spark = spark or build_spark(settings, name)
+            try:
+                checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
+                check_query_shape(checkpoint, QUERY_SOURCES)
+                handler = _run_query(
+                    spark, settings, checkpoint, available_now, fault, accept_empty_ledger,
+                    took_over if standby else None,
+                )
+            finally:
+                spark.stop()
+                spark = None
+    finally:
+        if spark is not None:  # a standby stopped while it waited
             spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches
+
+
+def warm_up(spark: SparkSession, settings: Settings) -> None:
+    """What a standby can do before it holds the checkpoint: run the parse
+    on two made-up Kafka rows (its classes loaded, its code generated) and a
+    pandas function (a Python worker started). The state stays the active
+    driver's: it is loaded at the takeover."""
+    now = datetime.now(UTC)
+    good = json.dumps({"event_id": "warm-up", "event_type": "impression", "ad_id": "a",
+                       "campaign_id": "c", "event_time": int(now.timestamp() * 1000)}).encode()
+    rows = [(None, good, settings.topics.events, 0, 0, now, 0), (None, b"{", settings.topics.events, 0, 1, now, 0)]
+    kafka_like = spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA)
+    raw_events.parse_raw_events(kafka_like, settings.max_future_skew_ms).collect()
+    kafka_like.select("offset").groupBy("offset").applyInPandas(lambda frame: frame, "offset long").collect()
+
+
+# The columns of Spark's Kafka source (without headers), for warm_up.
+KAFKA_SOURCE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+)
 
 
 def _run_query(
@@ -529,6 +580,7 @@ def _run_query(
     available_now: bool,
     fault: FaultPlan | None,
     accept_empty_ledger: bool,
+    took_over: float | None = None,
 ) -> BatchHandler:
     sink, limits = _sink(settings, fault, checkpoint)
     try:
@@ -538,7 +590,7 @@ def _run_query(
             batch = batch_offsets(checkpoint, last)
             checkpointed = (last, batch.end, batch.watermark_ms)
         sink.start(checkpointed, accept_empty_ledger)
-        handler = BatchHandler(spark, settings, sink, limits, checkpoint)
+        handler = BatchHandler(spark, settings, sink, limits, checkpoint, took_over)
         handler.metrics.restored(checkpointed)
         metrics.serve(metrics.STREAM, settings)
         listener = _DropCheck(handler)

@@ -298,9 +298,13 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
         progress = checkpoint_progress(settings.checkpoint_dir)
     except SettingsError:  # hdfs://, s3a://: the heartbeat says what the last batch was
         progress = None
-    facts: dict[str, Any] = {"job_id": settings.job_id, "pid": pid}
+    standby = checkpoint_lock.waiters(settings)
+    facts: dict[str, Any] = {"job_id": settings.job_id, "pid": pid, "standby_pids": standby}
     beat = liveness.read_heartbeat(settings)
-    parts = [f"pid {pid}" if pid else "not running", _last_batch(progress, beat, facts, now)]
+    parts = [f"pid {pid}" if pid else "not running"]
+    if standby:
+        parts.append("standby pid " + ", ".join(map(str, standby)) + " (takes over when it ends)")
+    parts.append(_last_batch(progress, beat, facts, now))
     lag = _stream_lag(settings, kafka_up, facts)
     stalled = False
     if pid and facts["lag"] is not None:

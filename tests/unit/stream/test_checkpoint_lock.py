@@ -98,3 +98,52 @@ def test_flock_holder_skips_other_files_posix_locks_and_waiting_requests() -> No
     assert flock_holder(table, "fe:00:10944805") == 23643
     assert flock_holder(table, "fe:00:398607") is None  # a POSIX lock is not the driver's flock
     assert flock_holder(table, "fe:01:10944805") is None
+
+
+def test_flock_waiters_lists_only_the_waiting_requests_of_that_file() -> None:
+    from adpipe.stream.checkpoint_lock import flock_waiters
+
+    table = (
+        "2: FLOCK  ADVISORY  WRITE 23077 fe:00:10944805 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 31000 fe:00:10944805 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 31001 fe:00:9986091 0 EOF\n"
+        "2: -> POSIX  ADVISORY  WRITE 31002 fe:00:10944805 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 31003 fe:00:10944805 0 EOF\n"
+    )
+    assert flock_waiters(table, "fe:00:10944805") == [31000, 31003]
+    assert flock_waiters(table, "fe:00:398607") == []
+
+
+def test_a_standby_waits_in_the_kernels_table_and_takes_the_lock_when_the_holder_is_sigkilled(tmp_path: Path) -> None:
+    from adpipe.stream.checkpoint_lock import holder, waiters
+
+    settings = _settings(tmp_path)
+    env = {**os.environ, "ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x"}
+    code = (
+        "import sys\n"
+        "from adpipe.settings import load_settings\n"
+        "from adpipe.stream.checkpoint_lock import checkpoint_lock\n"
+        "with checkpoint_lock(load_settings(), standby=len(sys.argv) > 1):\n"
+        "    print('locked', flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=env)
+        for args in ((), ("standby",))
+    ]
+    active, standby = procs
+    try:
+        assert active.stdout.readline().strip() == "locked"
+        deadline = time.monotonic() + 30
+        while waiters(settings) != [standby.pid]:
+            assert time.monotonic() < deadline, "the standby never waited for the lock"
+            time.sleep(0.05)
+        assert holder(settings) == active.pid
+        active.send_signal(signal.SIGKILL)
+        assert standby.stdout.readline().strip() == "locked"  # handed over by the kernel
+        assert holder(settings) == standby.pid and waiters(settings) == []
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
