@@ -13,7 +13,15 @@ import pytest
 from adpipe.local import kafka_broker, postgres
 from adpipe.settings import Settings, load_settings
 
-from tests.integration.helpers import BROKER_ENV, BudgetEnv, Pipeline, make_pipeline
+from tests.integration.helpers import BROKER_ENV, BudgetEnv, Pipeline, close_dump_servers, make_pipeline
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dump_servers_closed() -> Iterator[None]:
+    """A test file's table-dump session ends with it (it holds a metastore
+    connection and a JVM)."""
+    yield
+    close_dump_servers()
 
 
 @pytest.fixture(scope="session")

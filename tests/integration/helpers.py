@@ -345,11 +345,57 @@ def ok(proc: subprocess.CompletedProcess) -> str:
     return out
 
 
+class _DumpServer:
+    """``tables_dump.py --serve`` in ``env``: one Spark session answering
+    every dump of a test file (a JVM start per dump cost a test file minutes)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        logs = Path(env["ADPIPE_HOME"]) / "test-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log_path = logs / f"dump-server-{uuid.uuid4().hex[:6]}.log"
+        with self.log_path.open("w") as log:
+            self.proc = subprocess.Popen(  # noqa: S603
+                [sys.executable, str(DUMP), "--serve"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True, start_new_session=True,
+            )
+
+    def ask(self, hour: str | None) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((hour or "") + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith('{"versions"'):
+                return json.loads(line)
+        raise AssertionError(f"the dump server ended (exit {self.proc.wait()}):\n{self.log_path.read_text()[-3000:]}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()  # its loop ends, its session stops
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+_dump_servers: list[_DumpServer] = []
+
+
 def dump(env: dict[str, str], hour: str | None = None) -> dict:
-    """The tables, staging and ledger as ``tables_dump.py`` prints them."""
-    out = run(env, str(DUMP), *([hour] if hour else []))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """The tables, staging and ledger as ``tables_dump.py`` prints them, from
+    one long-lived session per environment (closed by
+    :func:`close_dump_servers` after each test file)."""
+    server = next((s for s in _dump_servers if s.env == env), None)
+    if server is None:
+        server = _DumpServer(dict(env))
+        _dump_servers.append(server)
+    return server.ask(hour)
+
+
+def close_dump_servers() -> None:
+    while _dump_servers:
+        _dump_servers.pop().close()
 
 
 def verify_hour(env: dict[str, str], hour: str, tmp: Path) -> dict:

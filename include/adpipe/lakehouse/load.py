@@ -343,13 +343,18 @@ def stage(
                 "dlq %d",
                 run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
             )
-        with table_rows(spark, settings, ranges, loaded_at, run_id) as rows:
-            # The tables are independent (their own Delta logs): staged side
-            # by side, one table's planning and commits fill the cores while
-            # another's tasks wait.
-            staged = in_threads(
-                {table: functools.partial(_stage_table, spark, table, source, run_id) for table, source in rows.items()}
-            )
+        if any(rng.records() for rr in ranges for rng in rr.topics()):
+            with table_rows(spark, settings, ranges, loaded_at, run_id) as rows:
+                # The tables are independent (their own Delta logs): staged side
+                # by side, one table's planning and commits fill the cores while
+                # another's tasks wait.
+                staged = in_threads(
+                    {table: functools.partial(_stage_table, spark, table, source, run_id)
+                     for table, source in rows.items()}
+                )
+        else:  # a rerun, a backfill of loaded hours: no Kafka read, no MERGE of nothing
+            staged = dict.fromkeys(T.TABLES, 0)
+            log.info("run %d: no new record in any region's topics: nothing to stage", run_id)
         if len(settings.regions) > 1:
             _alert_cross_region(settings, spark, run_id)
         faults_plan = faults.FaultPlan.from_env()
