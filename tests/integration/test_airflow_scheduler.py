@@ -4,7 +4,7 @@ PostgreSQL database), as ``make airflow`` starts it, drives
 ``ad_union_and_load`` on its own: the DAG is unpaused through the REST API,
 the scheduler runs the closed hours since ``ADPIPE_LOAD_START`` (the Spark
 steps through SparkSubmitOperator), then a backfill created through the REST
-API runs them again and changes no table. The tables are checked against
+API runs the last one again and changes no table. The tables are checked against
 the producer's own summary and ``verify --hour``.
 
 A long scenario (about a quarter of an hour on two cores): make test-slow."""
@@ -142,13 +142,16 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
                         str(report)], env=scene.env, capture_output=True, check=False)
         assert json.loads(report.read_text())["tables"]["ok"], report.read_text()[:3000]
 
+    # A backfill of the last loaded hour (one is enough to show it rewrites
+    # nothing; each run is four Spark applications).
     backfill = api("POST", "/api/v2/backfills", {
-        "dag_id": DAG, "from_date": scene.hours[0].isoformat(), "to_date": scene.hours[1].isoformat(),
+        "dag_id": DAG, "from_date": scene.hours[1].isoformat(), "to_date": scene.hours[1].isoformat(),
         "reprocess_behavior": "completed", "max_active_runs": 1,
     })
     assert backfill["dag_id"] == DAG
-    backfilled = until("two backfill runs", lambda: _finished(_runs(api), "backfill", labels), 1500, scene.log_path)
-    assert [r["data_interval_start"][:13] for r in backfilled] == labels
+    backfilled = until("the backfill run", lambda: _finished(_runs(api), "backfill", labels[1:]), 1500,
+                       scene.log_path)
+    assert [r["data_interval_start"][:13] for r in backfilled] == labels[1:]
     assert all(r["state"] == "success" for r in backfilled), backfilled
     again = dump(scene.env)
 

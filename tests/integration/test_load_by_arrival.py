@@ -23,6 +23,7 @@ of Kafka, never from the loader's code."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -57,10 +58,14 @@ def _stream(p: Pipeline) -> None:
 @pytest.fixture(scope="module")
 def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline, dict]:
     workdir = tmp_path_factory.mktemp("arrival")
-    # Tables of its own: a Derby metastore and warehouse under its own home.
+    # Tables of its own: a metastore database and warehouse of its own (in
+    # PostgreSQL, so the dumps' session stays open beside the loads; Derby
+    # admits one JVM: test_held_hours runs on it).
     # Late events are sent on purpose here: the late-share gate allows 5 % (the default 1 % is tested in unit tests).
     p = make_pipeline(
-        workdir, {"ADPIPE_HOME": str(workdir / "home"), "ADPIPE_METASTORE": "derby", "ADPIPE_MAX_LATE_SHARE": "0.05"}
+        workdir,
+        {"ADPIPE_HOME": str(workdir / "home"), "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{uuid.uuid4().hex[:8]}",
+         "ADPIPE_MAX_LATE_SHARE": "0.05"},
     )
     first = p.produce(events=500, seed=7101, ads=4, ad_offset=700, minutes=126,
                       start=datetime(2026, 11, 21, 9, 0, tzinfo=UTC), duplicate_rate=0.05, malformed_rate=0.02)
