@@ -3,7 +3,7 @@
     spark-submit jobs/aggregation_stream.py [--available-now]
 
 Thin by design: the same as ``adpipe stream`` (adpipe.stream.cli), which
-reads the settings and hands over to ``adpipe.stream.job.run`` (which builds
+reads the settings and hands over to ``adpipe.stream.driver.run`` (which builds
 the one SparkSession); exit 4 when fenced by a successor."""
 
 from __future__ import annotations

@@ -297,6 +297,11 @@ class Settings(_Locations):
     stream_restart_window_s: int = 3600
     stream_max_lag: int = 100_000
     stream_stall_s: int = 300
+    # A standby driver takes over from an active one that has not renewed
+    # its lease for this long (paused, frozen), not only from a dead one.
+    stream_lease_s: int = 6
+    # The stream DAG keeps a warm standby driver beside the active one.
+    stream_standby: bool = False
     # First hour the hourly Union & Load DAG loads (catchup from there).
     load_start: datetime = datetime(2026, 11, 22, tzinfo=UTC)
     # How long the load DAG waits for an hour to close before failing.
@@ -540,6 +545,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         stream_restart_window_s=integer(env, "ADPIPE_STREAM_RESTART_WINDOW_S", Settings.stream_restart_window_s, 1),
         stream_max_lag=integer(env, "ADPIPE_STREAM_MAX_LAG", Settings.stream_max_lag),
         stream_stall_s=integer(env, "ADPIPE_STREAM_STALL_S", Settings.stream_stall_s, 1),
+        stream_lease_s=integer(env, "ADPIPE_STREAM_LEASE_S", Settings.stream_lease_s, 2),
+        stream_standby=choice(env, "ADPIPE_STREAM_STANDBY", ("off", "on")) == "on",
         load_start=utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
         load_wait_timeout_s=integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
         load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process")),

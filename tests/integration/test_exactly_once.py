@@ -7,7 +7,9 @@ Expected counts come from the producer's own summary, never from the job."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -134,15 +136,20 @@ def test_sigkill_at_each_commit_point_then_restart_is_exactly_once(pipeline, poi
         assert skipped == (len(everything) == len(aggregates))
 
 
-def test_a_standby_driver_takes_over_from_an_active_one_sigkilled_mid_transaction(pipeline) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("signal_name", ["KILL", "STOP"])
+def test_a_standby_driver_takes_over_from_an_active_one_killed_or_paused_mid_transaction(
+    pipeline, signal_name: str  # noqa: ANN001
+) -> None:
+    """The active driver SIGKILLs (or SIGSTOPs) itself in a batch after
+    producing into its transaction; the warm standby takes over (the lock
+    the kernel frees, or the lease the paused driver stopped renewing),
+    fences the open transaction and replays the batch. A paused driver,
+    resumed, finds its lease taken and exits fenced (4)."""
     settings = pipeline.settings
-    fast = {"ADPIPE_TRIGGER_INTERVAL_S": "1"}
-    # The active driver SIGKILLs itself in its second batch, its records in
-    # an open transaction; no input yet, so it runs no batch before the
-    # standby waits.
-    active, active_log = pipeline.start_stream(
-        "--max-offsets-per-trigger", "400", extra_env={**fast, "ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": "1"}
-    )
+    fast = {"ADPIPE_TRIGGER_INTERVAL_S": "1", "ADPIPE_STREAM_LEASE_S": "3"}
+    fault = {"ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": "1", "ADPIPE_FAULT_SIGNAL": signal_name}
+    # No input yet, so the active driver runs no batch before the standby waits.
+    active, active_log = pipeline.start_stream("--max-offsets-per-trigger", "400", extra_env={**fast, **fault})
     with reaped(active):
         wait_for(lambda: checkpoint_lock.holder(settings) == active.pid, active, active_log, "the active driver's lock",
                  timeout_s=180)
@@ -151,28 +158,37 @@ def test_a_standby_driver_takes_over_from_an_active_one_sigkilled_mid_transactio
             wait_for(lambda: checkpoint_lock.waiters(settings) == [standby.pid], standby, standby_log,
                      "the standby waiting for the checkpoint", timeout_s=180)
             assert "standby: warm in" in standby_log.read_text()
-            # A second standby-less driver is still refused.
-            refused = pipeline.stream(timeout=120)
-            assert refused.returncode == 4 and f"(pid {active.pid} " in refused.log, refused.log[-3000:]
+            if signal_name == "KILL":  # a driver without --standby is still refused
+                refused = pipeline.stream(timeout=120)
+                assert refused.returncode == 4 and f"(pid {active.pid} " in refused.log, refused.log[-3000:]
 
             s1 = pipeline.produce(events=1500, seed=41, minutes=4, start=START, duplicate_rate=0.04,
                                   malformed_rate=0.02)
-            assert active.wait(timeout=240) == -9, active_log.read_text()[-3000:]
-            assert f"fault injection: SIGKILL at {AFTER_PRODUCE}" in active_log.read_text()
+            wait_for(lambda: f"fault injection: SIG{signal_name} at {AFTER_PRODUCE}" in active_log.read_text(),
+                     standby, standby_log, "the active driver's fault", timeout_s=240, interval_s=0.5)
+            if signal_name == "KILL":
+                assert active.wait(timeout=60) == -9, active_log.read_text()[-3000:]
 
             def caught_up() -> bool:
                 lag = kafka_io.stream_lag(settings)
                 return bool(lag) and sum(lag.values()) == 0
 
             wait_for(caught_up, standby, standby_log, "the standby consuming all input", timeout_s=240, interval_s=1)
-            assert checkpoint_lock.holder(settings) == standby.pid
             log = standby_log.read_text()
-            # Its first batch is the one the active driver died in, replayed.
+            # Its first batch is the one the active driver was in, replayed.
             active_batches = re.findall(r"adpipe\.stream: batch (\d+):", active_log.read_text())
-            took_over = re.search(r"standby: took over; batch (\d+) done", log)
-            assert took_over and int(took_over[1]) == int(active_batches[-1]) + 1, log[-3000:]
+            took_over = re.search(r"standby: took over \((.*)\); batch (\d+) done", log)
+            assert took_over and int(took_over[2]) == int(active_batches[-1]) + 1, log[-3000:]
+            assert ("has not renewed its lease" if signal_name == "STOP" else "ended") in took_over[1]
             assert "older instances fenced, open transaction aborted" in log
-            # The killed transaction's records were written and stay hidden.
+            if signal_name == "STOP":
+                assert active.poll() is None and checkpoint_lock.holder(settings) == active.pid  # paused, holding
+                os.kill(active.pid, signal.SIGCONT)
+                assert active.wait(timeout=60) == 4, active_log.read_text()[-3000:]  # fenced at once
+                assert "fenced: " in active_log.read_text()
+            wait_for(lambda: checkpoint_lock.holder(settings) == standby.pid, standby, standby_log,
+                     "the standby holding the lock", timeout_s=30)
+            # The interrupted transaction's records were written and stay hidden.
             assert len(pipeline.aggregates("read_uncommitted")) > len(pipeline.aggregates())
             assert_exactly_once(pipeline, [s1], min_windows=20 * 2)  # the watermark's lateness holds the rest
             standby.terminate()

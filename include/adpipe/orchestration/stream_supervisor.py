@@ -13,6 +13,8 @@ What "alive" means:
 * **process**: the pid this supervisor started (``supervisor.json`` next to
   the heartbeat) exists, is not a zombie, and its command line is the
   stream job's (a reused pid is not mistaken for it);
+* or a driver holds the checkpoint's lock (a standby that took over from
+  the one this supervisor started, or a job started by hand);
 * or, for a job started by hand (``adpipe stream``) when this supervisor
   never started one, a heartbeat
   (``home/stream/<job_id>/heartbeat.json``, written after every batch)
@@ -44,8 +46,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from adpipe.processes import start_detached
 from adpipe.settings import PROJECT_ROOT, Settings, load_settings
+from adpipe.stream import checkpoint_lock
 from adpipe.stream.liveness import (
     STREAM_APPLICATION,
+    descends_from,
     input_stalled,
     polled_at,
     process_alive,
@@ -80,7 +84,7 @@ def write_state(settings: Settings, state: dict[str, Any]) -> None:
 class StreamHealth:
     job_id: str
     alive: bool
-    how: str  # "process", "heartbeat" or "down"
+    how: str  # "process", "lock", "heartbeat" or "down"
     pid: int | None
     heartbeat_age_s: float | None
     last_batch: int | None
@@ -114,8 +118,14 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
     age = now - beat["at"] if beat else None
     lag_by_partition = kafka_io.stream_lag(settings)
     lag = sum(lag_by_partition.values())
+    holder = checkpoint_lock.holder(settings)
     if process_alive(pid):
         alive, how = True, "process"
+    elif holder is not None:
+        # A driver holds the checkpoint: a standby that took over from the
+        # one we started, or a job started by hand. Starting another would
+        # only be refused.
+        alive, how, pid = True, "lock", holder
     elif pid is None and age is not None and age < settings.stream_stall_s:
         # Only for a job this supervisor never started: once it has started
         # one, that process is the job, and its death is a death even while
@@ -292,16 +302,14 @@ class StreamSubmitOperator(SparkSubmitOperator):
         health = inspect(settings)
         if health.alive and not health.stalled:
             log.info("%s: nothing to start", health.describe())
+            if settings.stream_standby:
+                self.start_standby_if_missing(settings)
             return health.pid or 0
         if health.stalled and health.pid:
             log.warning("%s: stopping the stalled job", health.describe())
             stop_stream(health.pid)
         command = self.submit_command(settings)
-        log_path = stream_dir(settings) / f"stream-{time.strftime('%Y%m%dT%H%M%S')}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(self.env_vars or {})}
-        # Its own process group: the task's end does not take it down.
-        proc = start_detached(command, log_path, env=env, cwd=PROJECT_ROOT)
+        proc, log_path = self._start(settings, command, "stream")
         state = record_start(settings, proc.pid, log_path)
         log.info(
             "started stream %s: pid %d, log %s (start %d, restarts in state %d)",
@@ -311,4 +319,34 @@ class StreamSubmitOperator(SparkSubmitOperator):
             len(state["starts"]),
             len(state["restarts"]),
         )
+        return proc.pid
+
+    def _start(self, settings: Settings, command: list[str], name: str) -> tuple[Any, Path]:
+        log_path = stream_dir(settings) / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env_vars or {})}
+        # Its own process group: the task's end does not take it down.
+        return start_detached(command, log_path, env=env, cwd=PROJECT_ROOT), log_path
+
+    def start_standby_if_missing(self, settings: Settings) -> int | None:
+        """With ADPIPE_STREAM_STANDBY=on, beside a live active driver: a
+        standby (``--standby``) unless one waits or is still warming up. A
+        standby that took over is the active driver now (recorded as such),
+        and gets a standby of its own. Its pid, or None."""
+        state = read_state(settings)
+        standby = state.get("standby_pid")
+        holder = checkpoint_lock.holder(settings)
+        if standby and holder and descends_from(holder, standby):  # it took over: the job's driver now
+            state.update(pid=standby, log=state.get("standby_log"), standby_pid=None)
+            write_state(settings, state)
+            standby = None
+        waiting = checkpoint_lock.waiters(settings)
+        if waiting or (standby and process_alive(standby)):
+            log.info("stream %s: standby pid %s %s", settings.job_id, (waiting or [standby])[0],
+                     "waits" if waiting else "is starting")
+            return (waiting or [standby])[0]
+        proc, log_path = self._start(settings, [*self.submit_command(settings), "--standby"], "standby")
+        state.update(standby_pid=proc.pid, standby_log=str(log_path))
+        write_state(settings, state)
+        log.info("started a standby driver of stream %s: pid %d, log %s", settings.job_id, proc.pid, log_path)
         return proc.pid

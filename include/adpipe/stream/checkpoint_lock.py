@@ -17,15 +17,23 @@ write remain).
 A standby driver (``adpipe stream --standby``) waits for the lock in a
 blocking ``flock``: the kernel hands it over the instant the holder dies, and
 lists the waiter in ``/proc/locks`` (``->``), which is how ``adpipe status``
-sees it."""
+sees it. A paused or frozen holder keeps its lock, so the holder also renews
+a lease (``<lock>.lease``: pid, host, epoch, time) twice a second; a standby
+that finds it older than ``ADPIPE_STREAM_LEASE_S`` takes over with a higher
+epoch, and the old driver, once resumed, reads that epoch and exits at once
+(its Kafka transactions are fenced by then anyway)."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from adpipe.settings import Settings, SettingsError
@@ -44,17 +52,101 @@ def lock_path(settings: Settings) -> Path:
         return settings.home / "stream" / settings.job_id / "checkpoint.lock"
 
 
+@dataclass(frozen=True)
+class Lease:
+    """The active driver's claim on the checkpoint, renewed every
+    :data:`RENEW_S`; a takeover writes a higher ``epoch``."""
+
+    pid: int
+    host: str
+    epoch: int
+    at: float  # epoch seconds of the last renewal
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+RENEW_S = 0.5
+# What a driver fenced by a takeover exits with (adpipe.stream.cli.EXIT_FENCED).
+EXIT_FENCED = 4
+
+
+def lease_path(settings: Settings) -> Path:
+    return lock_path(settings).with_suffix(".lease")
+
+
+def read_lease(settings: Settings) -> Lease | None:
+    try:
+        return Lease(**json.loads(lease_path(settings).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class LeaseKeeper:
+    """Renews this driver's lease from a thread of its own. A renewal that
+    finds a higher epoch (a standby took over while this driver was paused
+    or frozen) ends the process at once with :data:`EXIT_FENCED`: a resumed
+    zombie does nothing more (its Kafka transactions are fenced anyway, and
+    Spark refuses its next offset or commit log entry)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.path = lease_path(settings)
+        current = read_lease(settings)
+        self.epoch = (current.epoch if current else 0) + 1
+        self.stopped = threading.Event()
+        self._write()
+        self.thread = threading.Thread(target=self._renew, name="checkpoint-lease", daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        lease = Lease(os.getpid(), os.uname().nodename, self.epoch, time.time())
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(lease)))
+        tmp.replace(self.path)
+
+    def _renew(self) -> None:
+        while not self.stopped.wait(RENEW_S):
+            try:
+                current = Lease(**json.loads(self.path.read_text()))
+            except (OSError, ValueError, TypeError):
+                current = None
+            if current is not None and current.epoch > self.epoch:
+                log.error("fenced: %s took over this checkpoint (lease epoch %d > %d) while this driver was paused; "
+                          "stopping now", current.describe(), current.epoch, self.epoch)
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+                os._exit(EXIT_FENCED)
+            self._write()
+
+    def stop(self) -> None:
+        """Stop renewing and withdraw the lease (a driver that stopped cleanly
+        claims nothing), unless another driver has taken it since."""
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        try:
+            if Lease(**json.loads(self.path.read_text())).epoch == self.epoch:
+                self.path.unlink()
+        except (OSError, ValueError, TypeError):
+            pass
+
+
 @contextmanager
-def checkpoint_lock(settings: Settings, standby: bool = False) -> Iterator[Path]:
-    """Hold the checkpoint's lock for the block, or raise at once, naming
-    the process that holds it; with ``standby``, wait for it instead (until
-    the holder ends)."""
+def checkpoint_lock(settings: Settings, standby: bool = False) -> Iterator[str | None]:
+    """Hold the checkpoint's lock (and renew its lease) for the block, or
+    raise at once, naming the process that holds it. With ``standby``, wait
+    instead: until the holder ends, or until its lease is older than
+    ``stream_lease_s`` (paused, frozen), whose holder is then fenced and the
+    lock taken when it ends. Yields None, or for a standby the reason it
+    took over."""
     path = lock_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    keeper = None
+    took_over = None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _write_holder(fd)
         except BlockingIOError:
             holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
             if not standby:
@@ -62,15 +154,45 @@ def checkpoint_lock(settings: Settings, standby: bool = False) -> Iterator[Path]
                     f"the checkpoint {settings.checkpoint_uri} is in use by another stream driver ({holder}); "
                     f"stop it first (lock {path})"
                 ) from None
-            log.info("standby: the checkpoint %s is held by the active driver (%s); waiting for it (lock %s)",
-                     settings.checkpoint_uri, holder, path)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel wakes us when the holder ends
-            log.info("standby: the active driver (%s) ended; taking over the checkpoint", holder)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
-        yield path
+            took_over = _stand_by(settings, fd, holder)
+        keeper = LeaseKeeper(settings)
+        yield took_over
     finally:
+        if keeper is not None:
+            keeper.stop()
         os.close(fd)  # releases the lock
+
+
+def _write_holder(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+
+
+def _stand_by(settings: Settings, fd: int, holder: str) -> str:
+    """Wait for the lock in a blocking ``flock`` (listed in the kernel's
+    table, taken the instant the holder dies) while watching the holder's
+    lease; the reason this standby goes on."""
+    log.info("standby: the checkpoint %s is held by the active driver (%s); waiting for it (lock %s)",
+             settings.checkpoint_uri, holder, lock_path(settings))
+    locked = threading.Event()
+
+    def lock() -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _write_holder(fd)
+        locked.set()
+
+    threading.Thread(target=lock, name="checkpoint-lock", daemon=True).start()
+    while not locked.wait(0.1):
+        lease = read_lease(settings)
+        age = time.time() - lease.at if lease else 0.0
+        if lease is not None and lease.pid != os.getpid() and age > settings.stream_lease_s:
+            reason = f"the active driver ({lease.describe()}) has not renewed its lease for {age:.1f} s"
+            log.warning("standby: %s (paused or frozen): taking over and fencing it; its lock is taken when it ends",
+                        reason)
+            return reason
+    reason = f"the active driver ({holder}) ended"
+    log.info("standby: %s; taking over the checkpoint", reason)
+    return reason
 
 
 def holder(settings: Settings, lock_table: Path = Path("/proc/locks")) -> int | None:

@@ -8,17 +8,17 @@ import logging
 
 from adpipe.settings import Settings
 
-log = logging.getLogger("adpipe.stream")
+# EXIT_FENCED: a fenced job (a successor took over its transactional.id or
+# its lease), a ledger that does not fit the checkpoint, a checkpoint another
+# driver holds or another query wrote: stopping is right, restarting blindly is not.
+from adpipe.stream.checkpoint_lock import EXIT_FENCED
 
-# A fenced job (a successor took over its transactional.id), a ledger that
-# does not fit the checkpoint, a checkpoint another driver holds or another
-# query wrote: stopping is right, restarting blindly is not.
-EXIT_FENCED = 4
+log = logging.getLogger("adpipe.stream")
 
 
 def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.faults import FaultPlan
-    from adpipe.stream import job
+    from adpipe.stream import driver
     from adpipe.stream.checkpoint_lock import CheckpointInUseError
     from adpipe.stream.offset_log import CheckpointVersionError
     from adpipe.stream.sink import LedgerMismatchError, ProducerFencedError, TransactionTimedOutError
@@ -29,7 +29,7 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_offsets_per_trigger is not None:
         settings = settings.with_overrides(max_offsets_per_trigger=args.max_offsets_per_trigger)
     try:
-        job.run(
+        driver.run(
             settings,
             available_now=args.available_now,
             fault=FaultPlan.from_env(),

@@ -64,6 +64,27 @@ def input_stalled(
     return lag > 0 and now - quiet_since > stall_s
 
 
+def failover_path(settings: Settings) -> Path:
+    """Written by a standby driver once its first batch after a takeover is done."""
+    return stream_dir(settings) / "failover.json"
+
+
+def record_failover(settings: Settings, reason: str, batch_id: int, seconds: float) -> None:
+    path = failover_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"at": time.time(), "pid": os.getpid(), "reason": reason, "batch_id": batch_id,
+                               "seconds": round(seconds, 1)}))
+    tmp.replace(path)
+
+
+def read_failover(settings: Settings) -> dict[str, Any] | None:
+    try:
+        return json.loads(failover_path(settings).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def supervisor_state_path(settings: Settings) -> Path:
     """The supervisor's record: the pid it started, when, its log, its restarts."""
     return stream_dir(settings) / "supervisor.json"
@@ -101,6 +122,21 @@ def process_alive(pid: int | None) -> bool:
         return STREAM_APPLICATION.name in (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """``pid`` is ``ancestor`` or runs under it (a driver's Python process
+    under the spark-submit that started it), from /proc."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
 
 
 def process_started_at(pid: int) -> float | None:

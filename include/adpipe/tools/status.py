@@ -293,7 +293,12 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
     now = time.time() if now is None else now
     supervised = liveness.read_state(settings)
     supervised_pid = supervised.get("pid") if liveness.process_alive(supervised.get("pid")) else None
-    pid = checkpoint_lock.holder(settings) or supervised_pid
+    # The active driver renews the lease; the lock's holder differs from it
+    # only while a paused driver that a standby took over from still lives.
+    lease = checkpoint_lock.read_lease(settings)
+    fresh = lease is not None and lease.host == os.uname().nodename and now - lease.at <= settings.stream_lease_s
+    lock_holder = checkpoint_lock.holder(settings)
+    pid = (lease.pid if fresh and lease else None) or lock_holder or supervised_pid
     try:
         progress = checkpoint_progress(settings.checkpoint_dir)
     except SettingsError:  # hdfs://, s3a://: the heartbeat says what the last batch was
@@ -302,8 +307,20 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
     facts: dict[str, Any] = {"job_id": settings.job_id, "pid": pid, "standby_pids": standby}
     beat = liveness.read_heartbeat(settings)
     parts = [f"pid {pid}" if pid else "not running"]
+    if pid and lease is not None and lease.pid == pid:
+        facts["lease_age_s"] = round(now - lease.at, 1)
+        if not fresh:
+            parts.append(f"its lease is {now - lease.at:.0f} s old (paused or frozen?)")
+    if lock_holder and lock_holder != pid:
+        facts["fenced_pid"] = lock_holder
+        parts.append(f"pid {lock_holder} was taken over from (fenced) and still holds the lock")
     if standby:
         parts.append("standby pid " + ", ".join(map(str, standby)) + " (takes over when it ends)")
+    failover = liveness.read_failover(settings)
+    if failover is not None:
+        facts["last_failover"] = failover
+        parts.append(f"last failover{_at(failover.get('at'), now)}: {failover.get('reason')}, "
+                     f"next batch {failover.get('seconds')} s after")
     parts.append(_last_batch(progress, beat, facts, now))
     lag = _stream_lag(settings, kafka_up, facts)
     stalled = False

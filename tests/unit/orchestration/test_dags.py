@@ -306,3 +306,38 @@ def test_load_steps_hand_the_run_over_in_one_file_per_dag_run(tmp_path: Path) ->
     assert run_file(settings, "manual__a/../b").parent == path.parent
     with pytest.raises(ValueError, match="step 'load'"):
         LoadStepOperator(task_id="x", step="load")
+
+
+def test_a_driver_holding_the_checkpoint_is_the_live_job_when_the_one_started_died(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby that took over from the driver the supervisor started holds
+    the checkpoint's lock: the job is alive (a new start would be refused)."""
+    from adpipe import kafka_io
+    from adpipe.orchestration.stream_supervisor import inspect, record_start
+    from adpipe.stream.checkpoint_lock import checkpoint_lock
+
+    settings = _settings(tmp_path)
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings: {0: 0})
+    record_start(settings, 2**22 + 12345, tmp_path / "gone.log")  # a pid that does not run
+    health = inspect(settings)
+    assert (health.alive, health.how, health.needs_start) == (False, "down", True)
+    with checkpoint_lock(settings):  # this process is the driver that took over
+        health = inspect(settings)
+        assert (health.alive, health.how, health.pid, health.needs_start) == (True, "lock", os.getpid(), False)
+
+
+def test_descends_from_follows_the_parent_chain() -> None:
+    import subprocess
+    import sys
+
+    from adpipe.stream.liveness import descends_from
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)  # noqa: S603
+    try:
+        assert descends_from(child.pid, os.getpid()) and descends_from(os.getpid(), os.getpid())
+        assert not descends_from(os.getpid(), child.pid)
+        assert not descends_from(2**22 + 12345, os.getpid())  # no such process
+    finally:
+        child.kill()
+        child.wait()

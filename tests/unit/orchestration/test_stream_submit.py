@@ -30,3 +30,38 @@ def test_the_provider_builds_the_stream_jobs_command_from_its_connection(
     monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_SPARK", json.dumps({"conn_type": "spark", "host": "spark://elsewhere:7077"}))
     with pytest.raises(StreamStartError, match="gives master 'spark://elsewhere:7077'"):
         StreamSubmitOperator(task_id="start").submit_command(settings)
+
+
+def test_a_standby_is_started_beside_a_live_driver_and_one_that_took_over_is_recorded_as_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    from types import SimpleNamespace
+
+    from adpipe.orchestration.stream_supervisor import StreamSubmitOperator, read_state, record_start
+    from adpipe.stream.checkpoint_lock import checkpoint_lock
+
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "j1", "ADPIPE_STREAM_STANDBY": "on"})
+    monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    operator = StreamSubmitOperator(task_id="start")
+    started: list[list[str]] = []
+
+    def fake_start(_settings, command: list[str], name: str):  # noqa: ANN001, ANN202
+        started.append(command)
+        return SimpleNamespace(pid=2**22 + len(started)), tmp_path / f"{name}.log"  # pids that do not run
+
+    monkeypatch.setattr(operator, "_start", fake_start)
+    record_start(settings, os.getpid(), tmp_path / "stream.log")
+    with checkpoint_lock(settings):  # this process: the active driver
+        assert operator.start_standby_if_missing(settings) == 2**22 + 1
+        assert started[-1][-1] == "--standby" and started[-1][-2].endswith("aggregation_stream.py")
+        assert read_state(settings)["standby_pid"] == 2**22 + 1
+        # That standby died before it waited: another is started.
+        assert operator.start_standby_if_missing(settings) == 2**22 + 2
+        # A standby that took over (the lock's holder runs under it) is the driver now.
+        state = read_state(settings)
+        state["standby_pid"] = os.getppid()
+        (tmp_path / "stream" / "j1" / "supervisor.json").write_text(json.dumps(state))
+        assert operator.start_standby_if_missing(settings) == 2**22 + 3
+        state = read_state(settings)
+        assert state["pid"] == os.getppid() and state["standby_pid"] == 2**22 + 3

@@ -127,14 +127,16 @@ def test_a_standby_waits_in_the_kernels_table_and_takes_the_lock_when_the_holder
         "    print('locked', flush=True)\n"
         "    sys.stdin.read()\n"
     )
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, env=env)
-        for args in ((), ("standby",))
-    ]
-    active, standby = procs
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=env)
+
+    active = start()
+    procs = [active]
     try:
         assert active.stdout.readline().strip() == "locked"
+        standby = start("standby")
+        procs.append(standby)
         deadline = time.monotonic() + 30
         while waiters(settings) != [standby.pid]:
             assert time.monotonic() < deadline, "the standby never waited for the lock"
@@ -147,3 +149,62 @@ def test_a_standby_waits_in_the_kernels_table_and_takes_the_lock_when_the_holder
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+_HOLD = (
+    "import sys\n"
+    "from adpipe.settings import load_settings\n"
+    "from adpipe.stream.checkpoint_lock import checkpoint_lock\n"
+    "with checkpoint_lock(load_settings(), standby=len(sys.argv) > 1) as took_over:\n"
+    "    print('locked', took_over, flush=True)\n"
+    "    sys.stdin.read()\n"
+)
+
+
+def test_a_standby_takes_over_from_a_paused_holder_whose_lease_expired_and_the_holder_resumed_exits_fenced(
+    tmp_path: Path,
+) -> None:
+    from adpipe.stream.checkpoint_lock import EXIT_FENCED, holder, read_lease
+
+    env = {**os.environ, "ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x",
+           "ADPIPE_STREAM_LEASE_S": "2"}
+    settings = load_settings(env)
+
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", _HOLD, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=env)
+
+    active = start()
+    standby = None
+    try:
+        assert active.stdout.readline().strip() == "locked None"
+        first = read_lease(settings)
+        assert first is not None and first.pid == active.pid and first.epoch == 1
+        time.sleep(1.2)
+        renewed = read_lease(settings)
+        assert renewed is not None and renewed.at > first.at  # renewed twice a second
+        standby = start("standby")
+        time.sleep(3)  # waits: the active driver renews its lease
+        assert standby.poll() is None and read_lease(settings).pid == active.pid
+        active.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        line = standby.stdout.readline().strip()
+        assert line.startswith("locked the active driver (pid ") and "has not renewed its lease" in line, line
+        assert 2 - 0.5 <= time.monotonic() - stopped_at < 6  # the lease age, less the renewal interval
+        taken = read_lease(settings)
+        assert taken is not None and taken.pid == standby.pid and taken.epoch == 2
+        assert holder(settings) == active.pid  # the paused one still holds the flock...
+        active.send_signal(signal.SIGCONT)
+        assert active.wait(timeout=10) == EXIT_FENCED  # ...until it reads the higher epoch and stops
+        deadline = time.monotonic() + 5
+        while holder(settings) != standby.pid:  # then the standby's waiting flock gets it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1)
+        assert standby.poll() is None and read_lease(settings).pid == standby.pid
+    finally:
+        for proc in (active, standby):
+            if proc is not None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()

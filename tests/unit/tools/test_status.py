@@ -240,3 +240,36 @@ def test_the_status_verb_is_wired_with_json() -> None:
 
     args = build_parser().parse_args(["status", "--json"])
     assert args.func is cmd_status and args.json
+
+
+def test_the_stream_row_names_the_leases_driver_the_standby_a_fenced_holder_and_the_last_failover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a standby took over from a paused driver: the lease names the
+    active driver (333), the paused one (111) still holds the lock, a new
+    standby (222) waits, and failover.json says what happened."""
+    from adpipe.stream import checkpoint_lock as lock
+    from adpipe.stream import liveness
+
+    settings = _settings(tmp_path)
+    _lay_out_checkpoint(settings)
+    monkeypatch.setattr(lock, "holder", lambda _settings: 111)
+    monkeypatch.setattr(lock, "waiters", lambda _settings: [222])
+    lease = lock.lease_path(settings)
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    lease.write_text(json.dumps({"pid": 333, "host": os.uname().nodename, "epoch": 2, "at": NOW - 1}))
+    failover = liveness.failover_path(settings)
+    failover.parent.mkdir(parents=True, exist_ok=True)
+    failover.write_text(json.dumps({"at": NOW - 60, "pid": 333, "reason": "the active driver (pid 111 on h) has "
+                                    "not renewed its lease for 6.2 s", "batch_id": 5, "seconds": 7.4}))
+    row = status.stream_component(settings, kafka_up=False, now=NOW)
+    assert row.state == UP and row.facts["pid"] == 333 and row.facts["standby_pids"] == [222]
+    assert row.facts["fenced_pid"] == 111 and row.facts["lease_age_s"] == 1.0
+    assert row.detail.startswith("pid 333; pid 111 was taken over from (fenced) and still holds the lock; "
+                                 "standby pid 222 (takes over when it ends); last failover at ")
+    assert "has not renewed its lease for 6.2 s, next batch 7.4 s after" in row.detail
+    # Before the takeover: the lock's holder renewed its lease 11 s ago (paused?).
+    lease.write_text(json.dumps({"pid": 111, "host": os.uname().nodename, "epoch": 1, "at": NOW - 11}))
+    stale = status.stream_component(settings, kafka_up=False, now=NOW)
+    assert stale.facts["pid"] == 111 and "fenced_pid" not in stale.facts
+    assert stale.detail.startswith("pid 111; its lease is 11 s old (paused or frozen?); standby pid 222")

@@ -1,0 +1,259 @@
+"""The stream driver's life: the checkpoint's lock (or, for a standby, the
+wait for it), the one SparkSession, the transactional sink, the query, until
+a signal or the end of the input stops it. What one micro-batch does is
+:mod:`adpipe.stream.job`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+
+from adpipe import kafka_io, metrics, raw_events
+from adpipe.faults import FaultPlan
+from adpipe.settings import Settings
+from adpipe.spark import build_spark
+from adpipe.stream import transforms as T
+from adpipe.stream.checkpoint_lock import checkpoint_lock
+from adpipe.stream.job import RECORD_OVERHEAD_BYTES, BatchHandler, Takeover, transactional_id, value_limits
+from adpipe.stream.liveness import mark_polled
+from adpipe.stream.offset_log import (
+    CheckpointFiles,
+    HadoopCheckpoint,
+    batch_offsets,
+    check_query_shape,
+    last_committed_batch,
+    query_id,
+)
+from adpipe.stream.sink import TransactionalSink
+
+# The job's lines read "adpipe.stream: ...", wherever they come from.
+log = logging.getLogger("adpipe.stream")
+
+
+class _DropCheck(StreamingQueryListener):
+    """Checks that Spark itself dropped no row of any batch (the stateful
+    operator's input has no event-time column, so Spark has none to drop by:
+    a dropped row would be neither counted nor listed), and marks the query
+    polled (liveness) on each progress or idle event."""
+
+    def __init__(self, handler: BatchHandler) -> None:
+        self.handler = handler
+
+    def onQueryStarted(self, event) -> None:  # noqa: ANN001, N802
+        pass
+
+    def onQueryIdle(self, event) -> None:  # noqa: ANN001, N802
+        mark_polled(self.handler.settings)
+
+    def onQueryTerminated(self, event) -> None:  # noqa: ANN001, N802
+        pass
+
+    def onQueryProgress(self, event) -> None:  # noqa: ANN001, N802
+        mark_polled(self.handler.settings)
+        progress = event.progress
+        dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+        if dropped:
+            log.error("batch %d: Spark dropped %d rows by the watermark", progress.batchId, dropped)
+
+
+def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**settings.kafka.spark_options())
+        .option("subscribe", settings.topics.events)
+        .option("kafka.isolation.level", "read_committed")
+        .option("startingOffsets", "earliest")
+        .option("failOnDataLoss", "true")
+    )
+    if settings.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    return (
+        reader.load()
+        .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
+        .transform(T.minute_state_rows, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
+    )
+
+
+def _sink(
+    settings: Settings, fault: FaultPlan | None, checkpoint: CheckpointFiles
+) -> tuple[TransactionalSink, dict[str, int]]:
+    """The transactional sink, sized to the output topics, and the largest
+    value a DLQ or late copy is written with whole, per topic."""
+    topic_limits = kafka_io.max_message_bytes(
+        settings.kafka, [settings.topics.aggregates, settings.topics.dlq, settings.topics.late]
+    )
+    sink = TransactionalSink(
+        settings.kafka,
+        transactional_id(settings),
+        kafka_io.ledger_group(settings.job_id),
+        settings.topics.events,
+        query_id(checkpoint),
+        settings.transaction_timeout_ms,
+        fault,
+        message_max_bytes=max(topic_limits.values()) + RECORD_OVERHEAD_BYTES,
+    )
+    return sink, value_limits(topic_limits)
+
+
+def _start_query(spark: SparkSession, settings: Settings, handler: BatchHandler, available_now: bool) -> StreamingQuery:
+    writer = (
+        build_query_df(spark, settings)
+        .writeStream.outputMode("append")
+        .option("checkpointLocation", settings.checkpoint_uri)
+        .queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=f"{settings.trigger_interval_s} seconds")
+    )
+    return writer.foreachBatch(handler).start()
+
+
+def _await(query: StreamingQuery, handler: BatchHandler) -> None:
+    """Until the query ends, or a SIGTERM/SIGINT stops it between batches;
+    a failure of the query or of a batch is raised."""
+    stop_requested = threading.Event()
+
+    def request_stop(signum, _frame) -> None:  # noqa: ANN001
+        log.info("signal %d: stopping after the current batch", signum)
+        stop_requested.set()
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while query.isActive:
+            if stop_requested.is_set() and not handler.in_batch.is_set():
+                query.stop()
+                break
+            try:
+                query.awaitTermination(0.5)
+            except StreamingQueryException:
+                break  # reported below
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if handler.fatal is not None:
+        raise handler.fatal
+    exc = query.exception()
+    if exc is not None:
+        raise RuntimeError(f"stream query failed: {str(exc).splitlines()[0]}")
+
+
+# How many times the query reads the raw topic (its offsets entries list it so often).
+QUERY_SOURCES = 1
+
+
+def run(
+    settings: Settings,
+    available_now: bool = False,
+    fault: FaultPlan | None = None,
+    accept_empty_ledger: bool = False,
+    standby: bool = False,
+) -> int:
+    """Run the stream job until stopped (SIGTERM/SIGINT) or, with
+    ``available_now``, until what is in the topic now is processed.
+    Returns the number of batches handled.
+
+    Before the query starts the driver takes the checkpoint's lock (one
+    driver per checkpoint), checks that the checkpoint fits this query, and
+    the sink fences older instances and checks its ledger against the
+    checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
+    that must not run fails before any batch.
+
+    ``standby``: start warm (the JVM, the session, the parse's classes and a
+    Python worker) and only then wait for the lock, which the kernel hands
+    over when the active driver dies; then go on as above: the sink's
+    fencing aborts the dead driver's open transaction, Spark replays its
+    uncommitted batch."""
+    name = f"adpipe-stream-{settings.job_id}"
+    spark = None
+    try:
+        if standby:
+            started = time.monotonic()
+            spark = build_spark(settings, name)
+            warm_up(spark, settings)
+            log.info("standby: warm in %.1f s", time.monotonic() - started)
+        with checkpoint_lock(settings, standby=standby) as takeover:
+            took_over = Takeover(takeover, time.monotonic()) if takeover else None
+            kafka_io.ensure_pipeline_topics(settings)
+            kafka_io.check_broker_time(settings.kafka, settings.topics.events)
+            spark = spark or build_spark(settings, name)
+            try:
+                checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
+                check_query_shape(checkpoint, QUERY_SOURCES)
+                handler = _run_query(spark, settings, checkpoint, available_now, fault, accept_empty_ledger, took_over)
+            finally:
+                spark.stop()
+                spark = None
+    finally:
+        if spark is not None:  # a standby stopped while it waited
+            spark.stop()
+    log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
+    return handler.batches
+
+
+def warm_up(spark: SparkSession, settings: Settings) -> None:
+    """What a standby can do before it holds the checkpoint: run the parse
+    on two made-up Kafka rows (its classes loaded, its code generated) and a
+    pandas function (a Python worker started). The state stays the active
+    driver's: it is loaded at the takeover."""
+    now = datetime.now(UTC)
+    good = json.dumps({"event_id": "warm-up", "event_type": "impression", "ad_id": "a",
+                       "campaign_id": "c", "event_time": int(now.timestamp() * 1000)}).encode()
+    rows = [(None, good, settings.topics.events, 0, 0, now, 0), (None, b"{", settings.topics.events, 0, 1, now, 0)]
+    kafka_like = spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA)
+    raw_events.parse_raw_events(kafka_like, settings.max_future_skew_ms).collect()
+    kafka_like.select("offset").groupBy("offset").applyInPandas(lambda frame: frame, "offset long").collect()
+
+
+# The columns of Spark's Kafka source (without headers), for warm_up.
+KAFKA_SOURCE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+)
+
+
+def _run_query(
+    spark: SparkSession,
+    settings: Settings,
+    checkpoint: CheckpointFiles,
+    available_now: bool,
+    fault: FaultPlan | None,
+    accept_empty_ledger: bool,
+    took_over: Takeover | None = None,
+) -> BatchHandler:
+    sink, limits = _sink(settings, fault, checkpoint)
+    try:
+        last = last_committed_batch(checkpoint)
+        checkpointed = None
+        if last is not None:
+            batch = batch_offsets(checkpoint, last)
+            checkpointed = (last, batch.end, batch.watermark_ms)
+        sink.start(checkpointed, accept_empty_ledger)
+        handler = BatchHandler(spark, settings, sink, limits, checkpoint, took_over)
+        handler.metrics.restored(checkpointed)
+        metrics.serve(metrics.STREAM, settings)
+        listener = _DropCheck(handler)
+        spark.streams.addListener(listener)
+        try:
+            query = _start_query(spark, settings, handler, available_now)
+            log.info(
+                "stream job %s started: query %s, checkpoint %s, %s",
+                settings.job_id,
+                query.id,
+                settings.checkpoint_uri,
+                "available-now" if available_now else "continuous",
+            )
+            _await(query, handler)
+        finally:
+            spark.streams.removeListener(listener)
+    finally:
+        sink.close()
+    return handler
