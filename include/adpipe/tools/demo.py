@@ -35,6 +35,10 @@ from adpipe.tools.story import Story, render_table
 log = logging.getLogger(__name__)
 
 
+# Under $ADPIPE_HOME/demo: the last demo run's id and its own settings.
+LATEST = "latest.json"
+
+
 def demo_env(settings: Settings, run_id: str) -> dict[str, str]:
     """Environment for child processes: this demo's own topics and job id,
     so that demos can be run again and again next to other work."""
@@ -222,6 +226,8 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
     start = run_start(runs_dir)
     work = runs_dir / run_id
     work.mkdir(parents=True, exist_ok=True)
+    # `adpipe status` describes this run's stream job when the home's own never ran.
+    (runs_dir / LATEST).write_text(json.dumps({"run_id": run_id, "env": isolated_env(f"demo-{run_id}")}) + "\n")
     max_offsets = max(200, events // 3)
     story = Story()
     story.say(f"adpipe demo, run {run_id} in {settings.home}")

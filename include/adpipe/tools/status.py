@@ -23,11 +23,12 @@ the broker."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -525,9 +526,10 @@ def collect(settings: Settings, stage_timeout_s: float = STAGE_TIMEOUT_S) -> lis
         stage_timeout_s,
     )
     kafka_up = servers[0].state == UP
+    stream_settings, stream_note = _stream_settings(settings)
     jobs = run_bounded(
         {
-            "stream": lambda: stream_component(settings, kafka_up),
+            "stream": lambda: _noted(stream_component(stream_settings, kafka_up), stream_note),
             "budget": lambda: budget_component(settings, kafka_up),
         },
         addresses,
@@ -535,6 +537,32 @@ def collect(settings: Settings, stage_timeout_s: float = STAGE_TIMEOUT_S) -> lis
     )
     kafka, postgres, spark, airflow = servers
     return [kafka, postgres, *jobs, spark, airflow]
+
+
+def _stream_settings(settings: Settings) -> tuple[Settings, str]:
+    """The settings the stream row describes: these, or, when this home's
+    own job never ran and ``adpipe demo`` did, the last demo run's job (its
+    own topics and job id), with a note saying so."""
+    from adpipe.stream import liveness
+
+    try:
+        ran = settings.checkpoint_dir.exists()
+    except SettingsError:  # a remote checkpoint: its heartbeat says
+        ran = False
+    if ran or liveness.read_heartbeat(settings) or liveness.read_state(settings).get("pid"):
+        return settings, ""
+    try:
+        latest = json.loads((settings.home / "demo" / "latest.json").read_text())
+        demo = load_settings({**os.environ, "ADPIPE_HOME": str(settings.home), **latest["env"]})
+    except (OSError, ValueError, KeyError, TypeError, SettingsError):
+        return settings, ""
+    return demo, f"the last demo's job {demo.job_id} (job {settings.job_id} never ran here)"
+
+
+def _noted(row: Component, note: str) -> Component:
+    if not note:
+        return row
+    return replace(row, detail=f"{note}: {row.detail}", facts={**row.facts, "described": note})
 
 
 # --------------------------------------------------------------- reporting

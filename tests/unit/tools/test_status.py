@@ -273,3 +273,25 @@ def test_the_stream_row_names_the_leases_driver_the_standby_a_fenced_holder_and_
     stale = status.stream_component(settings, kafka_up=False, now=NOW)
     assert stale.facts["pid"] == 111 and "fenced_pid" not in stale.facts
     assert stale.detail.startswith("pid 111; its lease is 11 s old (paused or frozen?); standby pid 222")
+
+
+def test_after_a_demo_the_stream_row_describes_the_demos_job_until_the_homes_own_runs(tmp_path: Path) -> None:
+    from adpipe.settings import isolated_env
+
+    settings = _settings(tmp_path)
+    demo = load_settings({"ADPIPE_HOME": str(tmp_path / "home"), **isolated_env("demo-20261126")})
+    _lay_out_checkpoint(demo)  # the demo's job committed batch 4
+    (settings.home / "demo").mkdir(parents=True)
+    (settings.home / "demo" / "latest.json").write_text(
+        json.dumps({"run_id": "20261126", "env": isolated_env("demo-20261126")})
+    )
+    rows = {row.name: row for row in status.collect(settings, stage_timeout_s=20)}
+    stream = rows["stream"]
+    assert stream.address == demo.checkpoint_uri
+    assert stream.detail.startswith(
+        "the last demo's job demo-20261126 (job region-local never ran here): not running; last batch 4 at "
+    )
+    assert stream.facts["job_id"] == "demo-20261126" and stream.facts["last_batch"] == 4
+    _lay_out_checkpoint(settings)  # the home's own job ran: its row again
+    own = {row.name: row for row in status.collect(settings, stage_timeout_s=20)}["stream"]
+    assert own.facts["job_id"] == "region-local" and "described" not in own.facts
