@@ -12,7 +12,11 @@ minutes** (one at a time, no catchup) that supervises it:
    `$ADPIPE_HOME/stream/<job_id>/`, so it outlives the task. A no-op when the
    job is alive; a stalled job (input waiting, no batch for
    `ADPIPE_STREAM_STALL_S`) is stopped first. A start after an earlier one
-   is counted as a restart.
+   is counted as a restart. A driver holding the job's checkpoint (a standby
+   that took over, a job started by hand) is the live job. With
+   `ADPIPE_STREAM_STANDBY=on` it also keeps a warm standby driver
+   (`--standby`) beside the live one, which takes over within seconds when
+   the active driver dies or stops renewing its lease.
 2. `wait_for_stream` — sensor: the job we started has its query running (or
    a job started by hand heartbeats); fails with the job's log tail if it died.
 3. `check_stream` — liveness (pid and command line, else heartbeat age),
@@ -21,7 +25,7 @@ minutes** (one at a time, no catchup) that supervises it:
    Fails — and so alerts — when restarts pass `ADPIPE_STREAM_MAX_RESTARTS` or
    lag passes `ADPIPE_STREAM_MAX_LAG`.
 
-A death between two runs costs at most five minutes of latency, never data:
+Without a standby, a death between two runs costs at most five minutes of latency, never data:
 the restarted job resumes from its checkpoint and Kafka ledger, exactly once.
 Every failed task alerts once through the one notifier (`adpipe.orchestration.alerts`).
 Logic: `adpipe.orchestration.stream_supervisor`.
