@@ -147,6 +147,9 @@ def checkpoint_lock(settings: Settings, standby: bool = False) -> Iterator[str |
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _write_holder(fd)
+            if standby:
+                log.info("standby: no driver holds the checkpoint %s: this one is the active driver",
+                         settings.checkpoint_uri)
         except BlockingIOError:
             holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
             if not standby:
