@@ -59,7 +59,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--standby",
         action="store_true",
         help="a warm standby driver of the same job: start the JVM and the session now, wait for the running "
-        "driver's checkpoint, and take over the moment that driver ends (SIGKILL included)",
+        "driver's checkpoint, and take over the moment that driver ends (SIGKILL included) or stops renewing its "
+        "lease for ADPIPE_STREAM_LEASE_S (paused); with no driver running, it is the active one",
     )
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
     p.add_argument(
