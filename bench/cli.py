@@ -45,6 +45,13 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.peers:
         return cmd_peers(args, settings)
+    if args.failover:
+        from bench import failover
+
+        result = failover.run(settings, faults=args.faults, rate=args.rate if args.rate is not None else 5.0,
+                              signal_name=args.signal, seed=args.seed)
+        print(json.dumps(result, indent=2))
+        return 0 if result["verify_ok"] and result["faults"] == args.faults else 1
     if args.stream_caps:
         caps = [int(c) for c in args.stream_caps.split(",")]
         print(json.dumps(stages.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
@@ -115,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "delay) to its aggregate being visible to a read_committed consumer",
     )
     peers.add_argument(
-        "--rate", type=float, default=None, help="messages/s for --latency (default: half of adpipe's measured rate)"
+        "--rate", type=float, default=None,
+        help="messages/s for --latency (default: half of adpipe's measured rate) and --failover (default 5)"
     )
     peers.add_argument(
         "--latency-duration", type=float, default=300.0, help="seconds of production per --latency row (default 300)"
@@ -123,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument(
         "--install-only", action="store_true", help="install the peers' environments and jar, then stop"
     )
+    sweep.add_argument(
+        "--failover",
+        action="store_true",
+        help="instead: the stream driver's failover to a warm standby (adpipe stream --standby): --faults times "
+        "SIGKILL (or --signal STOP) the active driver while a producer sends --rate events/s (default 5: an "
+        "idle pipeline); p50/p99/worst seconds from the fault to the standby's first batch, then adpipe verify",
+    )
+    p.add_argument("--faults", type=int, default=10, help="with --failover: faults to inject (default 10)")
+    p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL", help="with --failover: SIGKILL or SIGSTOP")
     sweep.add_argument(
         "--stream-caps",
         metavar="N,N,...",

@@ -5,15 +5,17 @@ a signal or the end of the input stops it. What one micro-batch does is
 
 from __future__ import annotations
 
-import json
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from datetime import UTC, datetime
+from pathlib import Path
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from adpipe import kafka_io, metrics, raw_events
@@ -201,23 +203,41 @@ def run(
 
 
 def warm_up(spark: SparkSession, settings: Settings) -> None:
-    """What a standby can do before it holds the checkpoint: run the parse
-    on two made-up Kafka rows (its classes loaded, its code generated) and a
-    pandas function (a Python worker started). The state stays the active
-    driver's: it is loaded at the takeover."""
-    now = datetime.now(UTC)
-    good = json.dumps({"event_id": "warm-up", "event_type": "impression", "ad_id": "a",
-                       "campaign_id": "c", "event_time": int(now.timestamp() * 1000)}).encode()
-    rows = [(None, good, settings.topics.events, 0, 0, now, 0), (None, b"{", settings.topics.events, 0, 1, now, 0)]
-    kafka_like = spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA)
-    raw_events.parse_raw_events(kafka_like, settings.max_future_skew_ms).collect()
-    kafka_like.select("offset").groupBy("offset").applyInPandas(lambda frame: frame, "offset long").collect()
-
-
-# The columns of Spark's Kafka source (without headers), for warm_up.
-KAFKA_SOURCE_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
-)
+    """What a standby can do before it holds the checkpoint: run the job's
+    own query (parse, stateful operator, foreachBatch) for one batch on a
+    rate source into a scratch checkpoint, so that its plan is compiled,
+    its Python workers run and the state store's classes are loaded. The
+    job's state stays the active driver's: it is loaded at the takeover."""
+    scratch = Path(tempfile.mkdtemp(prefix="adpipe-standby-warm-up-"))
+    rows = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 4).option("numPartitions", 1).load()
+        .select(
+            F.lit(None).cast("binary").alias("key"),
+            F.to_json(F.struct(
+                F.concat(F.lit("warm-up-"), F.col("value").cast("string")).alias("event_id"),
+                F.lit("impression").alias("event_type"), F.lit("warm-up").alias("ad_id"),
+                F.lit("warm-up").alias("campaign_id"), F.unix_millis("timestamp").alias("event_time"),
+            )).cast("binary").alias("value"),
+            F.lit(settings.topics.events).alias("topic"), F.lit(0).alias("partition"),
+            F.col("value").alias("offset"), F.col("timestamp"), F.lit(0).alias("timestampType"),
+        )
+        .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
+        .transform(T.minute_state_rows, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
+    )
+    batches: list[int] = []
+    query = (
+        rows.writeStream.outputMode("append").option("checkpointLocation", str(scratch))
+        .trigger(availableNow=True)
+        .foreachBatch(lambda batch_df, batch_id: (batch_df.collect(), batches.append(batch_id)))
+        .start()
+    )
+    try:
+        query.awaitTermination(120)
+    finally:
+        if query.isActive:
+            query.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    log.info("standby: warm-up query ran %d batches", len(batches))
 
 
 def _run_query(

@@ -1,0 +1,163 @@
+"""``python -m bench --failover`` (``make bench ARGS="--failover"``): how
+long the stream job is blind when its active driver dies or is paused, with
+a warm standby (``adpipe stream --standby``) beside it.
+
+One run: fresh topics and job id on the local broker, an active driver and
+a standby, and a producer sending at ``rate`` events/s (a trickle: the
+idle pipeline; or a steady load) for the whole run. Then ``faults`` times:
+wait until a standby waits for the checkpoint, SIGKILL (or SIGSTOP) the
+active driver's process group at a random moment, and time the fault to
+the successor's first batch done (its log's ``standby: took over``
+line); the successor is the active driver of the next round, a new standby
+is started beside it, and a SIGSTOPped driver is resumed and must exit
+fenced. At the end the producer stops, the last driver drains and stops,
+and ``adpipe verify`` must say exactly-once holds. Prints p50, p99 and the
+worst, and keeps them as JSON under ``$ADPIPE_HOME/bench/``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from adpipe import kafka_io
+from adpipe.local import kafka_broker
+from adpipe.processes import start_detached
+from adpipe.settings import Settings, load_settings
+from adpipe.stream import checkpoint_lock
+from adpipe.tools import demo, produce
+
+TOOK_OVER = "standby: took over ("
+
+
+@dataclass
+class Driver:
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class FailoverRun:
+    signal_name: str
+    rate: float
+    seconds: list[float] = field(default_factory=list)
+    zombie_exits: list[int | None] = field(default_factory=list)
+    verify_ok: bool | None = None
+
+    def summary(self) -> dict:
+        ordered = sorted(self.seconds)
+        return {
+            "signal": self.signal_name,
+            "rate": self.rate,
+            "faults": len(ordered),
+            "p50_s": round(statistics.median(ordered), 1) if ordered else None,
+            "p99_s": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1) if ordered else None,
+            "max_s": round(ordered[-1], 1) if ordered else None,
+            "zombies_fenced": sum(1 for rc in self.zombie_exits if rc == checkpoint_lock.EXIT_FENCED),
+            "verify_ok": self.verify_ok,
+            "seconds": [round(s, 1) for s in self.seconds],
+        }
+
+
+def _start(env: dict[str, str], work: Path, name: str, *args: str) -> Driver:
+    log_path = work / f"{name}.log"
+    return Driver(start_detached([sys.executable, "-m", "adpipe", "stream", *args], log_path, env=env), log_path)
+
+
+def _wait(what: str, probe, timeout_s: float) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"failover bench: timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _produce_steadily(settings: Settings, env: dict[str, str], rate: float, stop: threading.Event) -> None:
+    """Events of the current minutes at ``rate`` per second until stopped,
+    one second's worth at a time (each its own seeded plan)."""
+    run = load_settings(env)
+    logging.getLogger("adpipe.tools.produce").setLevel(logging.WARNING)  # a line per second's plan otherwise
+    n = 0
+    while not stop.is_set():
+        started = time.monotonic()
+        events = max(1, int(rate))
+        spec = produce.ProduceSpec(events=events, seed=n, ads=20, minutes=1,
+                                   start=datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=1))
+        produce.send(settings.kafka_bootstrap, run.topics.events, produce.plan(spec))
+        n += 1
+        stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+
+
+def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: str = "KILL", seed: int = 7) -> dict:
+    """The measurement (module doc); its summary."""
+    run_id = f"failover-{time.strftime('%Y%m%d%H%M%S')}"
+    work = settings.home / "bench" / run_id
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**demo.demo_env(settings, run_id), "ADPIPE_TRIGGER_INTERVAL_S": os.environ.get(
+        "ADPIPE_TRIGGER_INTERVAL_S", "1")}
+    job = load_settings(env)
+    kafka_broker.up(settings)
+    kafka_io.ensure_pipeline_topics(job)
+    result = FailoverRun(signal_name, rate)
+    stop = threading.Event()
+    producer = threading.Thread(target=_produce_steadily, args=(settings, env, rate, stop), daemon=True)
+    rng = random.Random(seed)
+    active = _start(env, work, "driver-0")
+    drivers = [active]
+    try:
+        _wait("the first driver's lock", lambda: checkpoint_lock.holder(job) is not None, 300)
+        producer.start()
+        for n in range(1, faults + 1):
+            standby = _start(env, work, f"driver-{n}", "--standby")
+            drivers.append(standby)
+            _wait(f"standby {n} waiting", lambda: bool(checkpoint_lock.waiters(job)), 300)
+            time.sleep(rng.uniform(2.0, 6.0))  # a random moment of the active driver's batches
+            fault_at = time.monotonic()
+            os.killpg(active.proc.pid, getattr(signal, f"SIG{signal_name}"))
+            _wait(f"standby {n} taking over", lambda s=standby: TOOK_OVER in s.log(), 600)
+            result.seconds.append(time.monotonic() - fault_at)
+            print(f"  fault {n}/{faults}: SIG{signal_name}, the standby's first batch {result.seconds[-1]:.1f} s "
+                  "after it", flush=True)
+            if signal_name == "STOP":
+                os.killpg(active.proc.pid, signal.SIGCONT)
+                try:
+                    result.zombie_exits.append(active.proc.wait(timeout=60))
+                except subprocess.TimeoutExpired:
+                    result.zombie_exits.append(None)
+            active = standby
+        stop.set()
+        producer.join(timeout=30)
+        lag_zero = lambda: sum(kafka_io.stream_lag(job).values()) == 0  # noqa: E731
+        _wait("the last driver draining", lag_zero, 300)
+    finally:
+        stop.set()
+        for driver in drivers:
+            if driver.proc.poll() is None:
+                os.killpg(driver.proc.pid, signal.SIGCONT)
+                os.killpg(driver.proc.pid, signal.SIGTERM)
+        for driver in drivers:
+            try:
+                driver.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(driver.proc.pid, signal.SIGKILL)
+    verify = subprocess.run([sys.executable, "-m", "adpipe", "verify"], env=env, capture_output=True, text=True,
+                            check=False)
+    (work / "verify.json").write_text(verify.stdout)
+    result.verify_ok = verify.returncode == 0
+    summary = {"run": run_id, "trigger_interval_s": job.trigger_interval_s, "lease_s": job.stream_lease_s,
+               **result.summary(), "logs": str(work)}
+    (work / "failover.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
