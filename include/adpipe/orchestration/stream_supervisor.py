@@ -94,6 +94,7 @@ class StreamHealth:
     stalled: bool = False
     starts: int = 0
     restarts_in_window: int = 0
+    standby_pids: list[int] = field(default_factory=list)  # standby drivers waiting for the checkpoint
 
     @property
     def needs_start(self) -> bool:
@@ -102,9 +103,10 @@ class StreamHealth:
     def describe(self) -> str:
         state = "stalled" if self.stalled else ("alive" if self.alive else "down")
         age = "never" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.0f}s ago"
+        standby = f"standby pid {', '.join(map(str, self.standby_pids))}" if self.standby_pids else "no standby"
         return (
-            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}); last batch {self.last_batch} {age}; "
-            f"lag {self.lag} records; restarts in window {self.restarts_in_window}"
+            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}; {standby}); last batch {self.last_batch} "
+            f"{age}; lag {self.lag} records; restarts in window {self.restarts_in_window}"
         )
 
 
@@ -157,6 +159,7 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         stalled=stalled,
         starts=len(state.get("starts", [])),
         restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),
+        standby_pids=checkpoint_lock.waiters(settings),
     )
 
 

@@ -341,3 +341,9 @@ def test_descends_from_follows_the_parent_chain() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_health_line_names_the_active_driver_and_the_standby() -> None:
+    line = _health(pid=41, standby_pids=[42]).describe()
+    assert line.startswith("stream unit: alive (process, pid 41; standby pid 42); last batch 3 ")
+    assert "(process, pid 41; no standby)" in _health(pid=41).describe()
