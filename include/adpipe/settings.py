@@ -299,7 +299,7 @@ class Settings(_Locations):
     stream_stall_s: int = 300
     # A standby driver takes over from an active one that has not renewed
     # its lease for this long (paused, frozen), not only from a dead one.
-    stream_lease_s: int = 6
+    stream_lease_s: int = 4
     # The stream DAG keeps a warm standby driver beside the active one.
     stream_standby: bool = False
     # First hour the hourly Union & Load DAG loads (catchup from there).
