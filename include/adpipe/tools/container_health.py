@@ -1,11 +1,13 @@
 """The healthchecks of the adpipe containers of docker-compose.yaml.
 
-    python -m adpipe.tools.container_health stream|budget
+    python -m adpipe.tools.container_health stream|standby|budget
 
 * ``stream``: a driver in this container holds the job's checkpoint lock
   (:mod:`adpipe.stream.checkpoint_lock`), so it is past its start checks and
   owns the checkpoint. Read from the kernel's lock table, never by taking the
   lock, which could make a driver starting at that instant refuse to run.
+* ``standby``: a standby driver waits for that lock (listed in the kernel's
+  lock table as its waiter), or a driver holds it (the standby took over).
 * ``budget``: the budget consumer group (``ADPIPE_BUDGET_GROUP``) has a
   member, so an instance is consuming the aggregates.
 
@@ -18,7 +20,7 @@ import sys
 
 from adpipe import kafka_io
 from adpipe.settings import Settings, load_settings
-from adpipe.stream.checkpoint_lock import holder
+from adpipe.stream.checkpoint_lock import holder, waiters
 
 
 def stream_health(settings: Settings) -> tuple[bool, str]:
@@ -26,6 +28,13 @@ def stream_health(settings: Settings) -> tuple[bool, str]:
     if pid:
         return True, f"stream {settings.job_id}: pid {pid} holds the checkpoint {settings.checkpoint_uri}"
     return False, f"stream {settings.job_id}: no driver holds the checkpoint {settings.checkpoint_uri}"
+
+
+def standby_health(settings: Settings) -> tuple[bool, str]:
+    waiting = waiters(settings)
+    if waiting:
+        return True, f"stream {settings.job_id}: standby pid {waiting[0]} waits for the checkpoint"
+    return stream_health(settings)
 
 
 def budget_health(settings: Settings, timeout_s: float = 10.0) -> tuple[bool, str]:
@@ -40,7 +49,7 @@ def budget_health(settings: Settings, timeout_s: float = 10.0) -> tuple[bool, st
     return False, f"budget: consumer group {group} has no member"
 
 
-CHECKS = {"stream": stream_health, "budget": budget_health}
+CHECKS = {"stream": stream_health, "standby": standby_health, "budget": budget_health}
 
 
 def main(argv: list[str] | None = None) -> int:

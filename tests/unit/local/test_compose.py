@@ -44,7 +44,7 @@ HOST_SPECIFIC = {
     "listener.security.protocol.map",
 }
 AIRFLOW_SERVICES = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
-ADPIPE_SERVICES = {"stream", "budget", "producer"}
+ADPIPE_SERVICES = {"stream", "stream-standby", "budget", "producer"}
 # Run once and exit: Compose waits on their exit code, not on a health state.
 ONE_SHOT = {"airflow-init", "producer"}
 
@@ -365,6 +365,11 @@ def test_adpipe_services_run_adpipe_commands() -> None:
         assert command[0] == "adpipe", name
         parser.parse_args(command[1:])  # exits (fails the test) on an unknown option
     assert services["stream"]["command"] == ["adpipe", "stream"]
+    # The standby: the same job (the same environment), opt-in, after the active driver is up.
+    standby = services["stream-standby"]
+    assert standby["command"] == ["adpipe", "stream", "--standby"] and standby["profiles"] == ["standby"]
+    assert _env(standby) == {k: v for k, v in _env(services["stream"]).items() if k != "ADPIPE_METRICS_HOST"}
+    assert standby["depends_on"]["stream"] == {"condition": "service_healthy"}
     assert services["budget"]["command"] == ["adpipe", "budget"]
     # The producer's hour is the one the load DAG starts from.
     produce = parser.parse_args(services["producer"]["command"][1:])

@@ -56,3 +56,37 @@ def test_budget_is_unhealthy_when_the_broker_does_not_answer() -> None:
     healthy, why = budget_health(settings, timeout_s=2.0)
     assert not healthy and "adpipe-budget" in why
     assert time.monotonic() - started < 10  # within the healthcheck's own timeout
+
+
+def test_the_standby_is_healthy_while_it_waits_for_the_checkpoint_or_holds_it(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from adpipe.stream.checkpoint_lock import waiters
+    from adpipe.tools.container_health import standby_health
+
+    env = {"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "health-test"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(env)
+    assert standby_health(settings)[0] is False  # neither waiting nor holding
+    with checkpoint_lock(settings):  # the active driver
+        standby = subprocess.Popen(
+            [sys.executable, "-c", "from adpipe.settings import load_settings; "
+             "from adpipe.stream.checkpoint_lock import checkpoint_lock\n"
+             "with checkpoint_lock(load_settings(), standby=True):\n    print('took over', flush=True); input()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while not waiters(settings):
+                assert time.monotonic() < deadline, "the standby never waited"
+                time.sleep(0.05)
+            assert f"standby pid {standby.pid} waits" in standby_health(settings)[1]
+        except BaseException:
+            standby.kill()
+            raise
+    try:
+        assert standby.stdout is not None and standby.stdout.readline().strip() == "took over"
+        healthy, why = standby_health(settings)
+        assert healthy and f"pid {standby.pid} holds the checkpoint" in why
+    finally:
+        standby.kill()
+        standby.wait()
