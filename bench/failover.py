@@ -140,8 +140,7 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
             active = standby
         stop.set()
         producer.join(timeout=30)
-        lag_zero = lambda: sum(kafka_io.stream_lag(job).values()) == 0  # noqa: E731
-        _wait("the last driver draining", lag_zero, 300)
+        _wait("the last driver draining", lambda: sum(kafka_io.stream_lag(job).values()) == 0, 300)
     finally:
         stop.set()
         for driver in drivers:

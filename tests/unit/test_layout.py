@@ -26,6 +26,7 @@ SHARED = {
     "adpipe.alerting",
     "adpipe.class_archive",
     "adpipe.faults",
+    "adpipe.files",
     "adpipe.jars",
     "adpipe.kafka_access",
     "adpipe.kafka_io",

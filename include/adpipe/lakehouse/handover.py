@@ -4,17 +4,11 @@ runs' manifests. Written whole or not at all."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from adpipe.files import write_json
 
-def write_json(path: Path, body: dict) -> Path:
-    """Write ``body`` whole or not at all (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
-    tmp.replace(path)
-    return path
+__all__ = ["step_file", "write_json"]
 
 
 def step_file(run_file: Path, step: str) -> Path:

@@ -344,10 +344,10 @@ class StreamSubmitOperator(SparkSubmitOperator):
             write_state(settings, state)
             standby = None
         waiting = checkpoint_lock.waiters(settings)
-        if waiting or (standby and process_alive(standby)):
-            log.info("stream %s: standby pid %s %s", settings.job_id, (waiting or [standby])[0],
-                     "waits" if waiting else "is starting")
-            return (waiting or [standby])[0]
+        present = waiting[0] if waiting else (standby if standby and process_alive(standby) else None)
+        if present:
+            log.info("stream %s: standby pid %s %s", settings.job_id, present, "waits" if waiting else "is starting")
+            return present
         proc, log_path = self._start(settings, [*self.submit_command(settings), "--standby"], "standby")
         state.update(standby_pid=proc.pid, standby_log=str(log_path))
         write_state(settings, state)

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from adpipe.files import write_json
 from adpipe.settings import Settings, SettingsError
 
 log = logging.getLogger("adpipe.stream")
@@ -76,8 +77,12 @@ def lease_path(settings: Settings) -> Path:
 
 
 def read_lease(settings: Settings) -> Lease | None:
+    return _read_lease(lease_path(settings))
+
+
+def _read_lease(path: Path) -> Lease | None:
     try:
-        return Lease(**json.loads(lease_path(settings).read_text()))
+        return Lease(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
@@ -99,17 +104,11 @@ class LeaseKeeper:
         self.thread.start()
 
     def _write(self) -> None:
-        lease = Lease(os.getpid(), os.uname().nodename, self.epoch, time.time())
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(lease)))
-        tmp.replace(self.path)
+        write_json(self.path, asdict(Lease(os.getpid(), os.uname().nodename, self.epoch, time.time())), indent=None)
 
     def _renew(self) -> None:
         while not self.stopped.wait(RENEW_S):
-            try:
-                current = Lease(**json.loads(self.path.read_text()))
-            except (OSError, ValueError, TypeError):
-                current = None
+            current = _read_lease(self.path)
             if current is not None and current.epoch > self.epoch:
                 log.error("fenced: %s took over this checkpoint (lease epoch %d > %d) while this driver was paused; "
                           "stopping now", current.describe(), current.epoch, self.epoch)
@@ -123,11 +122,9 @@ class LeaseKeeper:
         claims nothing), unless another driver has taken it since."""
         self.stopped.set()
         self.thread.join(timeout=5)
-        try:
-            if Lease(**json.loads(self.path.read_text())).epoch == self.epoch:
-                self.path.unlink()
-        except (OSError, ValueError, TypeError):
-            pass
+        current = _read_lease(self.path)
+        if current is not None and current.epoch == self.epoch:
+            self.path.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adpipe.files import write_json
 from adpipe.settings import PROJECT_ROOT, Settings
 
 # What spark-submit runs for the job; its command line names it.
@@ -70,12 +71,8 @@ def failover_path(settings: Settings) -> Path:
 
 
 def record_failover(settings: Settings, reason: str, batch_id: int, seconds: float) -> None:
-    path = failover_path(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"at": time.time(), "pid": os.getpid(), "reason": reason, "batch_id": batch_id,
-                               "seconds": round(seconds, 1)}))
-    tmp.replace(path)
+    write_json(failover_path(settings), {"at": time.time(), "pid": os.getpid(), "reason": reason,
+                                         "batch_id": batch_id, "seconds": round(seconds, 1)})
 
 
 def read_failover(settings: Settings) -> dict[str, Any] | None:
