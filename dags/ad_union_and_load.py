@@ -26,8 +26,9 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
 2. `stage` — the new records of every region into `ads_staging.*`.
    `stage`, `validate` and `publish` are Spark applications submitted by
    `SparkSubmitOperator` (`jobs/union_and_load.py --step ...`, connection
-   `adpipe_spark`); `ADPIPE_LOAD_SUBMIT=in-process` runs them in the task's
-   own process instead.
+   `adpipe_spark`); `ADPIPE_LOAD_SUBMIT=warm` runs them in the home's warm
+   load driver (`adpipe load --serve`, started if none runs: no Spark start
+   per step), `in-process` in the task's own process.
 3. `validate` — the Great Expectations gate on each hour to publish
    (published plus staged rows; Kafka's retention and the regions that had
    input). **A failed expectation fails the run, and nothing is published.**
@@ -98,7 +99,7 @@ with DAG(
         return load_tasks.hour_is_closed(load_settings(), _hour(context))
 
     # The Spark steps: spark-submit jobs/union_and_load.py --step ... (connection
-    # adpipe_spark), or in the task's process with ADPIPE_LOAD_SUBMIT=in-process.
+    # adpipe_spark), or with ADPIPE_LOAD_SUBMIT=warm|in-process (see the doc above).
     staged = LoadStepOperator(task_id="stage", step="stage")
     # A failed expectation is not transient: no retry, fail and alert now.
     validate = LoadStepOperator(task_id="validate", step="validate", retries=0)

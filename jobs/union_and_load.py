@@ -11,9 +11,13 @@ Thin by design: parse arguments, read settings, hand over to
 
 from __future__ import annotations
 
+import os
 import sys
 
 from adpipe.cli import main
 
 if __name__ == "__main__":
+    # Under spark-submit this process is the Spark driver: it loads itself,
+    # never through a warm load driver (adpipe.lakehouse.warm).
+    os.environ["ADPIPE_LOAD_WARM"] = "off"
     sys.exit(main(["load", *sys.argv[1:]]))

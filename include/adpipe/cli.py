@@ -92,10 +92,17 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
     story_log = getattr(args, "story_log", None)
     _setup_logging(args.verbose, settings.log_dir / story_log if story_log else None)
     try:
+        delegated = _in_warm_driver(args, argv, settings)
+        if delegated is not None:
+            return delegated
         if getattr(args, "needs_metastore", False):
             from adpipe.local import postgres
 
             postgres.serve_metastore(settings)
+        if getattr(args, "serve", False):
+            from adpipe.lakehouse import warm
+
+            return warm.serve(settings, lambda request: run_command(parser, request))
         return args.func(args, settings)
     except KeyboardInterrupt:
         return 130
@@ -104,6 +111,22 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         log.error("%s: %s", type(exc).__name__, exc)
         _explain_kafka_refusal(exc, settings)
         return 1
+
+
+def _in_warm_driver(args: argparse.Namespace, argv: list[str] | None, settings: Settings) -> int | None:
+    """The verb's exit status when the home's warm load driver ran it
+    (adpipe.lakehouse.warm: a verb whose ``warm`` default says it may, and
+    ``ADPIPE_LOAD_WARM`` not off); None: run it in this process."""
+    wants = getattr(args, "warm", None)
+    if wants is None or getattr(args, "serve", False) or settings.load_warm == "off":
+        return None
+    if callable(wants) and not wants(args):
+        return None
+    from adpipe.lakehouse import warm
+
+    if warm.SERVING:
+        return None
+    return warm.delegate(settings, list(sys.argv[1:] if argv is None else argv), start=settings.load_warm == "on")
 
 
 def _explain_kafka_refusal(exc: Exception, settings: Settings) -> None:

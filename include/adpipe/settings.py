@@ -307,8 +307,16 @@ class Settings(_Locations):
     # How long the load DAG waits for an hour to close before failing.
     load_wait_timeout_s: int = 6 * 3600
     # How the load DAG runs its Spark steps: "spark-submit" (SparkSubmitOperator,
-    # connection adpipe_spark) or "in-process" (in the task's own process).
+    # connection adpipe_spark), "in-process" (in the task's own process) or
+    # "warm" (in the warm load driver, adpipe.lakehouse.warm, started if none runs).
     load_submit: str = "spark-submit"
+    # Whether load, validate, maintain and verify --hour run in the warm load
+    # driver: "auto" (when one runs with this session's settings), "on" (and
+    # start one when none runs) or "off" (always in their own process).
+    load_warm: str = "auto"
+    # A warm load driver exits after this long without a request (above an
+    # hour: an hourly load keeps it warm).
+    load_warm_idle_s: int = 7200
     # The daily table maintenance's VACUUM keeps files that any table version
     # of the last this-many hours references (time travel, and readers or a
     # load that began before an OPTIMIZE). Set on each table as its
@@ -549,7 +557,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         stream_standby=choice(env, "ADPIPE_STREAM_STANDBY", ("off", "on")) == "on",
         load_start=utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
         load_wait_timeout_s=integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
-        load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process")),
+        load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process", "warm")),
+        load_warm=choice(env, "ADPIPE_LOAD_WARM", ("auto", "on", "off")),
+        load_warm_idle_s=integer(env, "ADPIPE_LOAD_WARM_IDLE_S", Settings.load_warm_idle_s, 10),
         vacuum_retention_h=integer(env, "ADPIPE_VACUUM_RETENTION_H", Settings.vacuum_retention_h, 168),
         airflow_port=integer(env, "ADPIPE_AIRFLOW_PORT", Settings.airflow_port, 1),
         metrics_host=env.get("ADPIPE_METRICS_HOST") or Settings.metrics_host,

@@ -23,6 +23,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.lakehouse.ledger import load_lock
     from adpipe.lakehouse.metastore import metastore_session
 
+    if not args.hour:
+        log.error("adpipe load: the argument --hour is required (but with --serve)")
+        return 2
     hour = load.parse_hour(args.hour)
     last = load.parse_hour(args.to_hour) if args.to_hour else None
     if (args.repair or args.discard_staged) and last is not None:
@@ -134,7 +137,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(default: this job's own topics). Exit 2: an hour asked for is not closed; exit 3 (retry): the stream's "
         "last batch's output is not readable yet (its transaction markers, ADPIPE_LOAD_OUTPUT_WAIT_S).",
     )
-    p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour)")
+    p.add_argument("--hour", help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour); required but with --serve")
     p.add_argument("--to-hour", help="audit and publish every hour from --hour to this one, inclusive (a backfill)")
     p.add_argument(
         "--allow-open", action="store_true", help="publish the hour even if the stream's watermark has not closed it"
@@ -159,7 +162,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "the staged run to --run-file, audit (exit 1 on a failed expectation) and publish read it",
     )
     p.add_argument("--run-file", help="with --step: the JSON file the steps hand the staged run over in")
-    p.set_defaults(func=cmd_load, needs_metastore=True)
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="be this home's warm load driver: hold a Spark session on the metastore and run the load, validate, "
+        "maintain and verify --hour commands of clients on this host in it (no Spark start per command; "
+        "ADPIPE_LOAD_WARM: auto uses a running one, on starts one, off never). Exits after "
+        "ADPIPE_LOAD_WARM_IDLE_S without a request, or on SIGTERM once the command it runs is done",
+    )
+    p.set_defaults(func=cmd_load, needs_metastore=True, warm=True)
 
     p = sub.add_parser(
         "validate",
@@ -169,7 +180,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "with the distinct raw events minus the late ones. Results and Data Docs under $ADPIPE_HOME/gx.",
     )
     p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH")
-    p.set_defaults(func=cmd_validate, needs_metastore=True)
+    p.set_defaults(func=cmd_validate, needs_metastore=True, warm=True)
 
     p = sub.add_parser(
         "maintain",
@@ -188,4 +199,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="[database.]table names (default: the three published ads tables, their ads_staging twins and "
         "ads.load_runs)",
     )
-    p.set_defaults(func=cmd_maintain, needs_metastore=True)
+    p.set_defaults(func=cmd_maintain, needs_metastore=True, warm=True)

@@ -26,6 +26,7 @@ of an hour does the same thing. Write-audit-publish, one step per task:
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from datetime import UTC, datetime, timedelta
@@ -187,8 +188,9 @@ _CLI_STEP = {"stage": "stage", "validate": "audit", "publish": "publish"}
 class LoadStepOperator(SparkSubmitOperator):
     """One Spark step of the load (``stage``, ``validate`` or ``publish``):
     ``spark-submit jobs/union_and_load.py --step ...`` through the Spark
-    provider (connection ``adpipe_spark``), or in the task's own process
-    when ``ADPIPE_LOAD_SUBMIT=in-process``. The hour comes from the run's
+    provider (connection ``adpipe_spark``), in the home's warm load driver
+    when ``ADPIPE_LOAD_SUBMIT=warm`` (adpipe.lakehouse.warm), or in the
+    task's own process when ``in-process``. The hour comes from the run's
     ``hour`` param or data interval; the staged run passes from step to step
     in :func:`run_file`. Returns the step's result (XCom)."""
 
@@ -209,12 +211,30 @@ class LoadStepOperator(SparkSubmitOperator):
         path = run_file(settings, str(context["run_id"]))
         if settings.load_submit == "in-process":
             return _IN_PROCESS[self.step](settings, hour, path)
+        if settings.load_submit == "warm":
+            return self._in_warm_driver(settings, hour, path)
         return self._submit(context, settings, hour_label(hour), path)
 
+    def _in_warm_driver(self, settings: Settings, hour: datetime, path: Path) -> Any:
+        """The step in the home's warm load driver (started if none runs):
+        no Spark start for it. Where none can serve it (none became ready,
+        a session of other settings), in this task's process instead."""
+        from adpipe.lakehouse import warm
+        from adpipe.lakehouse.ranges import hour_label
+
+        argv = ["load", "--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
+        lines = _LogLines(self.log)
+        code = warm.delegate(settings, argv, start=True, out=lines, err=lines)
+        if code is None:
+            self.log.warning("no warm load driver took the step: running it in this process")
+            return _IN_PROCESS[self.step](settings, hour, path)
+        if code != 0:
+            self._raise_for(path)
+            raise RuntimeError(f"the {self.step} step exited {code} in the warm load driver (see above)")
+        return self._result(path)
+
     def _submit(self, context: Any, settings: Settings, hour: str, path: Path) -> Any:
-        from adpipe.lakehouse.load import step_file
         from adpipe.lakehouse.metastore import metastore_conf
-        from adpipe.lakehouse.quality import QualityError
         from adpipe.orchestration.stream_supervisor import spark_submit_binary, submit_conf
 
         self.name = f"adpipe-load-{self.step}-{hour}"
@@ -225,13 +245,42 @@ class LoadStepOperator(SparkSubmitOperator):
         try:
             super().execute(context)
         except Exception:
-            audit = step_file(path, "audit")
-            if self.step == "validate" and audit.exists() and not json.loads(audit.read_text())["success"]:
-                raise QualityError(json.loads(audit.read_text())["describe"]) from None
+            self._raise_for(path)
             raise
+        return self._result(path)
+
+    def _raise_for(self, path: Path) -> None:
+        """After a failed step: a failed gate as the ``QualityError`` naming
+        its expectations (what the audit step wrote beside ``path``)."""
+        from adpipe.lakehouse.load import step_file
+        from adpipe.lakehouse.quality import QualityError
+
+        audit = step_file(path, "audit")
+        if self.step == "validate" and audit.exists() and not json.loads(audit.read_text())["success"]:
+            raise QualityError(json.loads(audit.read_text())["describe"]) from None
+
+    def _result(self, path: Path) -> Any:
+        from adpipe.lakehouse.load import step_file
+
         if self.step == "stage":
             return json.loads(path.read_text())
         return json.loads(step_file(path, _CLI_STEP[self.step]).read_text())
+
+
+class _LogLines(io.TextIOBase):
+    """A text stream whose lines go to ``logger`` (a task's log)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger, self.pending = logger, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.logger.info("%s", line)
+        return len(text)
 
 
 def publish_data_docs(settings: Settings, hour: datetime) -> str | None:

@@ -231,7 +231,8 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         "published tables (the load DAG's verify task)",
     )
     p.add_argument("--report", help="also write the JSON report to this file")
-    p.set_defaults(func=cmd_verify)
+    # With --hour it reads the tables: in the warm load driver when one runs (adpipe.lakehouse.warm).
+    p.set_defaults(func=cmd_verify, warm=lambda args: bool(args.hour))
 
     p = sub.add_parser(
         "demo",
