@@ -13,15 +13,23 @@ import pytest
 from adpipe.local import kafka_broker, postgres
 from adpipe.settings import Settings, load_settings
 
-from tests.integration.helpers import BROKER_ENV, BudgetEnv, Pipeline, close_dump_servers, make_pipeline
+from tests.integration.helpers import (
+    BROKER_ENV,
+    BudgetEnv,
+    Pipeline,
+    close_dump_servers,
+    make_pipeline,
+    stop_warm_drivers,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _dump_servers_closed() -> Iterator[None]:
-    """A test file's table-dump session ends with it (it holds a metastore
-    connection and a JVM)."""
+def _sessions_closed() -> Iterator[None]:
+    """A test file's table-dump session and warm load drivers end with it
+    (each holds a metastore connection and a JVM)."""
     yield
     close_dump_servers()
+    stop_warm_drivers()
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from adpipe import kafka_io
 from adpipe import pg as pg_client
 from adpipe.budget import verify as budget_verify
 from adpipe.faults import wait_group_gone
+from adpipe.lakehouse import warm
 from adpipe.local.airflow import (
     admin_password,
     airflow_env,
@@ -387,6 +388,7 @@ def dump(env: dict[str, str], hour: str | None = None) -> dict:
     one long-lived session per environment (closed by
     :func:`close_dump_servers` after each test file)."""
     if env.get("ADPIPE_METASTORE") == "derby":  # one JVM at a time: the session must not outlive the dump
+        warm.stop_driver(load_settings(env))  # nor a warm load driver's (the next load starts another)
         server = _DumpServer(dict(env))
         try:
             return server.ask(hour)
@@ -402,6 +404,23 @@ def dump(env: dict[str, str], hour: str | None = None) -> dict:
 def close_dump_servers() -> None:
     while _dump_servers:
         _dump_servers.pop().close()
+
+
+_warm_homes: set[str] = set()
+
+
+def warm_env(env: dict[str, str], **extra: str) -> dict[str, str]:
+    """``env`` whose loads, validations and ``verify --hour`` run in the
+    home's warm load driver (started by the first of them; stopped by
+    :func:`stop_warm_drivers` after each test file): one Spark session for
+    all of them instead of a JVM each."""
+    _warm_homes.add(env["ADPIPE_HOME"])
+    return {**env, "ADPIPE_LOAD_WARM": "on", "ADPIPE_LOAD_WARM_IDLE_S": "900", **extra}
+
+
+def stop_warm_drivers() -> None:
+    while _warm_homes:
+        warm.stop_driver(load_settings({**os.environ, "ADPIPE_HOME": _warm_homes.pop()}))
 
 
 def verify_hour(env: dict[str, str], hour: str, tmp: Path) -> dict:

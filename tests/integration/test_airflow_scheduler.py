@@ -3,8 +3,10 @@ dag-processor, api-server, triggerer; LocalExecutor; metadata in a
 PostgreSQL database), as ``make airflow`` starts it, drives
 ``ad_union_and_load`` on its own: the DAG is unpaused through the REST API,
 the scheduler runs the closed hours since ``ADPIPE_LOAD_START`` (the Spark
-steps through SparkSubmitOperator), then a backfill created through the REST
-API runs the last one again and changes no table. The tables are checked against
+steps in the warm load driver, ``ADPIPE_LOAD_SUBMIT=warm``, which the first
+step starts; the UI test and test_dags submit them with SparkSubmitOperator),
+then a backfill created through the REST API runs the last one again and
+changes no table. The tables are checked against
 the producer's own summary and ``verify --hour``.
 
 A long scenario (about a quarter of an hour on two cores): make test-slow."""
@@ -23,11 +25,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from adpipe.lakehouse import warm
 from adpipe.local.airflow import admin_password
 from adpipe.settings import Settings
 
 from tests.conftest import PORT_BASE
-from tests.integration.helpers import Pipeline, airflow_standalone, dump, make_pipeline, until
+from tests.integration.helpers import Pipeline, airflow_standalone, dump, make_pipeline, until, warm_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 DAG = "ad_union_and_load"
@@ -76,12 +79,15 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
     name = uuid.uuid4().hex[:8]
     p = make_pipeline(
         workdir,
-        {
-            "ADPIPE_HOME": str(workdir / "home"),
-            "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
-            "ADPIPE_LOAD_START": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 30),
-        },
+        warm_env(
+            {
+                "ADPIPE_HOME": str(workdir / "home"),
+                "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
+                "ADPIPE_LOAD_START": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 30),
+            },
+            ADPIPE_LOAD_SUBMIT="warm",
+        ),
     )
     sent = p.produce(events=300, seed=7301, ads=4, ad_offset=900, minutes=122, start=start, duplicate_rate=0.05,
                      malformed_rate=0.02)
@@ -122,6 +128,13 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
         states = _task_states(api, run)
         assert run["state"] == "success" and set(states.values()) == {"success"}, (run, states)
         assert set(states) == {"wait_for_hour_closed", "stage", "validate", "verify", "publish", "publish_data_docs"}
+    # Every Spark step and the verify task ran in the one warm load driver.
+    served = warm.log_file(scene.settings).read_text()
+    for label in labels:
+        for step in ("stage", "audit", "publish"):
+            assert f"adpipe load --hour {label} --step {step} --run-file " in served, served[-3000:]
+        assert f"adpipe verify --hour {label} --tables-only" in served, served[-3000:]
+    assert served.count("warm load driver ready") == 1, served[-3000:]
 
     tables = dump(scene.env)
     published_hours = {r["event_hour"][:13] for r in tables["rows"]["ads.ad_minute_aggregates"]}
@@ -143,7 +156,7 @@ def test_the_scheduler_loads_the_closed_hours_and_a_rest_api_backfill_changes_no
         assert json.loads(report.read_text())["tables"]["ok"], report.read_text()[:3000]
 
     # A backfill of the last loaded hour (one is enough to show it rewrites
-    # nothing; each run is four Spark applications).
+    # nothing).
     backfill = api("POST", "/api/v2/backfills", {
         "dag_id": DAG, "from_date": scene.hours[1].isoformat(), "to_date": scene.hours[1].isoformat(),
         "reprocess_behavior": "completed", "max_active_runs": 1,

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
+from adpipe.lakehouse import warm
 from adpipe.lakehouse.load import hour_closed
 from adpipe.local.airflow import DAGS_FOLDER, airflow_env
 from adpipe.orchestration.alerts import alerts_file
@@ -48,7 +49,7 @@ from adpipe.orchestration.stream_supervisor import process_alive, read_state
 from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce
 
-from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate
+from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate, warm_env
 
 H0 = datetime(2026, 11, 22, 6, tzinfo=UTC)
 HOURS = [H0 + timedelta(hours=i) for i in range(3)]
@@ -369,7 +370,8 @@ def _hours_closed_by_the_stream(flow: Flow) -> None:
 def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> None:
     _hours_closed_by_the_stream(flow)
     # Backfill first: dag.test() replaces a run with the same logical date.
-    env_b = flow.load_env("backfill")
+    # Its Spark steps run in the home's warm load driver (started by the first).
+    env_b = warm_env(flow.load_env("backfill"), ADPIPE_LOAD_SUBMIT="warm")
     # The DAG must be in the metadata database (the stream DAG's dag.test()
     # wrote it in make test; on its own, as the dag-processor would).
     subprocess.run(  # noqa: S603
@@ -419,6 +421,9 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
     assert len(hours_loaded) == 3
     assert backfilled == one_by_one
     assert (Path(env_b["ADPIPE_HOME"]) / "data_docs" / "latest.html").exists()
+    served = warm.log_file(load_settings(env_b)).read_text()
+    for hour in HOURS:
+        assert f"adpipe load --hour {hour:%Y-%m-%dT%H} --step publish" in served, served[-3000:]
 
 
 @pytest.mark.slow

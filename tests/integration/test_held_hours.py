@@ -16,7 +16,10 @@ One scenario (hours A to D of 2026-11-19, dedupe retention 60 s):
 5. An operator repairs B with a higher late-share bound: published.
 
 Expected counts come from the producer's summaries and a plain json reading
-of the raw records; verify --hour reads Kafka in plain Python."""
+of the raw records; verify --hour reads Kafka in plain Python. The metastore
+is Derby (one JVM at a time): the loads and verify --hour run in the home's
+warm load driver, which the tables dump stops first (the next load starts
+another)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from adpipe.alerting import alerts_file
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
 
-from tests.integration.helpers import Pipeline, dump, hours, ids, load, make_pipeline, ok, send, verify_hour
+from tests.integration.helpers import Pipeline, dump, hours, ids, load, make_pipeline, ok, send, verify_hour, warm_env
 
 A, B, C, D = (datetime(2026, 11, 19, h, tzinfo=UTC) for h in (10, 11, 12, 13))
 LABEL = {h: f"{h:%Y-%m-%dT%H}" for h in (A, B, C, D)}
@@ -55,8 +58,8 @@ def test_a_held_hour_holds_back_no_other_and_retries_past_the_retention_count_on
     broker: Settings, pg: Settings, tmp_path: Path  # noqa: ARG001 - the session's broker and database must be up
 ) -> None:
     p = make_pipeline(
-        tmp_path, {"ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_METASTORE": "derby",
-                   "ADPIPE_LATE_DEDUPE_RETENTION_S": "60"},
+        tmp_path, warm_env({"ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_METASTORE": "derby",
+                            "ADPIPE_LATE_DEDUPE_RETENTION_S": "60"}),
     )
     first = p.produce(events=300, seed=8101, ads=4, ad_offset=800, minutes=62, start=A)
     _stream(p)

@@ -10,7 +10,8 @@ One scenario, in order (each step builds on the last):
    (plain Python on the raw Kafka records) agrees.
 3. A load SIGKILLed after staging (before the ledger moves the offsets),
    then one SIGKILLed after publishing one table of three: the next run ends
-   the job; every row once.
+   the job; every row once. The first is killed in the warm load driver
+   (its client exits 137), the second in a process of its own.
 4. A duplicate aggregate injected into Kafka fails the gate: the alert names
    the expectation, the published tables are unchanged, the row stays staged
    until an operator discards it.
@@ -18,7 +19,9 @@ One scenario, in order (each step builds on the last):
    second repair changes nothing.
 
 Expectations come from the producer's own summaries and verify's reading
-of Kafka, never from the loader's code."""
+of Kafka, never from the loader's code. The loads and ``verify --hour`` run
+in the home's warm load driver (``ADPIPE_LOAD_WARM=on``) but where a step
+says otherwise."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from adpipe.lakehouse import tables as T
+from adpipe.lakehouse import warm
 from adpipe.settings import Settings
 
 from tests.integration.helpers import (
@@ -43,6 +47,7 @@ from tests.integration.helpers import (
     ok,
     run,
     verify_hour,
+    warm_env,
 )
 
 H09, H10, H11 = "2026-11-21T09", "2026-11-21T10", "2026-11-21T11"
@@ -64,8 +69,8 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
     # Late events are sent on purpose here: the late-share gate allows 5 % (the default 1 % is tested in unit tests).
     p = make_pipeline(
         workdir,
-        {"ADPIPE_HOME": str(workdir / "home"), "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{uuid.uuid4().hex[:8]}",
-         "ADPIPE_MAX_LATE_SHARE": "0.05"},
+        warm_env({"ADPIPE_HOME": str(workdir / "home"),
+                  "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{uuid.uuid4().hex[:8]}", "ADPIPE_MAX_LATE_SHARE": "0.05"}),
     )
     first = p.produce(events=500, seed=7101, ads=4, ad_offset=700, minutes=126,
                       start=datetime(2026, 11, 21, 9, 0, tzinfo=UTC), duplicate_rate=0.05, malformed_rate=0.02)
@@ -137,12 +142,14 @@ def test_3_loads_killed_after_staging_and_between_two_published_tables_lose_and_
     # Killed once the rows are staged, before the ledger row that advances
     # the offsets: the next run reads the same records again.
     killed = load({**p.env, "ADPIPE_FAULT": "load_after_stage"}, "--hour", H10)
-    assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
+    assert killed.returncode == warm.EXIT_DRIVER_DIED, (killed.stdout + killed.stderr)[-3000:]
+    assert "fault injection: SIGKILL at load_after_stage" in killed.stderr
+    assert "the warm load driver (pid " in killed.stderr and "died before it answered" in killed.stderr
     staged_only = dump(p.env, H10)
     assert late_ids <= set(ids(staged_only["staged"][T.RAW])) and not late_ids & set(ids(staged_only["rows"][T.RAW]))
     assert not [r for r in staged_only["load_runs"] if r["run_id"] == 3]
     # Then killed after publishing the first of the three tables.
-    killed = load({**p.env, "ADPIPE_FAULT": "load_after_publish"}, "--hour", H10)
+    killed = load({**p.env, "ADPIPE_FAULT": "load_after_publish", "ADPIPE_LOAD_WARM": "off"}, "--hour", H10)
     assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
     half = dump(p.env, H10)
     assert late_ids <= set(ids(half["rows"][T.RAW]))  # the first table was published...
