@@ -1,8 +1,9 @@
 """The Airflow UI in a real headless browser: Debian's Chromium driven by
 Playwright for Python (``executable_path``; Playwright never downloads a
 browser), against ``airflow standalone`` as ``make airflow`` runs it (the
-real scheduler, LocalExecutor, metadata in PostgreSQL, the Spark steps
-through spark-submit).
+real scheduler, LocalExecutor, metadata in PostgreSQL, the Spark steps in
+the warm load driver, ``ADPIPE_LOAD_SUBMIT=warm``; test_dags submits them
+with SparkSubmitOperator).
 
 The story, each step checked through the page's DOM (text, roles, test ids;
 Playwright's waits, no sleeps) and saved as a screenshot under
@@ -29,7 +30,7 @@ date (the trigger form's default, now) is not before the DAG's start.
 
 Chromium is ``/usr/bin/chromium`` (``ADPIPE_TEST_CHROMIUM`` for another),
 installed by ``make deps-ui``. Marked ``ui``: ``make test-ui``, about
-eight minutes on two busy cores (the two runs are seven Spark applications)."""
+eight minutes on two busy cores (the two runs share one warm load driver)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,13 @@ from adpipe.settings import Settings
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.conftest import PORT_BASE, TEST_HOME
-from tests.integration.helpers import Standalone, airflow_standalone, inject_duplicate_aggregate, make_pipeline
+from tests.integration.helpers import (
+    Standalone,
+    airflow_standalone,
+    inject_duplicate_aggregate,
+    make_pipeline,
+    warm_env,
+)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(2400)]
 
@@ -89,12 +96,15 @@ def scene(broker: Settings, pg: Settings) -> Iterator[Scene]:
     name = uuid.uuid4().hex[:8]
     p = make_pipeline(
         UI_HOME,
-        {
-            "ADPIPE_HOME": str(UI_HOME),
-            "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
-            "ADPIPE_LOAD_START": now.replace(second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 40),
-        },
+        warm_env(
+            {
+                "ADPIPE_HOME": str(UI_HOME),
+                "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
+                "ADPIPE_LOAD_START": now.replace(second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 40),
+            },
+            ADPIPE_LOAD_SUBMIT="warm",
+        ),
     )
     p.produce(events=240, seed=7401, ads=3, ad_offset=960, minutes=62, start=hour, duplicate_rate=0.05)
     run = p.stream(max_offsets=400)
