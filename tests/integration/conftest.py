@@ -13,14 +13,8 @@ import pytest
 from adpipe.local import kafka_broker, postgres
 from adpipe.settings import Settings, load_settings
 
-from tests.integration.helpers import (
-    BROKER_ENV,
-    BudgetEnv,
-    Pipeline,
-    close_dump_servers,
-    make_pipeline,
-    stop_warm_drivers,
-)
+from tests.integration.budget_helpers import BudgetEnv
+from tests.integration.helpers import BROKER_ENV, Pipeline, close_dump_servers, make_pipeline, stop_warm_drivers
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -3,8 +3,8 @@ fixtures are in conftest.py): the isolated pipeline on the session broker
 and its stream runs, waiting and reaping, Union & Load as real processes
 (``adpipe load``, ``adpipe verify --hour``, the tables dumped by
 ``tables_dump.py``), the exactly-once check against the producer's summary,
-``airflow standalone``, and the budget service's environment with its
-independent Decimal arithmetic and prices."""
+and ``airflow standalone``. The budget service's environment, with its
+independent Decimal arithmetic and prices, is in budget_helpers.py."""
 
 from __future__ import annotations
 
@@ -16,18 +16,16 @@ import sys
 import time
 import urllib.error
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
 import pytest
 from adpipe import kafka_io
 from adpipe import pg as pg_client
-from adpipe.budget import verify as budget_verify
 from adpipe.faults import wait_group_gone
 from adpipe.lakehouse import warm
 from adpipe.local.airflow import (
@@ -492,234 +490,3 @@ def airflow_standalone(pipeline: Pipeline, name: str) -> Iterator[Standalone]:
         yield Standalone(settings, env, log_path, str(admin_password(settings)))
     finally:
         stop_standalone(proc)
-
-
-# ---- the budget service: its environment, prices and independent spend
-
-PRICES_CSV = (
-    "scope,key,campaign_id,cpm,cpc,budget\n"
-    "default,*,,2.345678,0.333333,1.50\n"
-    "campaign,cmp-A,,1.111111,,\n"
-    "ad,ad-000001,cmp-A,,0.123457,\n"
-    "ad,ad-000002,,3.5,,1000\n"
-    "ad,ad-000003,cmp-A,,,\n"
-)
-# The same prices, resolved by hand: (cpm, cpc, budget) in currency units.
-DEFAULT = (Decimal("2.345678"), Decimal("0.333333"), Decimal("1.50"))
-BY_AD = {
-    "ad-000001": (Decimal("1.111111"), Decimal("0.123457"), Decimal("1.50")),
-    "ad-000002": (Decimal("3.5"), Decimal("0.333333"), Decimal("1000")),
-    "ad-000003": (Decimal("1.111111"), Decimal("0.333333"), Decimal("1.50")),
-}
-MICRO = Decimal("0.000001")
-
-
-@dataclass(frozen=True)
-class SourceRecord:
-    partition: int
-    key: bytes | None
-    value: bytes
-
-
-def _price(ad: str) -> tuple[Decimal, Decimal, Decimal]:
-    return BY_AD.get(ad, DEFAULT)
-
-
-def independent_spend(records: list[kafka_io.Record]) -> dict[tuple[str, str], Decimal]:
-    """Spend per (ad, day) from read_committed records: first copy of each
-    record_uuid, malformed ones ignored, Decimal rounded per record."""
-    seen: set[str] = set()
-    spend: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    for rec in records:
-        try:
-            body = json.loads(rec.value)
-            impressions, clicks = body["impressions"], body["clicks"]
-            assert isinstance(impressions, int) and isinstance(clicks, int) and impressions >= 0 and clicks >= 0
-        except (ValueError, KeyError, TypeError, AssertionError):
-            continue
-        if body["record_uuid"] in seen:
-            continue
-        seen.add(body["record_uuid"])
-        cpm, cpc, _budget = _price(body["ad_id"])
-        charge = (impressions * cpm / 1000).quantize(MICRO, rounding=ROUND_HALF_EVEN) + clicks * cpc
-        assert body["window_start"].endswith("Z")
-        spend[(body["ad_id"], body["window_start"][:10])] += charge
-    return dict(spend)
-
-
-def expected_pauses(spend: dict[tuple[str, str], Decimal]) -> set[tuple[str, str]]:
-    return {key for key, amount in spend.items() if amount >= _price(key[0])[2]}
-
-
-def finish(proc: subprocess.Popen, timeout: float = 60, terminate: bool = True) -> None:
-    """Wait for a process started in its own session (after a SIGTERM when
-    ``terminate``); SIGKILL its whole group if it is still there then."""
-    if terminate and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-@dataclass
-class BudgetRun:
-    returncode: int
-    log: str
-
-    def totals(self) -> dict[str, int]:
-        """The counters of the service's last line ("budget service stopped: ...")."""
-        line = self.log.split("budget service stopped: ", 1)[1].split("\n", 1)[0]
-        batches, rest = line.split(" batches, ", 1)
-        return {"batches": int(batches)} | {k: int(v) for k, v in (p.rsplit(" ", 1) for p in rest.split(", "))}
-
-    def batch(self, n: int) -> tuple[int, int]:
-        """(records, applied) of batch n."""
-        line = next(x for x in self.log.splitlines() if f"adpipe.budget: batch {n}: " in x)
-        after = line.split(f"batch {n}: ", 1)[1]
-        return int(after.split(" records", 1)[0]), int(after.split(": ", 1)[1].split(" applied", 1)[0])
-
-
-class BudgetEnv:
-    """One test's budget service: topic, database, group, processes."""
-
-    def __init__(self, pg: Settings, workdir: Path) -> None:
-        self.name = f"b{uuid.uuid4().hex[:10]}"
-        conn = pg_client.connect(pg, "postgres")
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{self.name}"')
-        conn.close()
-        self.pg = pg
-        self.workdir = workdir
-        self.env = {
-            **os.environ,
-            **BROKER_ENV,
-            "ADPIPE_TOPIC_AGGREGATES": f"{self.name}-ad-aggregates",
-            "ADPIPE_TOPIC_BUDGET_EVENTS": f"{self.name}-ad-budget-events",
-            "ADPIPE_BUDGET_DB": pg.pg_url(self.name),
-            "ADPIPE_BUDGET_GROUP": f"{self.name}-group",
-            "ADPIPE_BUDGET_BATCH_SIZE": "25",
-            "ADPIPE_BUDGET_SESSION_TIMEOUT_MS": "6000",
-        }
-        self.settings = load_settings(self.env)
-        self.bootstrap = self.settings.kafka_bootstrap
-        self.topic = self.settings.topics.aggregates
-        kafka_io.ensure_topics(self.bootstrap, [self.topic, self.settings.topics.budget_events], 4)
-        prices = workdir / "prices.csv"
-        prices.write_text(PRICES_CSV)
-        loaded = self.cli("prices", "--file", str(prices))
-        assert loaded.returncode == 0 and "loaded 5 pricing rows" in loaded.log, loaded.log
-
-    # -- Kafka
-    def copy(self, records: list[SourceRecord], chunks: int = 4, abort: bool = False) -> None:
-        """Produce records into this test's aggregates topic, in ``chunks``
-        transactions (committed, or aborted), to the partitions given."""
-        producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.name}-copy-{uuid.uuid4().hex[:6]}"}
-        )
-        producer.init_transactions(30)
-        size = max(1, -(-len(records) // chunks))
-        for i in range(0, len(records), size):
-            producer.begin_transaction()
-            for rec in records[i : i + size]:
-                producer.produce(self.topic, rec.value, rec.key, partition=rec.partition)
-            producer.flush(30)
-            if abort:
-                producer.abort_transaction(30)
-            else:
-                producer.commit_transaction(30)
-
-    def read(self, topic: str | None = None) -> list[kafka_io.Record]:
-        return list(kafka_io.read_topic(self.bootstrap, topic or self.topic))
-
-    def budget_events(self) -> Counter[tuple[str, str]]:
-        return Counter(
-            (json.loads(r.value)["ad_id"], json.loads(r.value)["period"])
-            for r in self.read(self.settings.topics.budget_events)
-        )
-
-    def kafka_committed(self) -> dict[int, int]:
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.settings.budget_group})
-        try:
-            parts = [TopicPartition(self.topic, p) for p in range(4)]
-            return {tp.partition: tp.offset for tp in kafka_io.committed_offsets(consumer, parts)}
-        finally:
-            consumer.close()
-
-    # -- processes
-    def _popen(self, args: tuple[str, ...], extra_env: dict[str, str] | None) -> tuple[subprocess.Popen, Path]:
-        return start_adpipe(self.workdir, "budget", args, {**self.env, **(extra_env or {})})
-
-    def cli(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 120) -> BudgetRun:
-        proc, log_path = self._popen(args, extra_env)
-        finish(proc, timeout, terminate=False)
-        return BudgetRun(proc.returncode, log_path.read_text())
-
-    def once(self, fault: dict[str, str] | None = None, **extra: str) -> BudgetRun:
-        return self.cli("--once", extra_env={**(fault or {}), **extra})
-
-    def start(self, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-        return self._popen((), extra_env)
-
-    # -- PostgreSQL
-    def query(self, sql: str) -> list[tuple]:
-        conn = pg_client.connect(self.pg, self.name)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-                return cur.fetchall()
-        finally:
-            conn.close()
-
-    def spend(self) -> dict[tuple[str, str], Decimal]:
-        return {
-            (a, p): Decimal(micros).scaleb(-6)
-            for a, p, micros in self.query("SELECT ad_id, period, spend_micros FROM budget_spend")
-        }
-
-    def db_offsets(self) -> dict[int, int]:
-        return dict(self.query("SELECT kafka_partition, next_offset FROM budget_offsets"))
-
-    def snapshot(self) -> tuple:
-        return (
-            self.spend(),
-            self.query("SELECT count(*), sum(spend_micros) FROM budget_ledger"),
-            sorted(self.query("SELECT ad_id, period, event_id, sent_at IS NOT NULL FROM budget_events")),
-            sorted(self.query("SELECT ad_id, period, state, generation FROM budget_status")),
-            self.budget_events(),
-        )
-
-    def assert_exact(self) -> dict[tuple[str, str], Decimal]:
-        """Spend per ad and period equals the independent computation to the
-        micro-unit; each expected pause is in the database and published once."""
-        expected = independent_spend(self.read())
-        actual = self.spend()
-        assert {k: v for k, v in actual.items() if v} == {k: v for k, v in expected.items() if v}
-        per_ad_expected: dict[str, Decimal] = defaultdict(Decimal)
-        per_ad_actual: dict[str, Decimal] = defaultdict(Decimal)
-        for (ad, _p), v in expected.items():
-            per_ad_expected[ad] += v
-        for (ad, _p), v in actual.items():
-            per_ad_actual[ad] += v
-        assert per_ad_actual == per_ad_expected
-        pauses = expected_pauses(expected)
-        assert pauses and len(pauses) < len(expected), "the prices should pause some ads, not all"
-        assert set(self.query("SELECT ad_id, period FROM budget_status WHERE state = 'paused'")) == pauses
-        assert self.query("SELECT count(*) FROM budget_events WHERE sent_at IS NULL") == [(0,)]
-        assert self.budget_events() == Counter(dict.fromkeys(pauses, 1))
-        report = budget_verify.check(self.settings)
-        assert report["ok"] and report["status"] == "ok", report
-        assert report["expected_spend_micros"] == report["actual_spend_micros"] == int(sum(expected.values()) * 10**6)
-        return expected
-
-
-def assignment(log_path: Path) -> list[int] | None:
-    lines = [line for line in log_path.read_text().splitlines() if "assignment now" in line]
-    return json.loads(lines[-1].rsplit("assignment now ", 1)[1]) if lines else None
-
-
-def wait_until(what: str, predicate: Callable[[], object], timeout: float = 90.0) -> None:
-    """:func:`poll` every 0.5 s."""
-    poll(what, predicate, timeout)

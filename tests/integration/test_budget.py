@@ -22,17 +22,16 @@ from adpipe import kafka_io
 from adpipe.settings import Settings, isolated_env, load_settings
 from confluent_kafka import Producer
 
-from tests.integration.helpers import (
-    BROKER_ENV,
+from tests.integration.budget_helpers import (
     MICRO,
     BudgetEnv,
-    Pipeline,
     SourceRecord,
     assignment,
     expected_pauses,
     independent_spend,
     wait_until,
 )
+from tests.integration.helpers import BROKER_ENV, Pipeline
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from adpipe.settings import Settings
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.helpers import (
+from tests.integration.budget_helpers import (
     BudgetEnv,
     SourceRecord,
     assignment,

@@ -248,6 +248,41 @@ def test_dags_and_jobs_stay_thin() -> None:
                 assert target in allowed or target.startswith("adpipe.orchestration."), f"{path.name} imports {target}"
 
 
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 250
+
+
+def oversized(paths: list[Path], root: Path = PROJECT_ROOT) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES."""
+    found = []
+    for path in paths:
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{path.relative_to(root)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and (size := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
+                found.append(f"{path.relative_to(root)}: class {node.name}, {size} lines")
+    return found
+
+
+def test_no_module_over_600_lines_and_no_class_over_250() -> None:
+    """A module does one job: the package, its DAGs, jobs, benchmark and tests."""
+    folders = ("include", "dags", "jobs", "bench", "tests")
+    assert oversized(sorted(p for f in folders for p in (PROJECT_ROOT / f).rglob("*.py"))) == []
+
+
+def test_the_size_rule_catches_a_long_module_and_a_long_class(tmp_path: Path) -> None:
+    long_module = tmp_path / "long.py"
+    long_module.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    long_class = tmp_path / "big.py"
+    long_class.write_text("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    short = tmp_path / "short.py"
+    short.write_text("class Small:\n" + "    x = 1\n" * (MAX_CLASS_LINES - 1))
+    assert oversized([long_module, long_class, short], tmp_path) == [
+        f"long.py: {MAX_MODULE_LINES + 1} lines", f"big.py: class Big, {MAX_CLASS_LINES + 1} lines"
+    ]
+
+
 def test_unit_tests_mirror_the_packages() -> None:
     """tests/unit/<x> mirrors adpipe.<x>, or the benchmark harness (bench/)."""
     for folder in sorted(p for p in (PROJECT_ROOT / "tests" / "unit").iterdir() if p.is_dir()):

@@ -2,9 +2,10 @@
 where its log is.
 
 One row per part: the Kafka broker (or cluster), PostgreSQL, the stream job
-(its last committed batch, from the checkpoint, and its lag), the budget
-service (its consumer group's members and lag), the Spark standalone cluster
-and Airflow. Each row's state is one of
+(its last committed batch, from the checkpoint, and its lag: the row is
+``status_stream``'s), the budget service (its consumer group's members and
+lag), the warm load driver, the Spark standalone cluster and Airflow. Each
+row's state is one of
 
 * ``up``: runs and answers;
 * ``degraded``: runs, but not as it should (a broker or PostgreSQL that does
@@ -23,20 +24,37 @@ the broker."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from adpipe.settings import Settings, SettingsError, load_settings
+from adpipe.tools.status_common import (  # noqa: F401 - the rows' parts, as before the split
+    CALL_TIMEOUT_S,
+    DEGRADED,
+    DOWN,
+    UNKNOWN,
+    UP,
+    Component,
+    ago,
+    existing,
+    proc_text,
+    reason,
+    stderr_file,
+    utc_text,
+)
+from adpipe.tools.status_stream import (  # noqa: F401 - the stream row, as before the split
+    CheckpointProgress,
+    checkpoint_progress,
+    described_stream_settings,
+    stream_component,
+    with_note,
+)
 
-UP, DEGRADED, DOWN, UNKNOWN = "up", "degraded", "down", "unknown"
-# One network call of a probe (a metadata request, pg_isready, an HTTP GET).
-CALL_TIMEOUT_S = 2.0
 # All probes of one stage together; a probe still running then is "unknown".
 STAGE_TIMEOUT_S = 8.0
 # The budget service's lag is counted record by record up to this many offsets.
@@ -46,93 +64,7 @@ EXACT_LAG_OFFSETS = 10_000
 BUDGET_ACTIONS = ("report", "prices", "prune")
 
 
-@dataclass(frozen=True)
-class Component:
-    """One row of the report."""
-
-    name: str
-    state: str
-    address: str = ""
-    detail: str = ""
-    logs: tuple[str, ...] = ()
-    facts: dict[str, Any] = field(default_factory=dict)  # the detail's numbers, for --json
-
-
-@dataclass(frozen=True)
-class CheckpointProgress:
-    """What a stream job's Spark checkpoint says it has done."""
-
-    last_committed: int | None  # newest commits/N: the batch's output is final
-    committed_at: float | None  # when that commit was written (epoch s)
-    newest_planned: int | None  # newest offsets/N: a batch Spark has started
-    planned_at: float | None  # when Spark started it (its offsets entry written)
-    watermark_ms: int | None  # the event-time watermark the last committed batch ran with
-    end_offsets: dict[int, int] = field(default_factory=dict)  # where that batch stopped reading, per partition
-
-    @property
-    def uncommitted(self) -> int | None:
-        """A batch started and not committed: running now, or (after a
-        crash) replayed at the next start."""
-        if self.newest_planned is None or (
-            self.last_committed is not None and self.newest_planned <= self.last_committed
-        ):
-            return None
-        return self.newest_planned
-
-
-def checkpoint_progress(root: Path) -> CheckpointProgress | None:
-    """Read a local checkpoint folder (None: there is none). Spark writes
-    ``offsets/N`` before it runs batch N and ``commits/N`` after its sink
-    returned (:mod:`adpipe.stream.offset_log`)."""
-    from adpipe.stream.offset_log import LocalCheckpoint, OffsetLogError, batch_offsets, last_committed_batch
-
-    if not root.is_dir():
-        return None
-    files = LocalCheckpoint(root)
-    planned = [int(name) for name in files.names("offsets") if name.isdigit()]
-    last = last_committed_batch(files)
-    committed_at = watermark = None
-    end: dict[int, int] = {}
-    if last is not None:
-        try:
-            committed_at = (root / "commits" / str(last)).stat().st_mtime
-            batch = batch_offsets(files, last)
-            watermark, end = batch.watermark_ms, batch.end
-        except (OSError, OffsetLogError, ValueError):  # a checkpoint being written, or damaged: say what is known
-            pass
-    newest = max(planned) if planned else None
-    planned_at = _mtime(root / "offsets" / str(newest)) if newest is not None else None
-    return CheckpointProgress(last, committed_at, newest, planned_at, watermark, end)
-
-
-def ago(seconds: float) -> str:
-    """``12 s ago``, ``4 min ago``, ``3 h ago``, ``2 d ago``."""
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86_400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds // size:.0f} {unit} ago"
-    return f"{seconds:.0f} s ago"
-
-
-def _utc(epoch_s: float) -> str:
-    from adpipe.stream.job import iso_utc
-
-    return iso_utc(int(epoch_s * 1000))
-
-
-def _existing(*paths: Path | str | None) -> tuple[str, ...]:
-    return tuple(str(p) for p in paths if p and Path(p).exists())
-
-
 # ---------------------------------------------------------------- processes
-
-
-def _proc_text(pid: int, name: str) -> list[str]:
-    """A ``/proc/<pid>`` file of NUL-separated strings (cmdline, environ)."""
-    try:
-        return Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 def adpipe_arguments(argv: list[str]) -> list[str] | None:
@@ -160,7 +92,7 @@ def _same_budget_group(pid: int, settings: Settings) -> bool:
     """The process consumes the same topic in the same group on the same
     cluster as these settings (by its environment; True when that cannot be
     read)."""
-    environ = _proc_text(pid, "environ")
+    environ = proc_text(pid, "environ")
     if not any(environ):
         return True
     env = dict(item.split("=", 1) for item in environ if "=" in item)
@@ -182,18 +114,9 @@ def budget_processes(settings: Settings) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         pid = int(entry.name)
-        if is_budget_service(_proc_text(pid, "cmdline")) and _same_budget_group(pid, settings):
+        if is_budget_service(proc_text(pid, "cmdline")) and _same_budget_group(pid, settings):
             found.append(pid)
     return sorted(found)
-
-
-def stderr_file(pid: int) -> str | None:
-    """The file a process writes its stderr to (None: a terminal, a pipe)."""
-    try:
-        target = os.readlink(f"/proc/{pid}/fd/2")
-    except OSError:
-        return None
-    return target if target.startswith("/") and not target.startswith("/dev/") and Path(target).is_file() else None
 
 
 # ------------------------------------------------------------------- probes
@@ -204,7 +127,7 @@ def kafka_component(settings: Settings) -> Component:
 
     cluster = kafka_broker.status(settings)
     nodes = cluster.nodes
-    logs = _existing(*(n.log_file for n in kafka_broker.nodes(settings)))
+    logs = existing(*(n.log_file for n in kafka_broker.nodes(settings)))
     facts = {
         "nodes": [
             {"node_id": n.node_id, "pid": n.pid, "answering": n.answering, "bootstrap": n.bootstrap} for n in nodes
@@ -230,7 +153,7 @@ def postgres_component(settings: Settings) -> Component:
     from adpipe.local import postgres
 
     found = postgres.status(settings)
-    logs = _existing(postgres.log_file(settings))
+    logs = existing(postgres.log_file(settings))
     if found.running and found.answering:
         state, detail = UP, "our cluster"
     elif found.answering:
@@ -247,7 +170,7 @@ def spark_component(settings: Settings) -> Component:
 
     cluster = spark_cluster.status(settings)
     alive = sum(w.alive for w in cluster.workers)
-    logs = _existing(spark_cluster.log_file(settings, "master"), *(w.log for w in cluster.workers))
+    logs = existing(spark_cluster.log_file(settings, "master"), *(w.log for w in cluster.workers))
     facts = {"master_pid": cluster.master_pid, "workers": len(cluster.workers), "workers_alive": alive}
     if cluster.master_pid is None and not cluster.master_answering:
         state, detail = DOWN, f"not running; jobs run on ADPIPE_SPARK_MASTER={settings.spark_master}"
@@ -265,7 +188,7 @@ def airflow_component(settings: Settings) -> Component:
     from adpipe.local import airflow
 
     address = f"http://127.0.0.1:{settings.airflow_port}"
-    logs = _existing(airflow.airflow_home(settings) / "logs")
+    logs = existing(airflow.airflow_home(settings) / "logs")
     report = airflow.health(settings.airflow_port, CALL_TIMEOUT_S)
     if report is None:
         return Component("airflow", DOWN, address, "not running (make airflow)", logs)
@@ -279,111 +202,6 @@ def airflow_component(settings: Settings) -> Component:
     return Component("airflow", state, address, detail, logs, {"health": statuses})
 
 
-def stream_component(settings: Settings, kafka_up: bool, now: float | None = None) -> Component:
-    """Alive: a driver holds the checkpoint's lock (a job started by hand or
-    by the supervisor on this host), or the supervisor's pid runs. Its last
-    batch from the checkpoint (a local one) or else its heartbeat; its lag
-    from the broker (raw records not yet committed by its transactions).
-    Stalled by the supervisor's own rule (:func:`liveness.input_stalled`,
-    the rule it restarts a job by): input waits and for
-    ADPIPE_STREAM_STALL_S the job has neither finished a batch nor polled.
-    With the lag unknown (the broker does not answer): a batch started more
-    than ADPIPE_STREAM_STALL_S ago and not committed yet."""
-    from adpipe.stream import checkpoint_lock, liveness
-
-    now = time.time() if now is None else now
-    supervised = liveness.read_state(settings)
-    supervised_pid = supervised.get("pid") if liveness.process_alive(supervised.get("pid")) else None
-    # The active driver renews the lease; the lock's holder differs from it
-    # only while a paused driver that a standby took over from still lives.
-    lease = checkpoint_lock.read_lease(settings)
-    fresh = lease is not None and lease.host == os.uname().nodename and now - lease.at <= settings.stream_lease_s
-    lock_holder = checkpoint_lock.holder(settings)
-    pid = (lease.pid if fresh and lease else None) or lock_holder or supervised_pid
-    try:
-        progress = checkpoint_progress(settings.checkpoint_dir)
-    except SettingsError:  # hdfs://, s3a://: the heartbeat says what the last batch was
-        progress = None
-    standby = checkpoint_lock.waiters(settings)
-    facts: dict[str, Any] = {"job_id": settings.job_id, "pid": pid, "standby_pids": standby}
-    beat = liveness.read_heartbeat(settings)
-    parts = [f"pid {pid}" if pid else "not running"]
-    if pid and lease is not None and lease.pid == pid:
-        facts["lease_age_s"] = round(now - lease.at, 1)
-        if not fresh:
-            parts.append(f"its lease is {now - lease.at:.0f} s old (paused or frozen?)")
-    if lock_holder and lock_holder != pid:
-        facts["fenced_pid"] = lock_holder
-        parts.append(f"pid {lock_holder} was taken over from (fenced) and still holds the lock")
-    if standby:
-        parts.append("standby pid " + ", ".join(map(str, standby)) + " (takes over when it ends)")
-    failover = liveness.read_failover(settings)
-    if failover is not None:
-        facts["last_failover"] = failover
-        parts.append(f"last failover{_at(failover.get('at'), now)}: {failover.get('reason')}, "
-                     f"next batch {failover.get('seconds')} s after")
-    parts.append(_last_batch(progress, beat, facts, now))
-    lag = _stream_lag(settings, kafka_up, facts)
-    stalled = False
-    if pid and facts["lag"] is not None:
-        started_at = supervised.get("started_at") if pid == supervised_pid else liveness.process_started_at(pid)
-        stalled = liveness.input_stalled(
-            facts["lag"], now, settings.stream_stall_s, beat["at"] if beat else None,
-            liveness.polled_at(settings), started_at or 0.0,
-        )
-    if progress is not None and progress.uncommitted is not None:
-        facts["uncommitted_batch"] = progress.uncommitted
-        running_s = now - (progress.planned_at or now)
-        if not pid:
-            parts.append(f"batch {progress.uncommitted} started, not committed: replayed at the next start")
-        elif facts["lag"] is None and running_s > settings.stream_stall_s:
-            stalled = True
-            parts.append(f"batch {progress.uncommitted} stalled: running for {running_s:.0f} s")
-        else:
-            parts.append(f"batch {progress.uncommitted} running for {running_s:.0f} s")
-    parts.append(lag)
-    if stalled and facts["lag"] is not None:
-        parts.append(
-            f"stalled: input waits and no batch finished nor poll for over {settings.stream_stall_s} s "
-            "(the supervisor restarts it)"
-        )
-    facts["stalled"] = stalled
-    state = DEGRADED if stalled else (UP if pid else DOWN)
-    logs = _existing(stderr_file(pid) if pid else None, supervised.get("log"))
-    return Component("stream", state, settings.checkpoint_uri, "; ".join(parts), logs, facts)
-
-
-def _last_batch(
-    progress: CheckpointProgress | None, beat: dict[str, Any] | None, facts: dict[str, Any], now: float
-) -> str:
-    """The last committed batch: the checkpoint's (a local one), else the
-    heartbeat's (the last batch the job finished, wherever its checkpoint)."""
-    if progress is not None and progress.last_committed is not None:
-        batch, at, watermark = progress.last_committed, progress.committed_at, progress.watermark_ms
-        facts["end_offsets"] = progress.end_offsets
-    elif beat is not None:
-        batch, at, watermark = beat.get("batch_id"), beat.get("at"), beat.get("watermark_ms")
-    else:
-        facts["last_batch"] = None
-        return "no batch committed yet"
-    facts.update(last_batch=batch, last_batch_at=at, watermark_ms=watermark)
-    return f"last batch {batch}" + _at(at, now)
-
-
-def _stream_lag(settings: Settings, kafka_up: bool, facts: dict[str, Any]) -> str:
-    from adpipe import kafka_io
-
-    facts["lag"] = None
-    if not kafka_up:
-        return "lag unknown (the broker does not answer)"
-    try:
-        by_partition = kafka_io.stream_lag(settings, timeout_s=CALL_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 - the row still says what else is known
-        return f"lag unknown ({_reason(exc)})"
-    facts.update(lag=sum(by_partition.values()), lag_by_partition=by_partition)
-    return f"lag {facts['lag']} records"
-
-
 def budget_component(settings: Settings, kafka_up: bool) -> Component:
     """Up: its consumer group has members on the aggregates topic (any
     host). Lag from the offsets it commits to Kafka after each database
@@ -392,7 +210,7 @@ def budget_component(settings: Settings, kafka_up: bool) -> Component:
 
     address = f"group {settings.budget_group}"
     pids = budget_processes(settings)
-    logs = _existing(*(stderr_file(p) for p in pids))
+    logs = existing(*(stderr_file(p) for p in pids))
     facts: dict[str, Any] = {"group": settings.budget_group, "pids": pids, "database": _redacted(settings.budget_db)}
     here = f"pid {', '.join(map(str, pids))}" if pids else ""
     if not kafka_up:
@@ -404,7 +222,7 @@ def budget_component(settings: Settings, kafka_up: bool) -> Component:
         group_state, members = kafka_io.group_members(settings.kafka, settings.budget_group, CALL_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - e.g. no Describe right on the group: the row says so
         group_state, members = None, []
-        parts.append(f"group unknown ({_reason(exc)})")
+        parts.append(f"group unknown ({reason(exc)})")
     # Members of the group that read another topic (a demo's, a chaos run's) are not this service.
     ours = [m for m in members if not m.topics or settings.topics.aggregates in m.topics]
     facts.update(group_state=group_state, members=[asdict(m) for m in ours])
@@ -426,9 +244,29 @@ def budget_component(settings: Settings, kafka_up: bool) -> Component:
         parts.append(f"lag {lag} aggregates" if exact else f"lag about {lag} aggregates")
     except Exception as exc:  # noqa: BLE001 - the row still says what else is known
         facts["lag"] = None
-        parts.append(f"lag unknown ({_reason(exc)})")
+        parts.append(f"lag unknown ({reason(exc)})")
     parts.append(f"db {facts['database']}")
     return Component("budget", state, address, "; ".join(parts), logs, facts)
+
+
+def load_component(settings: Settings) -> Component:
+    """The home's warm load driver (``adpipe load --serve``): up when it
+    answers; optional (without one, each load starts its own Spark)."""
+    from adpipe.lakehouse import warm
+    from adpipe.stream.liveness import process_alive
+
+    logs = existing(warm.log_file(settings))
+    driver = warm.read_driver(settings)
+    if driver is None:
+        return Component("load", DOWN, "", "no warm load driver (optional: adpipe load --serve)", logs)
+    address = f"{warm.HOST}:{driver.port}"
+    facts = {"pid": driver.pid, "started_at": driver.started_at}
+    if warm.ping(settings) is not None:
+        detail = f"warm load driver pid {driver.pid}, since {driver.started_at}"
+        return Component("load", UP, address, detail, logs, facts)
+    if process_alive(driver.pid):
+        return Component("load", DEGRADED, address, f"warm load driver pid {driver.pid} does not answer", logs, facts)
+    return Component("load", DOWN, "", f"the warm load driver pid {driver.pid} is gone (killed?)", logs, facts)
 
 
 def budget_lag(settings: Settings) -> tuple[int, bool]:
@@ -447,22 +285,6 @@ def budget_lag(settings: Settings) -> tuple[int, bool]:
     if offsets > EXACT_LAG_OFFSETS:
         return offsets, False
     return sum(kafka_io.readable_records(settings.kafka, topic, ranges, CALL_TIMEOUT_S).values()), True
-
-
-def _at(epoch_s: float | None, now: float) -> str:
-    return "" if epoch_s is None else f" at {_utc(epoch_s)} ({ago(now - epoch_s)})"
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc)
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _redacted(url: str) -> str:
@@ -488,7 +310,7 @@ def run_bounded(
         try:
             results[name] = probe()
         except Exception as exc:  # noqa: BLE001 - one failed probe is one unknown row
-            results[name] = Component(name, UNKNOWN, addresses.get(name, ""), f"the probe failed: {_reason(exc)}")
+            results[name] = Component(name, UNKNOWN, addresses.get(name, ""), f"the probe failed: {reason(exc)}")
 
     threads = [
         threading.Thread(target=run, args=item, name=f"status-{item[0]}", daemon=True) for item in probes.items()
@@ -514,6 +336,7 @@ def collect(settings: Settings, stage_timeout_s: float = STAGE_TIMEOUT_S) -> lis
         "budget": f"group {settings.budget_group}",
         "spark": f"spark://127.0.0.1:{settings.spark_master_port}",
         "airflow": f"http://127.0.0.1:{settings.airflow_port}",
+        "load": "",
     }
     servers = run_bounded(
         {
@@ -521,48 +344,23 @@ def collect(settings: Settings, stage_timeout_s: float = STAGE_TIMEOUT_S) -> lis
             "postgres": lambda: postgres_component(settings),
             "spark": lambda: spark_component(settings),
             "airflow": lambda: airflow_component(settings),
+            "load": lambda: load_component(settings),
         },
         addresses,
         stage_timeout_s,
     )
     kafka_up = servers[0].state == UP
-    stream_settings, stream_note = _stream_settings(settings)
+    stream_settings, stream_note = described_stream_settings(settings)
     jobs = run_bounded(
         {
-            "stream": lambda: _noted(stream_component(stream_settings, kafka_up), stream_note),
+            "stream": lambda: with_note(stream_component(stream_settings, kafka_up), stream_note),
             "budget": lambda: budget_component(settings, kafka_up),
         },
         addresses,
         stage_timeout_s,
     )
-    kafka, postgres, spark, airflow = servers
-    return [kafka, postgres, *jobs, spark, airflow]
-
-
-def _stream_settings(settings: Settings) -> tuple[Settings, str]:
-    """The settings the stream row describes: these, or, when this home's
-    own job never ran and ``adpipe demo`` did, the last demo run's job (its
-    own topics and job id), with a note saying so."""
-    from adpipe.stream import liveness
-
-    try:
-        ran = settings.checkpoint_dir.exists()
-    except SettingsError:  # a remote checkpoint: its heartbeat says
-        ran = False
-    if ran or liveness.read_heartbeat(settings) or liveness.read_state(settings).get("pid"):
-        return settings, ""
-    try:
-        latest = json.loads((settings.home / "demo" / "latest.json").read_text())
-        demo = load_settings({**os.environ, "ADPIPE_HOME": str(settings.home), **latest["env"]})
-    except (OSError, ValueError, KeyError, TypeError, SettingsError):
-        return settings, ""
-    return demo, f"the last demo's job {demo.job_id} (job {settings.job_id} never ran here)"
-
-
-def _noted(row: Component, note: str) -> Component:
-    if not note:
-        return row
-    return replace(row, detail=f"{note}: {row.detail}", facts={**row.facts, "described": note})
+    kafka, postgres, spark, airflow, load = servers
+    return [kafka, postgres, *jobs, load, spark, airflow]
 
 
 # --------------------------------------------------------------- reporting
@@ -593,7 +391,7 @@ def report(settings: Settings, components: list[Component], now: float | None = 
     """The --json form."""
     now = time.time() if now is None else now
     return {
-        "checked_at": _utc(now),
+        "checked_at": utc_text(now),
         "adpipe_home": str(settings.home),
         "home_exists": settings.home.is_dir(),
         "components": [{**asdict(c), "logs": list(c.logs)} for c in components],

@@ -172,3 +172,18 @@ def test_the_cli_hands_a_warm_verb_to_the_driver_unless_told_off(
     off = load_settings()
     args = cli.build_parser().parse_args(["validate", "--hour", "2026-11-22T12"])
     assert cli._in_warm_driver(args, ["validate", "--hour", "2026-11-22T12"], off) is None
+
+
+def test_status_shows_the_driver_up_then_gone(driver: tuple[Settings, subprocess.Popen]) -> None:
+    from adpipe.tools import status
+
+    settings, proc = driver
+    row = status.load_component(settings)
+    assert (row.state, row.facts["pid"]) == ("up", proc.pid)
+    assert row.address == f"127.0.0.1:{warm.read_driver(settings).port}"
+    proc.kill()
+    proc.wait()
+    gone = status.load_component(settings)
+    assert gone.state == "down" and f"pid {proc.pid} is gone" in gone.detail
+    warm.info_file(settings).unlink()
+    assert "no warm load driver" in status.load_component(settings).detail
