@@ -157,11 +157,13 @@ def delegate(
     except OSError:
         return None
     log.info("in the warm load driver (pid %d): adpipe %s", driver.pid, " ".join(argv))
+    started = False
     with sock:
         sock.settimeout(None)
         _send(sock, request)
         for line in sock.makefile(encoding="utf-8"):
             message = json.loads(line)
+            started = True
             if "out" in message:
                 out.write(message["out"])
                 out.flush()
@@ -173,6 +175,9 @@ def delegate(
             elif "refused" in message:
                 log.info("the warm load driver refused the request (%s): running here", message["refused"])
                 return None
+    if not started:  # gone before it took the request (it exited idle): nothing ran there
+        log.info("the warm load driver (pid %d) ended before it took the request: running here", driver.pid)
+        return None
     log.error(
         "the warm load driver (pid %d) died before it answered (its log: %s); the next load recovers what "
         "this one left, as after a killed load",
@@ -349,6 +354,7 @@ class _Server:
         while not self.stopping.is_set():
             try:
                 conn, _ = listener.accept()
+                self.last_request = time.monotonic()  # a request on its way is no idleness
             except TimeoutError:
                 idle = time.monotonic() - self.last_request
                 if not self.busy.locked() and idle > self.settings.load_warm_idle_s:
@@ -374,6 +380,7 @@ class _Server:
                 return
             with self.busy:
                 self.last_request = time.monotonic()
+                _send(conn, {"started": os.getpid()})  # from here on, a lost driver is a failed command
                 code = self._run(conn, request)
                 self.last_request = time.monotonic()
                 alive = _session_alive()

@@ -187,3 +187,31 @@ def test_status_shows_the_driver_up_then_gone(driver: tuple[Settings, subprocess
     assert gone.state == "down" and f"pid {proc.pid} is gone" in gone.detail
     warm.info_file(settings).unlink()
     assert "no warm load driver" in status.load_component(settings).detail
+
+
+def test_a_driver_gone_before_it_took_the_request_lets_the_client_run_it(tmp_path: Path) -> None:
+    """A driver that ends idle between the client's ping and its request:
+    nothing ran there, so the client runs the command itself (None), never
+    reports a failure (137)."""
+    import socket
+    import threading
+
+    settings = load_settings(_env(tmp_path))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_the_ping_then_hang_up() -> None:
+        for ping_only in (True, False):
+            conn, _ = listener.accept()
+            with conn:
+                conn.makefile().readline()
+                if ping_only:
+                    conn.sendall((json.dumps({"pong": os.getpid()}) + "\n").encode())
+
+    threading.Thread(target=answer_the_ping_then_hang_up, daemon=True).start()
+    fingerprint = warm.session_fingerprint(settings)
+    warm.info_file(settings).parent.mkdir(parents=True)
+    warm.info_file(settings).write_text(json.dumps(
+        {"pid": os.getpid(), "port": listener.getsockname()[1], "token": "t", "fingerprint": fingerprint,
+         "started_at": "now"}))
+    with listener:
+        assert _delegate(settings, "echo", "x") == (None, "", "")
