@@ -24,11 +24,13 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
    (watermark past its end; a quiet region: no lag and the clock past the
    end plus the lateness).
 2. `stage` — the new records of every region into `ads_staging.*`.
-   `stage`, `validate` and `publish` are Spark applications submitted by
-   `SparkSubmitOperator` (`jobs/union_and_load.py --step ...`, connection
-   `adpipe_spark`); `ADPIPE_LOAD_SUBMIT=warm` runs them in the home's warm
-   load driver (`adpipe load --serve`, started if none runs: no Spark start
-   per step), `in-process` in the task's own process.
+   `stage`, `validate` and `publish` run in the home's warm load driver
+   (`adpipe load --serve`, started by the first step if none runs: one
+   Spark session for every step and hour, no Spark start per step);
+   `ADPIPE_LOAD_SUBMIT=spark-submit` submits each as a Spark application of
+   its own through `SparkSubmitOperator` (`jobs/union_and_load.py --step
+   ...`, connection `adpipe_spark`: for an executor whose tasks run on other
+   hosts), `in-process` runs it in the task's own process.
 3. `validate` — the Great Expectations gate on each hour to publish
    (published plus staged rows; Kafka's retention and the regions that had
    input). **A failed expectation fails the run, and nothing is published.**
@@ -98,8 +100,8 @@ with DAG(
 
         return load_tasks.hour_is_closed(load_settings(), _hour(context))
 
-    # The Spark steps: spark-submit jobs/union_and_load.py --step ... (connection
-    # adpipe_spark), or with ADPIPE_LOAD_SUBMIT=warm|in-process (see the doc above).
+    # The Spark steps: in the warm load driver, or with ADPIPE_LOAD_SUBMIT=
+    # spark-submit|in-process (see the doc above).
     staged = LoadStepOperator(task_id="stage", step="stage")
     # A failed expectation is not transient: no retry, fail and alert now.
     validate = LoadStepOperator(task_id="validate", step="validate", retries=0)

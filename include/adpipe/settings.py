@@ -306,10 +306,12 @@ class Settings(_Locations):
     load_start: datetime = datetime(2026, 11, 22, tzinfo=UTC)
     # How long the load DAG waits for an hour to close before failing.
     load_wait_timeout_s: int = 6 * 3600
-    # How the load DAG runs its Spark steps: "spark-submit" (SparkSubmitOperator,
-    # connection adpipe_spark), "in-process" (in the task's own process) or
-    # "warm" (in the warm load driver, adpipe.lakehouse.warm, started if none runs).
-    load_submit: str = "spark-submit"
+    # How the load DAG runs its Spark steps: "warm" (in the home's warm load
+    # driver, adpipe.lakehouse.warm, started by the first step if none runs:
+    # LocalExecutor, as make airflow and docker compose run Airflow),
+    # "spark-submit" (SparkSubmitOperator, connection adpipe_spark: an
+    # executor whose tasks land on other hosts) or "in-process".
+    load_submit: str = "warm"
     # Whether load, validate, maintain and verify --hour run in the warm load
     # driver: "auto" (when one runs with this session's settings), "on" (and
     # start one when none runs) or "off" (always in their own process).
@@ -557,7 +559,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         stream_standby=choice(env, "ADPIPE_STREAM_STANDBY", ("off", "on")) == "on",
         load_start=utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
         load_wait_timeout_s=integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
-        load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("spark-submit", "in-process", "warm")),
+        load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("warm", "spark-submit", "in-process")),
         load_warm=choice(env, "ADPIPE_LOAD_WARM", ("auto", "on", "off")),
         load_warm_idle_s=integer(env, "ADPIPE_LOAD_WARM_IDLE_S", Settings.load_warm_idle_s, 10),
         vacuum_retention_h=integer(env, "ADPIPE_VACUUM_RETENTION_H", Settings.vacuum_retention_h, 168),

@@ -159,9 +159,9 @@ def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> No
 
 
 def test_load_submit_and_metastore_database_are_checked() -> None:
-    assert load_settings({}).load_submit == "spark-submit"
+    assert load_settings({}).load_submit == "warm"
     assert load_settings({"ADPIPE_LOAD_SUBMIT": "in-process"}).load_submit == "in-process"
-    with pytest.raises(SettingsError, match="ADPIPE_LOAD_SUBMIT='yarn' must be one of spark-submit, in-process"):
+    with pytest.raises(SettingsError, match="ADPIPE_LOAD_SUBMIT='yarn' must be one of warm, spark-submit, in-process"):
         load_settings({"ADPIPE_LOAD_SUBMIT": "yarn"})
     assert load_settings({}).metastore_database == "adpipe_metastore"
     assert load_settings({"ADPIPE_METASTORE_DATABASE": "ms_eu_1"}).metastore_database == "ms_eu_1"

@@ -187,10 +187,10 @@ _CLI_STEP = {"stage": "stage", "validate": "audit", "publish": "publish"}
 
 class LoadStepOperator(SparkSubmitOperator):
     """One Spark step of the load (``stage``, ``validate`` or ``publish``):
-    ``spark-submit jobs/union_and_load.py --step ...`` through the Spark
-    provider (connection ``adpipe_spark``), in the home's warm load driver
-    when ``ADPIPE_LOAD_SUBMIT=warm`` (adpipe.lakehouse.warm), or in the
-    task's own process when ``in-process``. The hour comes from the run's
+    in the home's warm load driver (``ADPIPE_LOAD_SUBMIT=warm``, the
+    default; adpipe.lakehouse.warm), ``spark-submit jobs/union_and_load.py
+    --step ...`` through the Spark provider (connection ``adpipe_spark``),
+    or in the task's own process when ``in-process``. The hour comes from the run's
     ``hour`` param or data interval; the staged run passes from step to step
     in :func:`run_file`. Returns the step's result (XCom)."""
 
