@@ -59,13 +59,16 @@ def test_status_reports_the_running_servers_a_budget_service_and_the_stream_jobs
     settings = load_settings(env)
     kafka_io.ensure_pipeline_topics(settings)
     plan = produce.plan(produce.ProduceSpec(events=25, seed=3))
+    before = time.time()
     sent = produce.send(settings.kafka, settings.topics.events, plan)
+    sent_at = time.time()
     budget_log = tmp_path / "budget.log"
     with budget_log.open("w") as log:
         budget = subprocess.Popen([sys.executable, "-m", "adpipe", "budget"], env=env, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 45
         while True:
+            asked_at = time.time()
             report, _took = _status(env)
             rows = _rows(report)
             if rows["budget"]["state"] == "up" or time.monotonic() > deadline:
@@ -83,13 +86,16 @@ def test_status_reports_the_running_servers_a_budget_service_and_the_stream_jobs
         # Nobody runs this job: down, nothing committed, every raw record sent waiting.
         assert stream["state"] == "down" and stream["address"] == settings.checkpoint_uri
         assert stream["facts"]["last_batch"] is None and stream["facts"]["lag"] == sent >= 25
+        # ...the oldest since the broker took it (LogAppendTime): between the send and the status call.
+        assert asked_at - sent_at - 1 <= stream["facts"]["lag_s"] <= time.time() - before + 1, stream
+        assert f"lag {sent} records, the oldest " in stream["detail"]
 
         assert service["state"] == "up", service
         assert service["facts"]["pids"] == [budget.pid]
         assert service["facts"]["lag"] == 0  # the job wrote no aggregates yet
         assert service["logs"] == [str(budget_log)]
 
-        assert {rows["spark"]["state"], rows["airflow"]["state"]} == {"down"}
+        assert {rows["spark"]["state"], rows["airflow"]["state"], rows["load"]["state"]} == {"down"}
     finally:
         budget.terminate()
         budget.wait(timeout=60)

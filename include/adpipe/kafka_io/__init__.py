@@ -33,9 +33,23 @@ from adpipe.kafka_io.coordinator import (
     java_string_hash,
 )
 from adpipe.kafka_io.groups import GroupMember, committed_offsets, group_commits, group_members
-from adpipe.kafka_io.ledger import committed_outputs, committed_watermark, ledger_group, stream_commits, stream_lag
+from adpipe.kafka_io.ledger import (
+    committed_outputs,
+    committed_watermark,
+    ledger_group,
+    stream_commits,
+    stream_lag,
+    stream_lag_seconds,
+)
 from adpipe.kafka_io.offsets import end_offsets, first_retained, offset_bounds, offsets_for_times, start_offsets
-from adpipe.kafka_io.records import MissingRecordError, Record, read_positions, read_topic, readable_records
+from adpipe.kafka_io.records import (
+    MissingRecordError,
+    Record,
+    first_timestamps,
+    read_positions,
+    read_topic,
+    readable_records,
+)
 from adpipe.kafka_io.topics import (
     BROKER_TIME,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -80,6 +94,8 @@ __all__ = [
     "read_positions",
     "read_topic",
     "readable_records",
+    "first_timestamps",
+    "stream_lag_seconds",
     "refusal",
     "start_offsets",
     "stream_commits",

@@ -1,16 +1,18 @@
 """Where a stream job's committed input offsets are: its ledger group, and
 what the ledger's commits say (the last batch's watermark and output ends)
-and leave undone (the job's lag on its raw topic). The stream job writes
+and leave undone (the job's lag on its raw topic, in records and seconds). The stream job writes
 the ledger in each batch's transaction (adpipe.stream.sink); loads, verify,
 status and the supervisor read it through these."""
 
 from __future__ import annotations
 
 import json
+import time
 
 from adpipe.kafka_access import Region
 from adpipe.kafka_io.groups import group_commits
 from adpipe.kafka_io.offsets import end_offsets
+from adpipe.kafka_io.records import first_timestamps
 from adpipe.settings import Settings
 
 
@@ -56,3 +58,26 @@ def stream_lag(
     ends = end_offsets(region.kafka, region.topics.events, timeout_s=timeout_s)
     done = stream_commits(region, timeout_s) if commits is None else commits
     return {p: max(0, end - done.get(p, (0, ""))[0]) for p, end in sorted(ends.items())}
+
+
+def stream_lag_seconds(
+    region: Settings | Region,
+    lag_by_partition: dict[int, int],
+    commits: dict[int, tuple[int, str]] | None = None,
+    now: float | None = None,
+    timeout_s: float = 30.0,
+) -> float | None:
+    """How long the oldest raw record a region's stream job has not
+    committed has waited: now minus its timestamp (the broker's, on a raw
+    topic adpipe created; the producer's on a ``CreateTime`` topic). 0 with
+    no lag; None when no waiting record is readable."""
+    starts = {p: n for p, n in lag_by_partition.items() if n > 0}
+    if not starts:
+        return 0.0
+    done = stream_commits(region, timeout_s) if commits is None else commits
+    stamps = first_timestamps(region.kafka, region.topics.events, {p: done.get(p, (0, ""))[0] for p in starts},
+                              timeout_s)
+    waiting = [t for t in stamps.values() if t > 0]
+    if not waiting:
+        return None
+    return max(0.0, (time.time() if now is None else now) - min(waiting) / 1000)

@@ -137,6 +137,35 @@ def readable_records(
     return counts
 
 
+def first_timestamps(
+    kafka: KafkaAccess | str, topic: str, starts: dict[int, int], timeout_s: float = 30.0
+) -> dict[int, int]:
+    """Per partition: the timestamp (epoch ms) of the first record a
+    read_committed consumer reads from ``starts[p]`` on; a partition with
+    none there is absent."""
+    found: dict[int, int] = {}
+    pending = set(starts)
+    if not pending:
+        return found
+    consumer = _reader(kafka, "read_committed")
+    try:
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(pending)])
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.partition() not in pending:
+                continue
+            pending.discard(msg.partition())
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(msg.error())
+                continue
+            found[msg.partition()] = msg.timestamp()[1]
+    finally:
+        consumer.close()
+    return found
+
+
 class MissingRecordError(RuntimeError):
     """A record asked for by position was not there (deleted, or aborted)."""
 

@@ -91,6 +91,7 @@ class StreamHealth:
     watermark_ms: int | None
     lag: int
     lag_by_partition: dict[int, int] = field(default_factory=dict)
+    lag_s: float | None = None  # how long the oldest waiting raw record has waited (None: unknown)
     stalled: bool = False
     starts: int = 0
     restarts_in_window: int = 0
@@ -100,13 +101,16 @@ class StreamHealth:
     def needs_start(self) -> bool:
         return not self.alive or self.stalled
 
+    def _lag_age(self) -> str:
+        return "" if not self.lag or self.lag_s is None else f", the oldest {self.lag_s:.0f} s"
+
     def describe(self) -> str:
         state = "stalled" if self.stalled else ("alive" if self.alive else "down")
         age = "never" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.0f}s ago"
         standby = f"standby pid {', '.join(map(str, self.standby_pids))}" if self.standby_pids else "no standby"
         return (
             f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}; {standby}); last batch {self.last_batch} "
-            f"{age}; lag {self.lag} records; restarts in window {self.restarts_in_window}"
+            f"{age}; lag {self.lag} records{self._lag_age()}; restarts in window {self.restarts_in_window}"
         )
 
 
@@ -118,8 +122,14 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
     pid = state.get("pid")
     beat = read_heartbeat(settings)
     age = now - beat["at"] if beat else None
-    lag_by_partition = kafka_io.stream_lag(settings)
+    commits = kafka_io.stream_commits(settings)
+    lag_by_partition = kafka_io.stream_lag(settings, commits)
     lag = sum(lag_by_partition.values())
+    try:
+        lag_s = kafka_io.stream_lag_seconds(settings, lag_by_partition, commits, now)
+    except Exception as exc:  # noqa: BLE001 - the count stands without its age
+        log.warning("the age of the stream's lag is unknown: %s", exc)
+        lag_s = None
     holder = checkpoint_lock.holder(settings)
     if process_alive(pid):
         alive, how = True, "process"
@@ -156,6 +166,7 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         watermark_ms=beat.get("watermark_ms") if beat else None,
         lag=lag,
         lag_by_partition=lag_by_partition,
+        lag_s=lag_s,
         stalled=stalled,
         starts=len(state.get("starts", [])),
         restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),

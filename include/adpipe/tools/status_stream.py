@@ -119,7 +119,7 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
         parts.append(f"last failover{at_text(failover.get('at'), now)}: {failover.get('reason')}, "
                      f"next batch {failover.get('seconds')} s after")
     parts.append(_last_batch(progress, beat, facts, now))
-    lag = _stream_lag(settings, kafka_up, facts)
+    lag = _stream_lag(settings, kafka_up, facts, now)
     stalled = False
     if pid and facts["lag"] is not None:
         started_at = supervised.get("started_at") if pid == supervised_pid else liveness.process_started_at(pid)
@@ -166,7 +166,7 @@ def _last_batch(
     return f"last batch {batch}" + at_text(at, now)
 
 
-def _stream_lag(settings: Settings, kafka_up: bool, facts: dict[str, Any]) -> str:
+def _stream_lag(settings: Settings, kafka_up: bool, facts: dict[str, Any], now: float) -> str:
     from adpipe import kafka_io
 
     facts["lag"] = None
@@ -176,8 +176,16 @@ def _stream_lag(settings: Settings, kafka_up: bool, facts: dict[str, Any]) -> st
         by_partition = kafka_io.stream_lag(settings, timeout_s=CALL_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - the row still says what else is known
         return f"lag unknown ({reason(exc)})"
-    facts.update(lag=sum(by_partition.values()), lag_by_partition=by_partition)
-    return f"lag {facts['lag']} records"
+    facts.update(lag=sum(by_partition.values()), lag_by_partition=by_partition, lag_s=None)
+    if not facts["lag"]:
+        facts["lag_s"] = 0.0
+        return "lag 0 records"
+    try:
+        facts["lag_s"] = kafka_io.stream_lag_seconds(settings, by_partition, now=now, timeout_s=CALL_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - the count stands without its age
+        return f"lag {facts['lag']} records (its age unknown: {reason(exc)})"
+    return f"lag {facts['lag']} records" + ("" if facts["lag_s"] is None else f", the oldest {facts['lag_s']:.0f} s")
+
 
 
 def described_stream_settings(settings: Settings) -> tuple[Settings, str]:

@@ -318,7 +318,8 @@ def test_a_driver_holding_the_checkpoint_is_the_live_job_when_the_one_started_di
     from adpipe.stream.checkpoint_lock import checkpoint_lock
 
     settings = _settings(tmp_path)
-    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings: {0: 0})
+    monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings: {0: (5, "")})
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, _commits: {0: 0})
     record_start(settings, 2**22 + 12345, tmp_path / "gone.log")  # a pid that does not run
     health = inspect(settings)
     assert (health.alive, health.how, health.needs_start) == (False, "down", True)

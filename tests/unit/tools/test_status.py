@@ -106,6 +106,7 @@ def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rul
     nor a poll for ADPIPE_STREAM_STALL_S since the job started. The broker's
     answer (the lag) is the one input given here."""
     from adpipe import kafka_io
+    from adpipe.kafka_io import ledger
     from adpipe.stream import liveness
 
     settings = _settings(tmp_path, ADPIPE_STREAM_STALL_S="300")
@@ -114,6 +115,11 @@ def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rul
     started = liveness.process_started_at(os.getpid())
     assert started is not None and abs(started - time.time()) < 3600  # this process: the job, as the lock says
     now = started + 1000
+    # The oldest waiting record: the first one after the job's committed offset, of a partition with lag.
+    monkeypatch.setattr(ledger, "stream_commits", lambda _settings, timeout_s=None: {0: (1000, ""), 1: (7, "")})
+    asked: list[dict[int, int]] = []
+    monkeypatch.setattr(ledger, "first_timestamps", lambda _kafka, _topic, starts, timeout_s=None: (
+        asked.append(dict(starts)) or {p: int((now - 42) * 1000) for p in starts}))
 
     def beat(at: float) -> None:
         path = liveness.heartbeat_path(settings)
@@ -125,6 +131,8 @@ def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rul
         liveness.mark_polled(settings, now - 320)
         row = status.stream_component(settings, kafka_up=True, now=now)
         assert row.state == DEGRADED and row.facts["stalled"] and row.facts["lag"] == 500
+        assert "lag 500 records, the oldest 42 s" in row.detail and row.facts["lag_s"] == 42
+        assert asked[-1] == {0: 1000}
         assert "stalled: input waits and no batch finished nor poll for over 300 s" in row.detail
         liveness.mark_polled(settings, now - 10)  # Spark reported progress or idling 10 s ago
         assert status.stream_component(settings, kafka_up=True, now=now).state == UP
