@@ -120,6 +120,7 @@ def test_with_nothing_running_and_no_home_every_row_is_down_quickly(tmp_path: Pa
         "postgres": "down",
         "stream": "down",
         "budget": "down",
+        "load": "down",
         "spark": "down",
         "airflow": "down",
     }

@@ -250,6 +250,23 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
     assert "passed" in result.describe()
 
 
+def test_the_docs_index_lists_the_newest_results_only(
+    spark: SparkSession, settings, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """GE rebuilds the index from every stored result after each run: it is
+    bounded to the newest DOCS_INDEX_LIMIT (here 3: one hour's three suites)."""
+    from adpipe.lakehouse.quality import context as gx_context
+
+    monkeypatch.setattr(gx_context, "DOCS_INDEX_LIMIT", 3)
+    for hour in (HOUR, HOUR + timedelta(hours=1)):
+        result = Q.validate_frames(settings, hour, frames(spark))
+    index = result.data_docs.read_text()
+    assert "adpipe-2026-11-22T13" in index and "adpipe-2026-11-22T12" not in index
+    # The older hour's pages are still built, and reachable from its own page.
+    assert list(result.data_docs.parent.glob("validations/*/adpipe-2026-11-22T12/*/*.html"))
+    assert "validation_results_limit: 3" in (settings.home / "gx" / "great_expectations.yml").read_text()
+
+
 def test_injected_duplicate_aggregate_fires_naming_the_expectation(spark: SparkSession, settings) -> None:
     result = Q.validate_frames(settings, HOUR, frames(spark, agg_rows=[*AGG_ROWS, AGG_ROWS[0]]))
     assert not result.success

@@ -21,6 +21,12 @@ from adpipe.settings import Settings
 DATASOURCE = "adpipe_spark"
 BATCH_DEFINITION = "whole_dataframe"
 DOCS_SITE = "local_site"
+# The Data Docs index lists this many newest validation results. GE rebuilds
+# the index after every checkpoint run by reading every stored result: left
+# unbounded, an hourly gate (three results an hour) pays for its whole
+# history each time. Older pages stay on disk, linked from each hour's page
+# (adpipe.orchestration.load_tasks.publish_data_docs).
+DOCS_INDEX_LIMIT = 500
 
 
 def gx_root(settings: Settings) -> Path:
@@ -57,6 +63,7 @@ def set_up_checkpoints(settings: Settings) -> tuple[Any, dict[str, Any]]:
     if not progress_bars_off:
         context.variables.progress_bars = ProgressBarsConfig(globally=False)
         context.variables.save()
+    _limit_the_docs_index(context)
 
     # Not add_or_update_spark: updating the data source replaces it with one
     # without assets, which breaks the stored batch definitions' references.
@@ -93,6 +100,19 @@ def set_up_checkpoints(settings: Settings) -> tuple[Any, dict[str, Any]]:
             )
         )
     return context, checkpoints
+
+
+def _limit_the_docs_index(context: Any) -> None:
+    """The local site's index lists the newest DOCS_INDEX_LIMIT results."""
+    sites = dict(context.variables.data_docs_sites or {})
+    site = dict(sites.get(DOCS_SITE) or {})
+    builder = dict(site.get("site_index_builder") or {"class_name": "DefaultSiteIndexBuilder"})
+    if not site or builder.get("validation_results_limit") == DOCS_INDEX_LIMIT:
+        return
+    builder["validation_results_limit"] = DOCS_INDEX_LIMIT
+    sites[DOCS_SITE] = {**site, "site_index_builder": builder}
+    context.variables.data_docs_sites = sites
+    context.variables.save()
 
 
 def docs_site(settings: Settings) -> Path | None:
