@@ -21,7 +21,9 @@ minutes** (one at a time, no catchup) that supervises it:
    a job started by hand heartbeats); fails with the job's log tail if it died.
 3. `check_stream` — liveness (pid and command line, else heartbeat age),
    consumer lag (raw topic end offsets minus the offsets the job committed
-   in its last transaction), restarts within `ADPIPE_STREAM_RESTART_WINDOW_S`.
+   in its last transaction, and how long the oldest waiting record has
+   waited), restarts within `ADPIPE_STREAM_RESTART_WINDOW_S`; its line names
+   the active driver, the standby and the last failover.
    Fails — and so alerts — when restarts pass `ADPIPE_STREAM_MAX_RESTARTS` or
    lag passes `ADPIPE_STREAM_MAX_LAG`.
 

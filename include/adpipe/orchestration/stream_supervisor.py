@@ -53,6 +53,7 @@ from adpipe.stream.liveness import (
     input_stalled,
     polled_at,
     process_alive,
+    read_failover,
     read_heartbeat,
     read_state,
     stream_dir,
@@ -96,6 +97,7 @@ class StreamHealth:
     starts: int = 0
     restarts_in_window: int = 0
     standby_pids: list[int] = field(default_factory=list)  # standby drivers waiting for the checkpoint
+    last_failover: dict[str, Any] | None = None  # the last standby takeover (liveness.record_failover)
 
     @property
     def needs_start(self) -> bool:
@@ -108,9 +110,15 @@ class StreamHealth:
         state = "stalled" if self.stalled else ("alive" if self.alive else "down")
         age = "never" if self.heartbeat_age_s is None else f"{self.heartbeat_age_s:.0f}s ago"
         standby = f"standby pid {', '.join(map(str, self.standby_pids))}" if self.standby_pids else "no standby"
+        failover = self.last_failover
+        took_over = (
+            f"; last failover {time.time() - failover['at']:.0f}s ago ({failover.get('reason')}, next batch "
+            f"{failover.get('seconds')}s after)" if failover and "at" in failover else ""
+        )
         return (
             f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}; {standby}); last batch {self.last_batch} "
             f"{age}; lag {self.lag} records{self._lag_age()}; restarts in window {self.restarts_in_window}"
+            f"{took_over}"
         )
 
 
@@ -171,6 +179,7 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         starts=len(state.get("starts", [])),
         restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),
         standby_pids=checkpoint_lock.waiters(settings),
+        last_failover=read_failover(settings),
     )
 
 

@@ -348,3 +348,14 @@ def test_the_health_line_names_the_active_driver_and_the_standby() -> None:
     line = _health(pid=41, standby_pids=[42]).describe()
     assert line.startswith("stream unit: alive (process, pid 41; standby pid 42); last batch 3 ")
     assert "(process, pid 41; no standby)" in _health(pid=41).describe()
+
+
+def test_the_health_line_gives_the_lags_age_and_the_last_failover() -> None:
+    import time
+
+    line = _health(pid=41, lag=12, lag_s=7.4, last_failover={
+        "at": time.time() - 30, "reason": "the active driver died", "seconds": 5.9}).describe()
+    assert "lag 12 records, the oldest 7 s;" in line
+    assert line.endswith("last failover 30s ago (the active driver died, next batch 5.9s after)")
+    quiet = _health(pid=41, lag=0, lag_s=0.0).describe()
+    assert "lag 0 records;" in quiet and "failover" not in quiet
