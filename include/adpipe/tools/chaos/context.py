@@ -57,6 +57,9 @@ def run_env(settings: Settings, run_id: str, run_home: Path) -> dict[str, str]:
         # Faults delay partitions unevenly: a late event is a correct outcome
         # (listed once in the late topic), never a reason to hold a load back.
         "ADPIPE_MAX_LATE_SHARE": "1",
+        # A load kill must kill the load: each runs in a process of its own,
+        # never in a warm load driver (whose client's death stops nothing).
+        "ADPIPE_LOAD_WARM": "off",
     }
 
 
