@@ -19,10 +19,11 @@ interval). `catchup=True` from `ADPIPE_LOAD_START`, one run at a time;
 runs past hours the same way. A manual run may name its hour in the `hour`
 param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
 
-1. `wait_for_hour_closed` — sensor (reschedule mode, timeout
-   `ADPIPE_LOAD_WAIT_TIMEOUT_S`): every region's stream has closed the hour
-   (watermark past its end; a quiet region: no lag and the clock past the
-   end plus the lateness).
+1. `wait_for_hour_closed` — sensor (timeout `ADPIPE_LOAD_WAIT_TIMEOUT_S`):
+   every region's stream has closed the hour (watermark past its end; a
+   quiet region: no lag and the clock past the end plus the lateness). It
+   asks once, then defers to a trigger that asks every 10 s in Airflow's
+   triggerer (no worker slot held): the load starts seconds after the close.
 2. `stage` — the new records of every region into `ads_staging.*`.
    `stage`, `validate` and `publish` run in the home's warm load driver
    (`adpipe load --serve`, started by the first step if none runs: one
@@ -54,6 +55,7 @@ from datetime import timedelta
 
 from adpipe.orchestration.alerts import notify_failure
 from adpipe.orchestration.assets import TABLE_ASSETS
+from adpipe.orchestration.hour_closed import HourClosedSensor
 from adpipe.orchestration.load_tasks import LoadStepOperator
 from adpipe.settings import load_settings
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
@@ -92,13 +94,9 @@ with DAG(
             context.get("params"), context.get("data_interval_start"), context.get("data_interval_end")
         )
 
-    @task.sensor(
-        task_id="wait_for_hour_closed", poke_interval=60, timeout=_settings.load_wait_timeout_s, mode="reschedule"
-    )
-    def wait_for_hour_closed(**context) -> bool:  # noqa: ANN003
-        from adpipe.orchestration import load_tasks
-
-        return load_tasks.hour_is_closed(load_settings(), _hour(context))
+    # Asks once, then waits in the triggerer (no worker slot held), asking
+    # every 10 s: the load starts seconds after the hour closes.
+    hour_closed = HourClosedSensor(task_id="wait_for_hour_closed", timeout=_settings.load_wait_timeout_s)
 
     # The Spark steps: in the warm load driver, or with ADPIPE_LOAD_SUBMIT=
     # spark-submit|in-process (see the doc above).
@@ -123,7 +121,7 @@ with DAG(
 
     checked = [validate, verify()]
     docs = publish_data_docs()
-    wait_for_hour_closed() >> staged >> checked
+    hour_closed >> staged >> checked
     # The audit's Data Docs are linked whatever it found (all_done), before
     # the data is published; publish is the one leaf, so a failed audit
     # fails the run (an all_done leaf would make it succeed).

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -359,3 +359,42 @@ def test_the_health_line_gives_the_lags_age_and_the_last_failover() -> None:
     assert line.endswith("last failover 30s ago (the active driver died, next batch 5.9s after)")
     quiet = _health(pid=41, lag=0, lag_s=0.0).describe()
     assert "lag 0 records;" in quiet and "failover" not in quiet
+
+
+def test_the_hour_closed_sensor_defers_to_a_trigger_that_fires_when_the_hour_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An hour closed already: True at once. Else the sensor defers (no
+    worker slot held) to a trigger that asks again every interval_s and
+    fires the moment the hour closes."""
+    import asyncio
+
+    from adpipe.orchestration import hour_closed
+    from airflow.sdk.exceptions import TaskDeferred
+
+    hour = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    context = {"params": {}, "data_interval_start": hour, "data_interval_end": hour + timedelta(hours=1)}
+    answers: list[bool] = []
+    monkeypatch.setattr(hour_closed, "hour_is_closed", lambda _settings, asked: asked == hour and answers.pop(0))
+    sensor = hour_closed.HourClosedSensor(task_id="wait_for_hour_closed", timeout=600, interval_s=0.01)
+
+    answers[:] = [True]
+    assert sensor.execute(context) is True
+    answers[:] = [False]
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    trigger = deferred.value.trigger
+    assert deferred.value.method_name == "execute_complete" and deferred.value.timeout == timedelta(seconds=600)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "adpipe.orchestration.hour_closed.HourClosedTrigger"
+    assert kwargs == {"hour": "2026-11-22T12", "interval_s": 0.01}
+
+    async def first_event() -> object:
+        async for event in hour_closed.HourClosedTrigger(**kwargs).run():
+            return event
+        return None
+
+    answers[:] = [False, False, True]  # closed at the third question
+    event = asyncio.run(first_event())
+    assert event.payload == {"hour": "2026-11-22T12", "closed": True} and answers == []
+    assert sensor.execute_complete(context, event.payload) is True
