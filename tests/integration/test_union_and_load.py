@@ -21,7 +21,7 @@ from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
 from adpipe.tools import verify
 
-from tests.integration.helpers import Pipeline, dump, in_hour, make_pipeline, send
+from tests.integration.helpers import Pipeline, dump, in_hour, make_pipeline, send, warm_env
 
 HOUR = "2026-11-22T12"
 
@@ -191,7 +191,8 @@ def _commits(regions: Regions) -> dict[str, list[str]]:
 
 def test_rerun_changes_nothing(regions: Regions) -> None:
     before = _commits(regions)
-    proc = _adpipe(regions.env, "load", "--hour", HOUR)
+    # In a warm load driver (the DAG's default), which verify --hour below uses too.
+    proc = _adpipe(warm_env(regions.env), "load", "--hour", HOUR)
     out = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, out[-4000:]
     inserted = [int(n) for n in re.findall(r"\+(\d+) of", out)]
@@ -219,7 +220,7 @@ def test_verify_hour_checks_the_tables_against_kafka(regions: Regions, tmp_path:
     # (That verify names missing, unexpected, duplicated and wrong rows is
     # tested on the comparison itself in tests/unit/test_load.py.)
     report_path = tmp_path / "verify.json"
-    proc = _adpipe(regions.env, "verify", "--hour", HOUR, "--report", str(report_path))
+    proc = _adpipe(warm_env(regions.env), "verify", "--hour", HOUR, "--report", str(report_path))
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out[-4000:]
     tables = json.loads(report_path.read_text())["tables"]
