@@ -173,18 +173,17 @@ def _stream_lag(settings: Settings, kafka_up: bool, facts: dict[str, Any], now: 
     if not kafka_up:
         return "lag unknown (the broker does not answer)"
     try:
-        by_partition = kafka_io.stream_lag(settings, timeout_s=CALL_TIMEOUT_S)
+        commits = kafka_io.stream_commits(settings, CALL_TIMEOUT_S)  # read once: the count and its age
+        by_partition = kafka_io.stream_lag(settings, commits, timeout_s=CALL_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - the row still says what else is known
         return f"lag unknown ({reason(exc)})"
     facts.update(lag=sum(by_partition.values()), lag_by_partition=by_partition, lag_s=None)
-    if not facts["lag"]:
-        facts["lag_s"] = 0.0
-        return "lag 0 records"
     try:
-        facts["lag_s"] = kafka_io.stream_lag_seconds(settings, by_partition, now=now, timeout_s=CALL_TIMEOUT_S)
+        facts["lag_s"] = kafka_io.stream_lag_seconds(settings, by_partition, commits, now, CALL_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - the count stands without its age
         return f"lag {facts['lag']} records (its age unknown: {reason(exc)})"
-    return f"lag {facts['lag']} records" + ("" if facts["lag_s"] is None else f", the oldest {facts['lag_s']:.0f} s")
+    age = "" if not facts["lag"] or facts["lag_s"] is None else f", the oldest {facts['lag_s']:.0f} s"
+    return f"lag {facts['lag']} records{age}"
 
 
 

@@ -111,12 +111,12 @@ def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rul
 
     settings = _settings(tmp_path, ADPIPE_STREAM_STALL_S="300")
     lag = {0: 500, 1: 0}
-    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, timeout_s=None: dict(lag))
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, _commits, timeout_s=None: dict(lag))
     started = liveness.process_started_at(os.getpid())
     assert started is not None and abs(started - time.time()) < 3600  # this process: the job, as the lock says
     now = started + 1000
     # The oldest waiting record: the first one after the job's committed offset, of a partition with lag.
-    monkeypatch.setattr(ledger, "stream_commits", lambda _settings, timeout_s=None: {0: (1000, ""), 1: (7, "")})
+    monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings, timeout_s=None: {0: (1000, ""), 1: (7, "")})
     asked: list[dict[int, int]] = []
     monkeypatch.setattr(ledger, "first_timestamps", lambda _kafka, _topic, starts, timeout_s=None: (
         asked.append(dict(starts)) or {p: int((now - 42) * 1000) for p in starts}))
