@@ -282,7 +282,8 @@ def _warm_up(settings: Settings) -> None:
     metastore_session(settings, "adpipe-load-warm").sql("SELECT 1").collect()
 
 
-def _session_alive() -> bool:
+def _after_request() -> bool:
+    """Drop what the request cached; whether the Spark session still lives."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession._instantiatedSession  # noqa: SLF001 - pyspark's one handle on the live session
@@ -383,7 +384,7 @@ class _Server:
                 _send(conn, {"started": os.getpid()})  # from here on, a lost driver is a failed command
                 code = self._run(conn, request)
                 self.last_request = time.monotonic()
-                alive = _session_alive()
+                alive = _after_request()
             with contextlib.suppress(OSError):
                 _send(conn, {"exit": code})
             if not alive:
