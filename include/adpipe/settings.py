@@ -229,6 +229,10 @@ class Settings(_Locations):
     # The quality gate fails an hour whose late events are more than this
     # share of its valid events (a stream far behind, a producer replaying).
     max_late_share: float = 0.01
+    # The gate checks an hour of at most this many raw events plus windows in
+    # pandas (GE's pandas engine: seconds less than its Spark engine's per
+    # hour); a bigger hour in Spark. 0: always Spark.
+    gate_pandas_max_rows: int = 500_000
     # How long a load waits for the stream's last batch's output to become
     # readable (its transaction markers) before it fails, retriably.
     load_output_wait_s: int = 60
@@ -516,6 +520,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_future_skew_s=integer(env, "ADPIPE_MAX_FUTURE_SKEW_S", Settings.max_future_skew_s),
         late_dedupe_retention_s=integer(env, "ADPIPE_LATE_DEDUPE_RETENTION_S", Settings.late_dedupe_retention_s),
         max_late_share=share(env, "ADPIPE_MAX_LATE_SHARE", Settings.max_late_share),
+        gate_pandas_max_rows=integer(env, "ADPIPE_GATE_PANDAS_MAX_ROWS", Settings.gate_pandas_max_rows),
         load_output_wait_s=integer(env, "ADPIPE_LOAD_OUTPUT_WAIT_S", Settings.load_output_wait_s, 0),
         checkpoint_base_uri=uri(env, "ADPIPE_CHECKPOINT_URI"),
         warehouse_base_uri=uri(env, "ADPIPE_WAREHOUSE_URI"),

@@ -238,6 +238,7 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
         (page,) = result.data_docs.parent.glob(f"validations/{name}/adpipe-2026-11-22T12/*/*.html")
     body = json.loads(result.results_path.read_text())
     assert body["success"] is True and body["hour"] == "2026-11-22T12:00:00+00:00"
+    assert body["engine"] == "pandas"  # a small hour
     assert set(body["suites"]) == {Q.RAW_NAME, Q.AGGREGATES_NAME, Q.RECONCILIATION_NAME}
     # GE's own validation results store kept every suite's result too.
     stored = list((settings.home / "gx" / "uncommitted" / "validations").rglob("*.json"))
@@ -248,6 +249,30 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
     }
     result.raise_for_failure()  # no exception
     assert "passed" in result.describe()
+
+
+def test_the_engine_follows_the_hour_size_and_both_give_the_same_results(spark: SparkSession, tmp_path: Path) -> None:
+    """The fixture hour is 5 raw events and 2 windows: pandas at a limit of
+    7 rows, Spark at 6, in one GE context (its checkpoints move between the
+    two data sources); the same verdict, checks and parameters either way."""
+
+    def run(limit: int, agg_rows: list[tuple] = AGG_ROWS) -> tuple[str, Q.QualityResult]:
+        at_limit = load_settings(
+            {"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.25", "ADPIPE_GATE_PANDAS_MAX_ROWS": str(limit)}
+        )
+        result = Q.validate_frames(at_limit, HOUR, frames(spark, agg_rows=agg_rows))
+        return json.loads(result.results_path.read_text())["engine"], result
+
+    (small, on_pandas), (big, on_spark) = run(7), run(6)
+    assert (small, big) == ("pandas", "spark")
+    assert on_pandas.success and on_spark.success
+    assert on_pandas.evaluated == on_spark.evaluated == 29 and on_pandas.parameters == on_spark.parameters
+    # A defect fails the same expectation, naming the same rows, on both.
+    doubled = [*AGG_ROWS, agg("u3", "ad-2", at(1), 1, 0)]
+    failures = {engine: result.failed for engine, result in (run(7, doubled), run(6, doubled))}
+    assert set(failures) == {"pandas", "spark"}
+    assert failures["pandas"] == failures["spark"] != []
+    assert any("ad_id='ad-2'" in line and "2026-11-22T12:01:00" in line for line in failures["pandas"])
 
 
 def test_the_docs_index_lists_the_newest_results_only(
@@ -384,12 +409,16 @@ def test_totals_mismatch_names_the_sum(spark: SparkSession, settings) -> None:
     assert "min_value=1, max_value=1" in line and "observed 2" in line
 
 
-def test_count_type_must_be_long(spark: SparkSession, settings) -> None:
+@pytest.mark.parametrize(("limit", "observed"), [("0", "observed 'DoubleType'"), ("1000", "observed 'float64'")])
+def test_count_type_must_be_long(spark: SparkSession, tmp_path: Path, limit: str, observed: str) -> None:
+    settings = load_settings(
+        {"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.25", "ADPIPE_GATE_PANDAS_MAX_ROWS": limit}
+    )
     f = frames(spark)
     doubled = f.aggregates_df.withColumn("impressions", F.col("impressions").cast("double"))
     result = Q.validate_frames(settings, HOUR, Q.HourFrames(f.raw_df, f.quarantine_df, doubled))
     assert not result.success
-    failed_with(result, "expect_column_values_to_be_of_type", "column='impressions'", "observed 'DoubleType'")
+    failed_with(result, "expect_column_values_to_be_of_type", "column='impressions'", observed)
 
 
 def test_raw_duplicate_event_id_fails(spark: SparkSession, settings) -> None:

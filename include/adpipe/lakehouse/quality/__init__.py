@@ -1,7 +1,8 @@
 """Great Expectations 1.x: the exactly-once proof for one hour of the Delta tables.
 
 For one UTC ``event_hour`` this module reads the three tables of
-:mod:`adpipe.lakehouse.tables` and runs three GE checkpoints on Spark DataFrames:
+:mod:`adpipe.lakehouse.tables` and runs three GE checkpoints on the hour's
+DataFrames (Spark's, or collected to pandas for a small hour):
 
 * ``adpipe_ad_events_raw`` on the raw events: ``event_id`` unique, a known
   ``event_type``, ``event_hour`` = the hour of ``event_time``.

@@ -1,7 +1,8 @@
 """The gate's Great Expectations context: file-backed under
-``settings.home / "gx"``, with one data source, and per gate a data asset,
-batch definition, suite, validation definition and checkpoint, created or
-updated on every run under a file lock (GE's stores do get-then-add, so two
+``settings.home / "gx"``, with a data source per engine (Spark, pandas), a
+data asset and batch definition per gate in each, and per gate a suite,
+validation definition and checkpoint bound to the engine of the run, created
+or updated on every run under a file lock (GE's stores do get-then-add, so two
 processes would race on "already exists"). Each checkpoint's
 ``UpdateDataDocsAction`` rebuilds the HTML Data Docs of the local site."""
 
@@ -15,10 +16,10 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from adpipe.lakehouse.quality.report import EXAMPLES
-from adpipe.lakehouse.quality.suites import GATES
+from adpipe.lakehouse.quality.suites import GATES, PANDAS, SPARK
 from adpipe.settings import Settings
 
-DATASOURCE = "adpipe_spark"
+DATASOURCES = {SPARK: "adpipe_spark", PANDAS: "adpipe_pandas"}
 BATCH_DEFINITION = "whole_dataframe"
 DOCS_SITE = "local_site"
 # The Data Docs index lists this many newest validation results. GE rebuilds
@@ -47,8 +48,9 @@ def context_lock(settings: Settings) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def set_up_checkpoints(settings: Settings) -> tuple[Any, dict[str, Any]]:
-    """The file context and one checkpoint per gate, created or updated."""
+def set_up_checkpoints(settings: Settings, engine: str = SPARK) -> tuple[Any, dict[str, Any]]:
+    """The file context and one checkpoint per gate on ``engine``'s data
+    source, created or updated (a checkpoint keeps its name on both)."""
     import great_expectations as gx
     from great_expectations.checkpoint import UpdateDataDocsAction
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -65,12 +67,15 @@ def set_up_checkpoints(settings: Settings) -> tuple[Any, dict[str, Any]]:
         context.variables.save()
     _limit_the_docs_index(context)
 
-    # Not add_or_update_spark: updating the data source replaces it with one
+    # Not add_or_update_*: updating a data source replaces it with one
     # without assets, which breaks the stored batch definitions' references.
-    if DATASOURCE in context.data_sources.all():
-        datasource = context.data_sources.get(DATASOURCE)
+    name = DATASOURCES[engine]
+    if name in context.data_sources.all():
+        datasource = context.data_sources.get(name)
+    elif engine == PANDAS:
+        datasource = context.data_sources.add_pandas(name=name)
     else:
-        datasource = context.data_sources.add_spark(name=DATASOURCE)
+        datasource = context.data_sources.add_spark(name=name)
 
     checkpoints: dict[str, Any] = {}
     for gate in GATES:
@@ -82,7 +87,7 @@ def set_up_checkpoints(settings: Settings) -> tuple[Any, dict[str, Any]]:
             batch_definition = asset.get_batch_definition(BATCH_DEFINITION)
         except KeyError:
             batch_definition = asset.add_batch_definition_whole_dataframe(BATCH_DEFINITION)
-        suite = gx.ExpectationSuite(name=gate.name, expectations=gate.expectations())
+        suite = gx.ExpectationSuite(name=gate.name, expectations=gate.expectations(engine))
         suite = context.suites.add_or_update(suite)
         validation = context.validation_definitions.add_or_update(
             gx.ValidationDefinition(name=gate.name, data=batch_definition, suite=suite)

@@ -1,4 +1,5 @@
-"""The hour's DataFrames the quality gate checks, built in Spark (no GE here).
+"""The hour's DataFrames the quality gate checks, built in Spark (no GE here),
+and collected to pandas for a small hour.
 
 The three tables' rows of one ``event_hour`` (published, or the candidate a
 write-audit-publish run would publish), and the frames and helper columns
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe.lakehouse import tables
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MINUTE_US = 60_000_000
 
@@ -172,6 +176,20 @@ def with_late_flag(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
     return raw_df.join(late_ids_df, on="event_id", how="left").withColumn(
         "is_late", F.coalesce(F.col("is_late"), F.lit(0))
     )
+
+
+def pandas_frame(df: DataFrame) -> pd.DataFrame:
+    """``df`` collected (through Arrow) as GE's pandas engine should see it:
+    a 64-bit integer column stays one with nulls (``Int64``, not float), and
+    timestamps are naive UTC, as Spark's own rows give them here."""
+    import pandas as pd
+    import pyarrow as pa
+
+    frame = df.toArrow().to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    for name, dtype in frame.dtypes.items():
+        if isinstance(dtype, pd.DatetimeTZDtype):
+            frame[name] = frame[name].dt.tz_convert("UTC").dt.tz_localize(None)
+    return frame
 
 
 def with_hour_check(raw_df: DataFrame) -> DataFrame:

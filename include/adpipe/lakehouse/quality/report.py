@@ -75,8 +75,8 @@ def _short(value: Any) -> str:
         return str(int(value))
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_short(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}={_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, dict):  # a row's columns, in an order that does not depend on the engine
+        return "{" + ", ".join(f"{k}={_short(v)}" for k, v in sorted(value.items())) + "}"
     return repr(value) if isinstance(value, str) else str(value)
 
 

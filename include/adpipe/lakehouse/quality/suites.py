@@ -5,7 +5,11 @@ Each :data:`GATES` entry names one data asset, suite, validation definition
 and checkpoint, the suite's expectations, and the columns a failure names
 rows by. Numbers known only at run time (the hour's expected windows and
 totals, the late share, the regions with input) are ``$PARAMETER``
-expectation parameters, named by the ``P_*`` constants."""
+expectation parameters, named by the ``P_*`` constants.
+
+The suites are the same on both engines the gate runs on (Spark, or pandas
+for a small hour: :mod:`adpipe.lakehouse.quality.validate`) but for the name
+of a 64-bit integer column's type, which GE reads in the engine's terms."""
 
 from __future__ import annotations
 
@@ -27,11 +31,22 @@ P_EXPECTED_REGIONS = "expected_regions"
 P_MIN_RAW_ROWS = "min_raw_rows"
 
 EVENT_TYPES = ("impression", "click")
-# What the raw suite reads (and the index column its failures name rows by).
+# What the raw and aggregates suites read (and the index columns their
+# failures name rows by): the gate hands GE these columns only.
 RAW_CHECKED_COLUMNS = ("event_id", "event_type", "event_time_hour", "event_hour", "is_late", "region")
+AGGREGATES_CHECKED_COLUMNS = (
+    "record_uuid", "region", "ad_id", "window_start", "window_end", "window_start_us_past_minute",
+    "window_length_us", "window_start_hour", "event_hour", "impressions", "clicks",
+)
+
+SPARK, PANDAS = "spark", "pandas"
+ENGINES = (SPARK, PANDAS)
+# A LongType column as each engine's GE names it (pandas: a nullable Int64
+# column's type is numpy's int64, as a plain int64 column's is).
+_LONG_TYPE = {SPARK: "LongType", PANDAS: "int64"}
 
 
-def _raw_expectations() -> list[Any]:
+def _raw_expectations(engine: str) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -59,7 +74,7 @@ def _raw_expectations() -> list[Any]:
     ]
 
 
-def _aggregates_expectations() -> list[Any]:
+def _aggregates_expectations(engine: str) -> list[Any]:
     import great_expectations.expectations as gxe
 
     out: list[Any] = [
@@ -86,7 +101,7 @@ def _aggregates_expectations() -> list[Any]:
     for name in ("impressions", "clicks"):
         out += [
             gxe.ExpectColumnValuesToNotBeNull(column=name),
-            gxe.ExpectColumnValuesToBeOfType(column=name, type_="LongType"),
+            gxe.ExpectColumnValuesToBeOfType(column=name, type_=_LONG_TYPE[engine]),
             gxe.ExpectColumnValuesToBeBetween(column=name, min_value=0, notes=f"{name} is non-negative"),
         ]
     out += [
@@ -110,7 +125,7 @@ def _aggregates_expectations() -> list[Any]:
     return out
 
 
-def _reconciliation_expectations() -> list[Any]:
+def _reconciliation_expectations(engine: str) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -134,7 +149,7 @@ class _Gate:
     """One checkpoint: a data asset, its suite, and how results name rows."""
 
     name: str  # asset, suite, validation definition and checkpoint name
-    expectations: Any  # () -> list of expectations
+    expectations: Any  # (engine) -> list of expectations
     index_columns: tuple[str, ...]  # identify unexpected rows in the results
 
 

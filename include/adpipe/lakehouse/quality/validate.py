@@ -2,7 +2,13 @@
 frames, with the numbers the aggregates must match computed in Spark from
 the raw events, and what Kafka says of the hour (:class:`KafkaFacts`); the
 verdict is logged, kept as JSON under ``gx/uncommitted/hourly_results`` and
-returned as a :class:`~adpipe.lakehouse.quality.report.QualityResult`."""
+returned as a :class:`~adpipe.lakehouse.quality.report.QualityResult`.
+
+The frames are built in Spark. GE checks them on its pandas engine when the
+hour is small (``ADPIPE_GATE_PANDAS_MAX_ROWS`` raw events plus windows): its
+Spark engine runs a Spark job or more per expectation, seconds per hour
+even for a handful of rows, while collecting a small hour is one job per
+frame. A bigger hour stays in Spark, and so does one that fails to collect."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from adpipe.lakehouse.quality.frames import (
     emitted_only,
     hour_frames,
     normalize_hour,
+    pandas_frame,
     reconciliation_frame,
     with_hour_check,
     with_late_flag,
@@ -29,6 +36,7 @@ from adpipe.lakehouse.quality.frames import (
 )
 from adpipe.lakehouse.quality.report import QualityResult, failure_line, hour_tag
 from adpipe.lakehouse.quality.suites import (
+    AGGREGATES_CHECKED_COLUMNS,
     AGGREGATES_NAME,
     P_EXPECTED_CLICKS,
     P_EXPECTED_IMPRESSIONS,
@@ -36,9 +44,11 @@ from adpipe.lakehouse.quality.suites import (
     P_EXPECTED_WINDOWS,
     P_MAX_LATE_SHARE,
     P_MIN_RAW_ROWS,
+    PANDAS,
     RAW_CHECKED_COLUMNS,
     RAW_NAME,
     RECONCILIATION_NAME,
+    SPARK,
 )
 from adpipe.settings import Settings
 
@@ -97,9 +107,9 @@ def validate_frames(
     facts = facts or KafkaFacts()
     hour = normalize_hour(hour)
     tag = hour_tag(hour)
-    # Only the columns the raw suite reads: GE caches the frame it checks.
+    # Only the columns the suites read: GE caches (or we collect) what it checks.
     raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df).select(*RAW_CHECKED_COLUMNS)
-    aggregates_df = with_window_checks(frames.aggregates_df)
+    aggregates_df = with_window_checks(frames.aggregates_df).select(*AGGREGATES_CHECKED_COLUMNS)
     recon_df = reconciliation_frame(
         emitted_only(frames.raw_df, facts.watermarks), frames.quarantine_df, frames.aggregates_df
     )
@@ -135,6 +145,7 @@ def validate_frames(
     for df in (raw_df, recon_df):
         if all(df is not checked for _name, checked in to_run):
             df.unpersist()
+    engine, batches = _batches(settings, to_run, raw_rows + recon_rows)
 
     run_time = datetime.now(UTC)  # a record of when the check ran, not a partition
     run_id = RunIdentifier(run_name=f"adpipe-{tag}", run_time=run_time)
@@ -147,12 +158,12 @@ def validate_frames(
     # The lock is held through the runs too: GE writes results, suites and
     # the Data Docs index as it goes. Hours are validated one at a time anyway.
     with context_lock(settings):
-        context, checkpoints = set_up_checkpoints(settings)
-        for name, df in to_run:
-            log.info("GE: validating %s for hour %s", name, tag)
+        context, checkpoints = set_up_checkpoints(settings, engine)
+        for (name, df), batch in zip(to_run, batches, strict=True):
+            log.info("GE: validating %s for hour %s (%s)", name, tag, engine)
             try:
                 result = checkpoints[name].run(
-                    batch_parameters={"dataframe": df},
+                    batch_parameters={"dataframe": batch},
                     expectation_parameters=dict(parameters),
                     run_id=run_id,
                 )
@@ -176,6 +187,7 @@ def validate_frames(
                 "run_name": run_id.run_name,
                 "run_time": run_time.isoformat(),
                 "success": success,
+                "engine": engine,
                 "evaluated": evaluated,
                 "failed": failed,
                 "notes": notes,
@@ -202,6 +214,22 @@ def validate_frames(
     else:
         log.error("GE: hour %s FAILED:\n%s", tag, quality.describe())
     return quality
+
+
+def _batches(settings: Settings, to_run: list[tuple[str, DataFrame]], rows: int) -> tuple[str, list[Any]]:
+    """The engine GE checks the hour on, and what it checks: the frames
+    themselves (Spark), or collected (pandas, a small hour: ``rows`` raw
+    events plus windows at most ``settings.gate_pandas_max_rows``)."""
+    if not to_run or rows > settings.gate_pandas_max_rows:
+        return SPARK, [df for _name, df in to_run]
+    try:
+        batches = [pandas_frame(df) for _name, df in to_run]
+    except Exception as exc:  # an hour pandas cannot hold is still checked, in Spark
+        log.warning("GE: checking in Spark, the hour's frames did not collect to pandas: %s", exc)
+        return SPARK, [df for _name, df in to_run]
+    for _name, df in to_run:
+        df.unpersist()
+    return PANDAS, batches
 
 
 def validate_hour(
