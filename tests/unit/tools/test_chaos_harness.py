@@ -212,8 +212,14 @@ def _pause_run(run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch) -> chaos.Fa
     monkeypatch.setattr(zombie, "PAUSE_MARGIN_S", 0.0)
     monkeypatch.setattr(zombie, "ZOMBIE_EXIT_S", 0.3)
     run.ctx.settings = load_settings({**run.ctx.env, "ADPIPE_TRANSACTION_TIMEOUT_MS": "1000"})
-    run.crew.stream = _sleeper(run, "stream", "60")
-    record = run.injector.inject(chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2))
+    run.crew.stream = stream = _sleeper(run, "stream", "60")
+    planned = chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2)
+    # A driver still starting (its sink has not fenced its predecessors) is
+    # no zombie yet: the pause waits.
+    assert run.injector.inject(planned) is None and run.crew.pause is None and _state(stream, "S") == "S"
+    with (stream.log_dir / f"{stream.name}-{stream.starts}.log").open("a") as log:
+        log.write("INFO adpipe.stream.sink: transactional producer ready (older instances fenced)\n")
+    record = run.injector.inject(planned)
     assert record is not None and run.crew.pause is not None
     return record
 

@@ -30,7 +30,7 @@ from .plan import (
     load_kill_delay,
 )
 from .timeline import Clock, FaultLog, FaultRecord
-from .zombie import Zombies
+from .zombie import Zombies, has_fenced
 
 log = logging.getLogger("adpipe.tools.chaos")
 
@@ -88,7 +88,8 @@ class Injector:
     def inject(self, planned: PlannedFault) -> FaultRecord | None:
         """Carry out one planned fault; None when it must wait (its target
         does not run now, a broker is still down or catching up, a worker is
-        still down, a stream_pause is still on). A fault is recorded only
+        still down, a stream_pause is still on or its driver has not taken
+        over its transactional id yet). A fault is recorded only
         once its signal reached a live target; a load kill is deferred, and
         recorded when it lands (:meth:`land_load_kill`)."""
         kind, pick = planned.kind, planned.pick
@@ -96,6 +97,10 @@ class Injector:
         crew, loads = self.crew, self.loads
         if kind in (STREAM_KILL, STREAM_PAUSE):
             if not crew.stream.alive or crew.pause is not None:
+                return None
+            if kind == STREAM_PAUSE and not has_fenced(crew.stream):
+                # A driver still starting is no zombie yet: resumed, it would
+                # start as a new instance and fence its successor.
                 return None
             record.target = f"stream pid {crew.stream.proc.pid}"  # type: ignore[union-attr]
             if not crew.stream.signal(signal.SIGKILL if kind == STREAM_KILL else signal.SIGSTOP):
