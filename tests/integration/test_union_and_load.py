@@ -134,8 +134,10 @@ def _expected(regions: Regions) -> dict[str, set]:
 
 def test_two_concurrent_loads_of_overlapping_hours_union_both_regions_once(regions: Regions) -> None:
     # Two Spark applications on the same metastore and tables at once: the
-    # hour alone, and a two-hour backfill that includes it.
-    one = _adpipe(regions.env, "load", "--hour", HOUR)
+    # hour alone, in the home's warm load driver (which it starts; the tests
+    # below reuse it), and a two-hour backfill that includes it, in a
+    # process of its own.
+    one = _adpipe(warm_env(regions.env), "load", "--hour", HOUR)
     two = _adpipe(regions.env, "load", "--hour", "2026-11-22T11", "--to-hour", HOUR)
     out_one, out_two = one.communicate(timeout=900)[0], two.communicate(timeout=900)[0]
     assert one.returncode == 0, f"exit {one.returncode}:\n{_tail(out_one)}"
@@ -191,7 +193,7 @@ def _commits(regions: Regions) -> dict[str, list[str]]:
 
 def test_rerun_changes_nothing(regions: Regions) -> None:
     before = _commits(regions)
-    # In a warm load driver (the DAG's default), which verify --hour below uses too.
+    # In the warm load driver (the DAG's default), which verify --hour below uses too.
     proc = _adpipe(warm_env(regions.env), "load", "--hour", HOUR)
     out = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, out[-4000:]

@@ -75,8 +75,8 @@ def _short(value: Any) -> str:
         return str(int(value))
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_short(v) for v in value) + "]"
-    if isinstance(value, dict):  # a row's columns, in an order that does not depend on the engine
-        return "{" + ", ".join(f"{k}={_short(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={_short(v)}" for k, v in value.items()) + "}"
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -92,23 +92,33 @@ def _exception_message(info: Any) -> str | None:
     return None
 
 
-def _observed(result: dict[str, Any]) -> str:
+def _in_order(example: Any, index_columns: tuple[str, ...]) -> Any:
+    """An unexpected row's columns with the index columns first, then the
+    rest by name: the same line whichever engine GE ran on."""
+    if not isinstance(example, dict):
+        return example
+    rest = sorted(k for k in example if k not in index_columns)
+    return {k: example[k] for k in (*[c for c in index_columns if c in example], *rest)}
+
+
+def _observed(result: dict[str, Any], index_columns: tuple[str, ...]) -> str:
     if "observed_value" in result:
         return f"observed {_short(result['observed_value'])}"
     parts = [f"{result.get('unexpected_count')} unexpected of {result.get('element_count')} rows"]
     examples = result.get("partial_unexpected_index_list") or result.get("partial_unexpected_counts") or []
     if examples:
-        parts.append("e.g. " + "; ".join(_short(e) for e in examples[:EXAMPLES]))
+        parts.append("e.g. " + "; ".join(_short(_in_order(e, index_columns)) for e in examples[:EXAMPLES]))
     return ", ".join(parts)
 
 
-def failure_line(suite: str, evr: Any) -> str:
-    """``suite: type(column=..., ...): observed ...`` for one failed expectation result."""
+def failure_line(suite: str, evr: Any, index_columns: tuple[str, ...] = ()) -> str:
+    """``suite: type(column=..., ...): observed ...`` for one failed
+    expectation result; an unexpected row names ``index_columns`` first."""
     config = evr.expectation_config
     kwargs = config.kwargs
     target = ", ".join(f"{k}={_short(kwargs[k])}" for k in _TARGET_KEYS if kwargs.get(k) is not None)
     error = _exception_message(evr.exception_info)
-    observed = f"error: {error}" if error else _observed(evr.result or {})
+    observed = f"error: {error}" if error else _observed(evr.result or {}, index_columns)
     notes = getattr(config, "notes", None)
     why = f" [{notes if isinstance(notes, str) else '; '.join(notes)}]" if notes else ""
     return f"{suite}: {config.type}({target}): {observed}{why}"

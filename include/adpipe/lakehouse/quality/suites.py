@@ -158,3 +158,5 @@ GATES = (
     _Gate(AGGREGATES_NAME, _aggregates_expectations, ("ad_id", "window_start")),
     _Gate(RECONCILIATION_NAME, _reconciliation_expectations, ("ad_id", "window_start")),
 )
+# Per gate, the columns its failures name an unexpected row by.
+INDEX_COLUMNS = {gate.name: gate.index_columns for gate in GATES}

@@ -38,6 +38,7 @@ from adpipe.lakehouse.quality.report import QualityResult, failure_line, hour_ta
 from adpipe.lakehouse.quality.suites import (
     AGGREGATES_CHECKED_COLUMNS,
     AGGREGATES_NAME,
+    INDEX_COLUMNS,
     P_EXPECTED_CLICKS,
     P_EXPECTED_IMPRESSIONS,
     P_EXPECTED_REGIONS,
@@ -173,7 +174,8 @@ def validate_frames(
             for suite_result in result.run_results.values():
                 evaluated += int(suite_result.statistics.get("evaluated_expectations", 0))
                 suite_results[name] = suite_result.to_json_dict()
-                failed += [failure_line(name, evr) for evr in suite_result.results if not evr.success]
+                failed += [failure_line(name, evr, INDEX_COLUMNS[name]) for evr in suite_result.results
+                           if not evr.success]
         data_docs = docs_index(context)
 
     failed += facts.failures()
