@@ -51,16 +51,16 @@ demo: jars ## the pipeline end to end with a crash injected, ending in the verif
 	$(BIN)/adpipe demo
 
 test: jars ## the suite on two workers, each with its own broker, PostgreSQL and ports: a test file runs on one worker, in order (under 30 min)
-	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not ui"
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow and not ui"
 
 test-slow: jars ## the long scenarios kept out of make test's 30 minutes, on two workers as make test (CI runs both)
-	$(BIN)/pytest -n 2 --dist loadgroup -m slow
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m slow
 
 test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real scheduler; screenshots under ADPIPE_TEST_HOME/ui/screenshots
 	$(BIN)/pytest -m ui
 
 test-long: jars deps-ui ## test-slow and test-ui in one run on the two workers (CI): the UI test fills a worker the slow ones leave idle
-	$(BIN)/pytest -n 2 --dist loadgroup -m "slow or ui"
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "slow or ui"
 
 # The benchmark harness is bench/ at the project root, not part of the
 # installed package: python -m bench runs it from here.

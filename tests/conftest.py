@@ -30,6 +30,30 @@ PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092")) + 1000 * _WORK
 JVM_OPTIONS = os.environ.get("ADPIPE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m")
 
 
+# The integration files that take minutes, longest first (their tests'
+# summed --durations in make test and make test-long, 2026-11-27). Under
+# pytest -n 2 (the Makefile passes --no-loadscope-reorder) they start first
+# and the short files and unit tests fill the workers' ends: a long file
+# started last would keep one worker busy alone. Any order is correct.
+LONGEST_FIRST = (
+    "test_load_by_arrival",  # 820 s
+    "test_exactly_once",  # 440 s
+    "test_dags",  # 430 s, of which make test 65 s
+    "test_airflow_scheduler",  # 390 s
+    "test_airflow_ui",  # 370 s
+    "test_union_and_load",  # 360 s
+    "test_held_hours",  # 340 s
+    "test_chaos",  # 290 s
+    "test_spark_cluster",  # 250 s
+    "test_demo_secrets",  # 220 s
+    "test_metrics",  # 200 s
+    "test_late_dedupe",  # 110 s
+    "test_budget",  # 110 s
+    "test_budget_faults",  # 105 s
+    "test_ledger",  # 100 s
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -39,3 +63,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # run on one worker, in order, on that worker's broker and
             # PostgreSQL; the files and the unit tests are shared out.
             item.add_marker(pytest.mark.xdist_group(f"integration-{item.path.stem}"))
+    rank = {stem: n for n, stem in enumerate(LONGEST_FIRST)}
+    # Stable: a file's tests keep their order, as does everything unranked.
+    unranked = len(rank)
+    items.sort(key=lambda item: rank.get(item.path.stem, unranked) if item.get_closest_marker("integration")
+               else unranked)
