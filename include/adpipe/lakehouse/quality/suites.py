@@ -40,7 +40,6 @@ AGGREGATES_CHECKED_COLUMNS = (
 )
 
 SPARK, PANDAS = "spark", "pandas"
-ENGINES = (SPARK, PANDAS)
 # A LongType column as each engine's GE names it (pandas: a nullable Int64
 # column's type is numpy's int64, as a plain int64 column's is).
 _LONG_TYPE = {SPARK: "LongType", PANDAS: "int64"}
