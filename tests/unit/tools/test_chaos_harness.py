@@ -207,12 +207,15 @@ def test_the_verdict_is_short_when_a_planned_fault_was_not_injected() -> None:
     )
 
 
-def _pause_run(run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch) -> chaos.FaultRecord:
-    """A stream_pause of a sleeping "driver" with a 1 s transaction timeout."""
+def _pause_run(
+    run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...] = ("sleep", "60")
+) -> chaos.FaultRecord:
+    """A stream_pause of a sleeping "driver" (or ``argv``) with a 1 s transaction timeout."""
     monkeypatch.setattr(zombie, "PAUSE_MARGIN_S", 0.0)
     monkeypatch.setattr(zombie, "ZOMBIE_EXIT_S", 0.3)
     run.ctx.settings = load_settings({**run.ctx.env, "ADPIPE_TRANSACTION_TIMEOUT_MS": "1000"})
-    run.crew.stream = stream = _sleeper(run, "stream", "60")
+    run.crew.stream = stream = chaos.Part("stream", list(argv), dict(run.ctx.env), run.ctx.logs)
+    stream.start()
     planned = chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2)
     # A driver still starting (its sink has not fenced its predecessors) is
     # no zombie yet: the pause waits.
@@ -259,6 +262,27 @@ def test_a_stream_pause_outlives_the_transaction_timeout_with_a_successor_runnin
     # Resumed; it did not stop by itself (a sleep is never fenced): killed.
     assert run.crew.pause is None and run.crew.stream is successor and not stopped.alive
     assert record.injected and record.restored_at_s is not None and "killed" in record.note
+
+
+@pytest.mark.parametrize(("argv", "note"), [
+    (("sleep", "60"), "idle (its log quiet, no batch to write)"),
+    (("sh", "-c", "while :; do echo working; sleep 0.1; done"), "still ran"),
+])
+def test_a_resumed_zombie_with_a_quiet_log_is_idle_and_one_still_working_is_waited_for(
+    run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...], note: str
+) -> None:
+    record = _pause_run(run, monkeypatch, argv)
+    monkeypatch.setattr(zombie, "ZOMBIE_QUIET_S", 0.5)
+    monkeypatch.setattr(zombie, "ZOMBIE_EXIT_S", 2.5)
+    stopped = run.crew.pause.zombie  # type: ignore[union-attr]
+    run.monitor.stream_committed += 1  # the successor committed a batch
+    time.sleep(1.0)  # past the transaction timeout
+    started = time.monotonic()
+    _run_pending(run)
+    waited = time.monotonic() - started
+    assert run.crew.pause is None and not stopped.alive and note in record.note
+    # Quiet: killed about ZOMBIE_QUIET_S after its resume; working: at ZOMBIE_EXIT_S.
+    assert (waited < 2.0) if "idle" in note else (waited >= 2.5)
 
 
 def test_a_stream_pause_whose_successor_never_took_over_is_not_counted(

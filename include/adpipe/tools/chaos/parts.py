@@ -96,6 +96,9 @@ class ZombiePause:
     min_s: float
     committed_before: int
     resumed_at: float | None = None
+    # The resumed driver's log: its size, and since when it has not grown (monotonic).
+    log_size: int = -1
+    quiet_since: float = 0.0
 
 
 class Crew:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 from .context import RunContext
 from .monitor import Monitor
@@ -17,20 +18,40 @@ from .timeline import Clock, FaultLog, FaultRecord
 # while a successor driver takes over the checkpoint, and is resumed once
 # the successor has committed a batch (at most PAUSE_MAX_S). The resumed
 # zombie must then stop by itself (fenced) within ZOMBIE_EXIT_S, or it is
-# killed and the fault says so.
+# killed and the fault says so. A resumed driver with nothing to write (no
+# input came while it was stopped, or it was stopped between batches) only
+# learns it is fenced at its next transaction: one whose log stays quiet for
+# ZOMBIE_QUIET_S is idle, and is killed then (it could make nothing visible).
 PAUSE_MARGIN_S = 10.0
 PAUSE_MAX_S = 240.0
 ZOMBIE_EXIT_S = 90.0
+ZOMBIE_QUIET_S = 20.0
+
+
+def _log(part: Part) -> Path:
+    """The log of the part's current start."""
+    return part.log_dir / f"{part.name}-{part.starts}.log"
 
 
 def has_fenced(part: Part) -> bool:
     """Whether a stream driver's sink has taken its transactional id (its
     log says so: adpipe.stream.sink's "older instances fenced")."""
-    log_path = part.log_dir / f"{part.name}-{part.starts}.log"
     try:
-        return "older instances fenced" in log_path.read_text(errors="replace")
+        return "older instances fenced" in _log(part).read_text(errors="replace")
     except OSError:
         return False
+
+
+def _quiet_s(pause: ZombiePause) -> float:
+    """How long the resumed driver's log has not grown."""
+    try:
+        size = _log(pause.zombie).stat().st_size
+    except OSError:
+        size = -1
+    now = time.monotonic()
+    if size != pause.log_size:
+        pause.log_size, pause.quiet_since = size, now
+    return now - pause.quiet_since
 
 
 class Zombies:
@@ -90,6 +111,7 @@ class Zombies:
             )
         pause.zombie.signal(signal.SIGCONT)
         pause.resumed_at = time.monotonic()
+        _quiet_s(pause)  # its log's size at the resume: quiet from now on unless it grows
         pause.record.down_s = round(stopped_s, 1)
         self.clock.later(1, "retire_zombie")
 
@@ -99,11 +121,13 @@ class Zombies:
         pause = self.crew.pause
         assert pause is not None and pause.resumed_at is not None
         since = time.monotonic() - pause.resumed_at
-        if pause.zombie.alive and since < ZOMBIE_EXIT_S:
+        idle = _quiet_s(pause) >= ZOMBIE_QUIET_S
+        if pause.zombie.alive and since < ZOMBIE_EXIT_S and not idle:
             self.clock.later(1, "retire_zombie")
             return
         if pause.zombie.alive:
-            pause.record.note = f"{pause.record.note}; the zombie still ran {since:.0f} s after its resume: killed"
+            why = "idle (its log quiet, no batch to write)" if idle else "still ran"
+            pause.record.note = f"{pause.record.note}; the zombie {why} {since:.0f} s after its resume: killed"
             pause.zombie.signal(signal.SIGKILL)
             pause.zombie.proc.wait(timeout=30)  # type: ignore[union-attr]
         rc = pause.zombie.proc.poll() if pause.zombie.proc is not None else None
