@@ -220,7 +220,7 @@ def _pause_run(
     # A driver still starting (its sink has not fenced its predecessors) is
     # no zombie yet: the pause waits.
     assert run.injector.inject(planned) is None and run.crew.pause is None and _state(stream, "S") == "S"
-    with (stream.log_dir / f"{stream.name}-{stream.starts}.log").open("a") as log:
+    with stream.log_path.open("a") as log:
         log.write("INFO adpipe.stream.sink: transactional producer ready (older instances fenced)\n")
     record = run.injector.inject(planned)
     assert record is not None and run.crew.pause is not None

@@ -222,14 +222,15 @@ def _batches(settings: Settings, to_run: list[tuple[str, DataFrame]], rows: int)
     """The engine GE checks the hour on, and what it checks: the frames
     themselves (Spark), or collected (pandas, a small hour: ``rows`` raw
     events plus windows at most ``settings.gate_pandas_max_rows``)."""
-    if not to_run or rows > settings.gate_pandas_max_rows:
-        return SPARK, [df for _name, df in to_run]
+    frames = [df for _name, df in to_run]
+    if not frames or rows > settings.gate_pandas_max_rows:
+        return SPARK, frames
     try:
-        batches = [pandas_frame(df) for _name, df in to_run]
+        batches = [pandas_frame(df) for df in frames]
     except Exception as exc:  # an hour pandas cannot hold is still checked, in Spark
         log.warning("GE: checking in Spark, the hour's frames did not collect to pandas: %s", exc)
-        return SPARK, [df for _name, df in to_run]
-    for _name, df in to_run:
+        return SPARK, frames
+    for df in frames:
         df.unpersist()
     return PANDAS, batches
 

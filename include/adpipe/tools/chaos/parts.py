@@ -48,11 +48,15 @@ class Part:
         self.hold_until = 0.0  # not restarted before this (monotonic)
         self.started_at = 0.0
 
+    @property
+    def log_path(self) -> Path:
+        """The log of the current start (each start has its own)."""
+        return self.log_dir / f"{self.name}-{self.starts}.log"
+
     def start(self) -> None:
         self.starts += 1
         self.started_at = time.monotonic()
-        log_path = self.log_dir / f"{self.name}-{self.starts}.log"
-        self.proc = start_detached(self.argv, log_path, env=self.env, append=False)
+        self.proc = start_detached(self.argv, self.log_path, env=self.env, append=False)
 
     @property
     def alive(self) -> bool:

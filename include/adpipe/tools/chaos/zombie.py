@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 from .context import RunContext
 from .monitor import Monitor
@@ -28,16 +27,11 @@ ZOMBIE_EXIT_S = 90.0
 ZOMBIE_QUIET_S = 20.0
 
 
-def _log(part: Part) -> Path:
-    """The log of the part's current start."""
-    return part.log_dir / f"{part.name}-{part.starts}.log"
-
-
 def has_fenced(part: Part) -> bool:
     """Whether a stream driver's sink has taken its transactional id (its
     log says so: adpipe.stream.sink's "older instances fenced")."""
     try:
-        return "older instances fenced" in _log(part).read_text(errors="replace")
+        return "older instances fenced" in part.log_path.read_text(errors="replace")
     except OSError:
         return False
 
@@ -45,7 +39,7 @@ def has_fenced(part: Part) -> bool:
 def _quiet_s(pause: ZombiePause) -> float:
     """How long the resumed driver's log has not grown."""
     try:
-        size = _log(pause.zombie).stat().st_size
+        size = pause.zombie.log_path.stat().st_size
     except OSError:
         size = -1
     now = time.monotonic()
