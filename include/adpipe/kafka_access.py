@@ -35,6 +35,12 @@ class Topics:
 # SASL/SCRAM-SHA-512 over TLS.
 KAFKA_SECURITY = ("plaintext", "sasl_ssl")
 SCRAM_MECHANISM = "SCRAM-SHA-512"
+# Spark reads bounded offset ranges (a micro-batch, a load's range). Under
+# read_committed a partition's range often ends on a transaction marker, no
+# record: its task's last fetch finds nothing and the broker holds it for
+# fetch.max.wait.ms (500 ms by default), once per partition and batch. A
+# fetch that finds data returns at once whatever this is.
+SPARK_FETCH_MAX_WAIT_MS = 10
 
 
 def local_kafka_password_file(home: Path, username: str) -> Path:
@@ -128,7 +134,7 @@ class KafkaAccess:
         """The same for Spark's Kafka source (``kafka.``-prefixed Java client
         settings). Spark redacts an option whose value names a password from
         its plans and logs; the Java client logs ``sasl.jaas.config`` hidden."""
-        options = {"kafka.bootstrap.servers": self.bootstrap}
+        options = {"kafka.bootstrap.servers": self.bootstrap, "kafka.fetch.max.wait.ms": str(SPARK_FETCH_MAX_WAIT_MS)}
         c = self.credentials
         if c.secure:
             jaas = (

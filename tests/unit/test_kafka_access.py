@@ -32,7 +32,8 @@ def test_plaintext_by_default_gives_bare_client_settings() -> None:
     settings = load_settings({"ADPIPE_KAFKA_BOOTSTRAP": "a:1,b:2"})
     assert not settings.kafka.secure
     assert settings.kafka.client_config() == {"bootstrap.servers": "a:1,b:2"}
-    assert settings.kafka.spark_options() == {"kafka.bootstrap.servers": "a:1,b:2"}
+    # Spark's bounded reads do not wait on the broker for records past their range's end.
+    assert settings.kafka.spark_options() == {"kafka.bootstrap.servers": "a:1,b:2", "kafka.fetch.max.wait.ms": "10"}
     assert kafka_io.access("a:1") == KafkaAccess("a:1")  # a bare string: no credentials
 
 
@@ -49,6 +50,7 @@ def test_sasl_ssl_client_settings_for_librdkafka_and_spark(tmp_path: Path) -> No
     spark = settings.kafka.spark_options()
     assert spark == {
         "kafka.bootstrap.servers": "127.0.0.1:9092",
+        "kafka.fetch.max.wait.ms": "10",
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "SCRAM-SHA-512",
         # Quotes and backslashes escaped as the JAAS parser reads them.
