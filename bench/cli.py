@@ -46,6 +46,14 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.peers:
         return cmd_peers(args, settings)
     if args.failover:
+        if args.part == "budget":
+            from bench import budget_failover
+
+            result = budget_failover.run(settings, faults=args.faults, seed=args.seed,
+                                         rate=args.rate if args.rate is not None else 50.0,
+                                         protocol=settings.budget_group_protocol)
+            print(json.dumps(result, indent=2))
+            return 0 if result["exact"] and result["faults"] == args.faults else 1
         from bench import failover
 
         result = failover.run(settings, faults=args.faults, rate=args.rate if args.rate is not None else 5.0,
@@ -137,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the stream driver's failover to a warm standby (adpipe stream --standby): --faults times "
         "SIGKILL (or --signal STOP) the active driver while a producer sends --rate events/s (default 5: an "
         "idle pipeline); p50/p99/worst seconds from the fault to the standby's first batch, then adpipe verify",
+    )
+    p.add_argument(
+        "--part", choices=("stream", "budget"), default="stream",
+        help="with --failover: the stream driver (default), or a budget service instance: two instances, one "
+        "SIGKILLed, timed until each partition it held is charged again (its group on "
+        "ADPIPE_BUDGET_GROUP_PROTOCOL's protocol; --rate aggregates/s, default 50); then the ledger is checked",
     )
     p.add_argument("--faults", type=int, default=10, help="with --failover: faults to inject (default 10)")
     p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL", help="with --failover: SIGKILL or SIGSTOP")

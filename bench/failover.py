@@ -58,18 +58,25 @@ class FailoverRun:
     verify_ok: bool | None = None
 
     def summary(self) -> dict:
-        ordered = sorted(self.seconds)
         return {
             "signal": self.signal_name,
             "rate": self.rate,
-            "faults": len(ordered),
-            "p50_s": round(statistics.median(ordered), 1) if ordered else None,
-            "p99_s": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1) if ordered else None,
-            "max_s": round(ordered[-1], 1) if ordered else None,
+            **percentiles(self.seconds),
             "zombies_fenced": sum(1 for rc in self.zombie_exits if rc == checkpoint_lock.EXIT_FENCED),
             "verify_ok": self.verify_ok,
-            "seconds": [round(s, 1) for s in self.seconds],
         }
+
+
+def percentiles(seconds: list[float]) -> dict:
+    """The faults' count, p50, p99 and worst, and each time (in order)."""
+    ordered = sorted(seconds)
+    return {
+        "faults": len(ordered),
+        "p50_s": round(statistics.median(ordered), 1) if ordered else None,
+        "p99_s": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1) if ordered else None,
+        "max_s": round(ordered[-1], 1) if ordered else None,
+        "seconds": [round(s, 1) for s in seconds],
+    }
 
 
 def _start(env: dict[str, str], work: Path, name: str, *args: str) -> Driver:

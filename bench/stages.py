@@ -43,7 +43,7 @@ def _timed(env: dict[str, str], log_path: Path, *args: str) -> float:
     return time.monotonic() - started
 
 
-def _new_run(settings: Settings, kind: str) -> tuple[str, Path]:
+def new_run(settings: Settings, kind: str) -> tuple[str, Path]:
     """A bench run's id (``<kind>-<timestamp>``) and its own folder."""
     run_id = f"{kind}-{time.strftime('%Y%m%d%H%M%S')}"
     work = settings.home / "bench" / run_id
@@ -56,7 +56,7 @@ def stream_caps(settings: Settings, caps: list[int], events: int = 200_000, seed
     records per micro-batch (``ADPIPE_MAX_OFFSETS_PER_TRIGGER``; 0: none),
     each from a fresh checkpoint: how the cap trades throughput for batch
     length (which bounds the transaction time and the driver's memory)."""
-    run_id, work = _new_run(settings, "caps")
+    run_id, work = new_run(settings, "caps")
     env = demo.demo_env(settings, run_id)
     bench_settings = load_settings(env)
     kafka_broker.up(settings)
@@ -164,7 +164,7 @@ def produce_transactionally(
         producer.commit_transaction(120)
 
 
-def _database_name(run_id: str, suffix: str = "") -> str:
+def database_name(run_id: str, suffix: str = "") -> str:
     return re.sub(r"[^a-z0-9_]", "_", f"adpipe_{run_id}{suffix}".lower())[:63]
 
 
@@ -207,7 +207,7 @@ def budget_batch_sizes(
     sees). Each run is checked on its own: its ledger has one row per
     distinct record_uuid and their spend equals a plain-Python sum at the
     default prices. A run's database is dropped when it checks out."""
-    run_id, work = _new_run(settings, "budget")
+    run_id, work = new_run(settings, "budget")
     kafka_broker.up(settings)
     postgres.up(settings)
     topic = f"bench-{run_id}-aggregates"
@@ -221,7 +221,7 @@ def budget_batch_sizes(
 
     rows = []
     for size in sizes:
-        database = _database_name(run_id, f"_b{size}")
+        database = database_name(run_id, f"_b{size}")
         _drop_database(settings, database)
         pg.ensure_databases(settings, (database,))
         env = {
@@ -287,13 +287,13 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
     spread over ``minutes`` minutes (2 % retries, 1 % malformed), timed from
     the outside: produce, stream, budget, load of the first hour, its rerun,
     validate."""
-    run_id, work = _new_run(settings, "bench")
+    run_id, work = new_run(settings, "bench")
     env = demo.demo_env(settings, run_id)
     bench_settings = load_settings(env)
     kafka_broker.up(settings)
     postgres.up(settings)
     # The budget service on PostgreSQL, as deployed: a fresh database per run.
-    budget_database = _database_name(run_id)
+    budget_database = database_name(run_id)
     pg.ensure_databases(settings, (budget_database,))
     env["ADPIPE_BUDGET_DB"] = settings.pg_url(budget_database)
     kafka_io.ensure_pipeline_topics(settings, bench_settings.topics)

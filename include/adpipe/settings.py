@@ -68,11 +68,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BUDGET_PERIODS = ("day", "hour", "month", "total")
 
 
-def _budget_period(env: dict[str, str]) -> str:
-    period = env.get("ADPIPE_BUDGET_PERIOD") or "day"
-    if period not in BUDGET_PERIODS:
-        raise SettingsError(f"ADPIPE_BUDGET_PERIOD={period!r} must be one of {', '.join(BUDGET_PERIODS)}")
-    return period
+def _one_of(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """``env[name]``, one of ``choices``; the first when unset or empty."""
+    value = env.get(name) or choices[0]
+    if value not in choices:
+        raise SettingsError(f"{name}={value!r} must be one of {', '.join(choices)}")
+    return value
 
 
 def _statsd_address(env: dict[str, str]) -> str:
@@ -266,7 +267,13 @@ class Settings(_Locations):
     budget_default_cpm_micros: int = 2_000_000
     budget_default_cpc_micros: int = 500_000
     budget_default_budget_micros: int | None = 100_000_000
-    budget_session_timeout_ms: int = 10_000
+    # The consumer group protocol (ADPIPE_BUDGET_GROUP_PROTOCOL): "consumer",
+    # KIP-848's, whose rebalances are incremental (the survivors keep
+    # consuming) and whose session timeout is the group's own config, set by
+    # the service at start; or "classic" (eager, range-assigned). A killed
+    # instance's partitions move after the session timeout.
+    budget_group_protocol: str = "consumer"
+    budget_session_timeout_ms: int = 6_000
     # Database faults (adpipe.budget.outage): how long a database outage is
     # waited out (consumption paused, the consumer still polling within
     # max.poll.interval.ms) before the service gives up; the connect and
@@ -351,6 +358,13 @@ class Settings(_Locations):
     @property
     def max_future_skew_ms(self) -> int:
         return self.max_future_skew_s * 1000
+
+    @property
+    def budget_heartbeat_interval_ms(self) -> int:
+        """How often a budget instance tells its group it lives: a fifth of
+        the session (at least 1 s). Under the consumer protocol it is also
+        how soon a survivor hears of the partitions it takes over."""
+        return max(1000, self.budget_session_timeout_ms // 5)
 
     @property
     def kafka(self) -> KafkaAccess:
@@ -483,9 +497,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         env.get("ADPIPE_KAFKA_PASSWORD_FILE", ""),
         env.get("ADPIPE_KAFKA_CA_FILE", ""),
     )
-    metastore = env.get("ADPIPE_METASTORE", "postgres")
-    if metastore not in ("postgres", "derby"):
-        raise SettingsError(f"ADPIPE_METASTORE={metastore!r} must be 'postgres' or 'derby'")
+    metastore = _one_of(env, "ADPIPE_METASTORE", ("postgres", "derby"))
     metastore_database = env.get("ADPIPE_METASTORE_DATABASE", Settings.metastore_database)
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", metastore_database):
         raise SettingsError(
@@ -532,10 +544,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
         budget_group=env.get("ADPIPE_BUDGET_GROUP") or "adpipe-budget",
         budget_batch_size=integer(env, "ADPIPE_BUDGET_BATCH_SIZE", Settings.budget_batch_size, 1),
-        budget_period=_budget_period(env),
+        budget_period=_one_of(env, "ADPIPE_BUDGET_PERIOD", BUDGET_PERIODS),
         budget_default_cpm_micros=money(env, "ADPIPE_BUDGET_DEFAULT_CPM", "2.00"),
         budget_default_cpc_micros=money(env, "ADPIPE_BUDGET_DEFAULT_CPC", "0.50"),
         budget_default_budget_micros=budget(env, "ADPIPE_BUDGET_DEFAULT_BUDGET", "100.00"),
+        budget_group_protocol=_one_of(env, "ADPIPE_BUDGET_GROUP_PROTOCOL", ("consumer", "classic")),
         budget_session_timeout_ms=integer(
             env, "ADPIPE_BUDGET_SESSION_TIMEOUT_MS", Settings.budget_session_timeout_ms, 6000
         ),

@@ -18,6 +18,11 @@ Pausing for a database outage (:mod:`adpipe.budget.outage`) is kept here
 too, since it holds per partition across an assignment: a pause covers the
 whole assignment, a partition assigned while paused stays paused, and the
 resume re-seeks every positioned partition to its database offset.
+
+Under the consumer group protocol (KIP-848) an assignment changes by
+increments: a callback names only the partitions added or taken away, and
+the others keep being consumed through it; under the classic one it names
+the whole new assignment.
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ class Assignment:
         self.unpositioned: set[int] = set()
         self.at_eof: set[int] = set()
         self.paused_for_outage = False
+        self.incremental = settings.budget_group_protocol == "consumer"
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Add ``partitions`` (at their offsets) to the assignment: by
+        increment under the consumer protocol, as the whole of it under the
+        classic one."""
+        if self.incremental:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
 
     # ------------------------------------------------------------ rebalance callbacks
 
@@ -68,7 +83,7 @@ class Assignment:
                 sorted(tp.partition for tp in mine),
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
-            consumer.assign(partitions)
+            self._assign(consumer, partitions)
             consumer.pause(mine)
             for tp in mine:
                 self.started_from.pop(tp.partition, None)
@@ -80,7 +95,7 @@ class Assignment:
             self.started_from[tp.partition] = starts[tp.partition]
             self.unpositioned.discard(tp.partition)
             self.at_eof.discard(tp.partition)
-        consumer.assign(partitions)
+        self._assign(consumer, partitions)
         if self.paused_for_outage:
             consumer.pause(mine)
         log.info(
@@ -129,8 +144,10 @@ class Assignment:
     def position_unpositioned(self) -> None:
         """Position the partitions assignment could not, once the database
         (and broker) answer. They never started fetching (a seek would be
-        refused), so the whole assignment is given again with positions: the
-        others at their database offsets, which is where they stand."""
+        refused), so they are assigned again with positions: by increment
+        under the consumer protocol; under the classic one the whole
+        assignment, the others at their database offsets, which is where
+        they stand."""
         if not self.unpositioned or self.consumer is None:
             return
         pending = sorted(self.unpositioned)
@@ -141,12 +158,17 @@ class Assignment:
             return
         positions = {**{p: o for p, o in self.started_from.items()}, **starts}
         assigned = [tp.partition for tp in self.consumer.assignment() if tp.topic == self.topic]
-        self.consumer.assign(
+        if self.incremental:  # only the pending ones are given again; the others read on
+            assigned = [p for p in assigned if p in starts]
+            if assigned:
+                self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in assigned])
+        self._assign(
+            self.consumer,
             [
                 TopicPartition(self.topic, p, OFFSET_BEGINNING if positions[p] is None else positions[p])
                 for p in sorted(assigned)
                 if p in positions
-            ]
+            ],
         )
         for p in assigned:
             if p in positions:
@@ -188,8 +210,8 @@ class Assignment:
         # else: not positioned yet (it has no position to reset): expected
 
     def drained(self) -> bool:
-        """--once: every assigned partition has reached its end."""
-        return bool(self.started_from) and not self.unpositioned and set(self.started_from) <= self.at_eof
+        """--once: every partition assigned (if any) has reached its end."""
+        return not self.unpositioned and set(self.started_from) <= self.at_eof
 
     # ------------------------------------------------------------ outage pause
 

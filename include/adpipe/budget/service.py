@@ -47,6 +47,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from adpipe import kafka_io
 from adpipe.budget import db, schema
 from adpipe.budget.assignment import Assignment
+from adpipe.budget.batch import stored_offsets
 from adpipe.budget.commit import BatchCommitter
 from adpipe.budget.events import EventPublisher
 from adpipe.budget.outage import OutageGuard, StopRequested
@@ -76,22 +77,51 @@ class BudgetService:
 
     def _consumer(self) -> Consumer:
         s = self.settings
-        return Consumer(
-            {
-                **s.kafka.client_config(),
-                "group.id": s.budget_group,
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                # Positions come from the database; an out-of-range one is a
-                # gap to report (see the module doc), never a silent jump.
-                "auto.offset.reset": "error",
-                "enable.partition.eof": True,
+        config = {
+            **s.kafka.client_config(),
+            "group.id": s.budget_group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # Positions come from the database; an out-of-range one is a
+            # gap to report (see the module doc), never a silent jump.
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
+            "max.poll.interval.ms": max(s.budget_max_poll_interval_ms, s.budget_session_timeout_ms),
+        }
+        if s.budget_group_protocol == "consumer":
+            # The session and heartbeat are the group's (_configure_group).
+            config["group.protocol"] = "consumer"
+        else:
+            config.update({
                 "session.timeout.ms": s.budget_session_timeout_ms,
-                "max.poll.interval.ms": max(s.budget_max_poll_interval_ms, s.budget_session_timeout_ms),
-                "heartbeat.interval.ms": max(1000, s.budget_session_timeout_ms // 5),
+                "heartbeat.interval.ms": s.budget_heartbeat_interval_ms,
                 "partition.assignment.strategy": "range",
-            }
+            })
+        return Consumer(config)
+
+    def _configure_group(self) -> None:
+        """Under the consumer protocol, the group's session timeout and
+        heartbeat interval: set by each instance at start (the same values),
+        as the broker allows. Refused, the broker's defaults hold (45 s, 5 s
+        in Kafka 4), and a killed instance's partitions wait that long."""
+        s = self.settings
+        if s.budget_group_protocol != "consumer":
+            return
+        try:
+            kafka_io.configure_group_session(
+                s.kafka, s.budget_group, s.budget_session_timeout_ms, s.budget_heartbeat_interval_ms
+            )
+        except KafkaException as exc:
+            log.warning(
+                "group %s: the broker refused a session timeout of %d ms and a heartbeat of %d ms (%s); its own "
+                "group.consumer.session.timeout.ms holds, and a killed instance's partitions move after it",
+                s.budget_group, s.budget_session_timeout_ms, s.budget_heartbeat_interval_ms, exc.args[0].str(),
+            )
+            return
+        log.info(
+            "group %s (consumer protocol): session timeout %d ms, heartbeat %d ms",
+            s.budget_group, s.budget_session_timeout_ms, s.budget_heartbeat_interval_ms,
         )
 
     def _install_signals(self) -> None:
@@ -128,11 +158,14 @@ class BudgetService:
             s.budget_batch_size,
         )
         assignment = self.assignment
+        self._configure_group()
         assignment.consumer = consumer = self._consumer()
         consumer.subscribe(
             [self.topic], on_assign=assignment.on_assign, on_revoke=assignment.on_revoke, on_lost=assignment.on_lost
         )
         deadline = time.monotonic() + once_timeout_s
+        once_ends = kafka_io.end_offsets(s.kafka, self.topic, "read_committed") if self.once else {}
+        next_check = 0.0
         try:
             while not self.stop.is_set():
                 assignment.position_unpositioned()
@@ -141,9 +174,13 @@ class BudgetService:
                     self.committer.apply(batch)
                 self.stats.positions(consumer, assignment)
                 if self.once:
-                    if assignment.drained():
-                        log.info("--once: every assigned partition %s is drained", sorted(assignment.started_from))
-                        break
+                    if assignment.drained() and time.monotonic() >= next_check:
+                        next_check = time.monotonic() + 1.0
+                        if self._charged_elsewhere(once_ends):
+                            log.info("--once: every assigned partition %s is drained, and the rest of %s is "
+                                     "charged to where it ended at the start", sorted(assignment.started_from),
+                                     self.topic)
+                            break
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"--once: not drained within {once_timeout_s:.0f}s")
         except StopRequested as exc:
@@ -157,6 +194,24 @@ class BudgetService:
         self.stats.stopped(self.committer.batches)
         self.engine.dispose()
         return 0
+
+    def _charged_elsewhere(self, ends: dict[int, int]) -> bool:
+        """--once: whether the partitions this instance does not hold have no
+        readable record below ``ends`` (where they ended at the start) past
+        their database offsets. Another instance holds them, or a dead one
+        does until its session expires (the consumer protocol then hands
+        them to this one): --once waits for them, as for its own."""
+        others = {p: end for p, end in ends.items() if end and p not in self.assignment.started_from}
+        if not others:
+            return True
+        try:
+            with self.engine.connect() as conn:
+                stored = stored_offsets(conn, self.settings.budget_group, self.topic, sorted(others))
+            ranges = {p: (stored.get(p, 0), end) for p, end in others.items()}
+            return not kafka_io.readable_partitions(self.settings.kafka, self.topic, ranges)
+        except Exception as exc:  # noqa: BLE001 - asked again a second later
+            log.debug("--once: the other partitions' offsets: %s", exc)
+            return False
 
     def _poll(self, consumer: Consumer) -> list[Message]:
         """One consume call: the messages of partitions positioned for this
@@ -172,6 +227,9 @@ class BudgetService:
                 elif err.code() == KafkaError._AUTO_OFFSET_RESET:
                     assignment.out_of_range(msg.partition(), err)
                 elif err.fatal():
+                    if self.settings.budget_group_protocol == "consumer":
+                        log.error("consumer: fatal %s; a broker older than Kafka 4.0 has no consumer group "
+                                  "protocol (KIP-848): ADPIPE_BUDGET_GROUP_PROTOCOL=classic", err)
                     raise KafkaException(err)
                 else:
                     log.warning("consumer: %s", err)

@@ -32,7 +32,13 @@ from adpipe.kafka_io.coordinator import (
     coordinator_partition,
     java_string_hash,
 )
-from adpipe.kafka_io.groups import GroupMember, committed_offsets, group_commits, group_members
+from adpipe.kafka_io.groups import (
+    GroupMember,
+    committed_offsets,
+    configure_group_session,
+    group_commits,
+    group_members,
+)
 from adpipe.kafka_io.ledger import (
     committed_outputs,
     committed_watermark,
@@ -48,6 +54,7 @@ from adpipe.kafka_io.records import (
     first_timestamps,
     read_positions,
     read_topic,
+    readable_partitions,
     readable_records,
 )
 from adpipe.kafka_io.topics import (
@@ -85,6 +92,7 @@ __all__ = [
     "ensure_topics",
     "first_retained",
     "group_commits",
+    "configure_group_session",
     "group_members",
     "java_string_hash",
     "ledger_group",
@@ -93,6 +101,7 @@ __all__ = [
     "offsets_for_times",
     "read_positions",
     "read_topic",
+    "readable_partitions",
     "readable_records",
     "first_timestamps",
     "stream_lag_seconds",

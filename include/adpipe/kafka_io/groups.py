@@ -95,3 +95,25 @@ def group_members(kafka: KafkaAccess | str, group: str, timeout_s: float = 30.0)
         for m in described.members
     ]
     return described.state.name, members
+
+
+def configure_group_session(
+    kafka: KafkaAccess | str, group: str, session_timeout_ms: int, heartbeat_interval_ms: int, timeout_s: float = 30.0
+) -> None:
+    """Set a consumer group's own session timeout and heartbeat interval:
+    under KIP-848's consumer protocol these are the group's configs (within
+    the broker's ``group.consumer.min/max.*`` bounds), not the client's.
+    Raises :class:`KafkaException` when the broker refuses them."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    client = AdminClient(client_config(kafka, {"log_level": 4}))
+    entries = [
+        ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+        for name, value in (
+            ("consumer.session.timeout.ms", session_timeout_ms),
+            ("consumer.heartbeat.interval.ms", heartbeat_interval_ms),
+        )
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    for future in client.incremental_alter_configs([resource], request_timeout=timeout_s).values():
+        future.result(timeout=timeout_s + 1)

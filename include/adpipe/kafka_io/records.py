@@ -137,6 +137,36 @@ def readable_records(
     return counts
 
 
+def readable_partitions(
+    kafka: KafkaAccess | str, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float = 30.0
+) -> set[int]:
+    """The partitions with at least one record a read_committed consumer
+    reads in [start, end); reads at most one record of each."""
+    pending = {p for p, (start, end) in ranges.items() if end > start}
+    found: set[int] = set()
+    if not pending:
+        return found
+    consumer = _reader(kafka, "read_committed")
+    try:
+        consumer.assign([TopicPartition(topic, p, ranges[p][0]) for p in sorted(pending)])
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"looking for records of {topic} in {ranges} took over {timeout_s}s")
+            msg = consumer.poll(0.2)
+            if msg is None or msg.partition() not in pending:
+                continue
+            pending.discard(msg.partition())
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(msg.error())
+            elif msg.offset() < ranges[msg.partition()][1]:
+                found.add(msg.partition())
+    finally:
+        consumer.close()
+    return found
+
+
 def first_timestamps(
     kafka: KafkaAccess | str, topic: str, starts: dict[int, int], timeout_s: float = 30.0
 ) -> dict[int, int]:

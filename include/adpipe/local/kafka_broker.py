@@ -252,6 +252,12 @@ def server_properties(
             f"default.replication.factor={factor}",
             f"min.insync.replicas={min_isr}",
             "group.initial.rebalance.delay.ms=0",
+            # Consumer-protocol groups (KIP-848: the budget service) may ask
+            # for a session of 6 s and a heartbeat every second (Kafka's
+            # floors are 45 s and 5 s): a killed instance's partitions then
+            # move within seconds (Settings.budget_session_timeout_ms).
+            "group.consumer.min.session.timeout.ms=6000",
+            "group.consumer.min.heartbeat.interval.ms=1000",
             # Producers may ask for up to 15 minutes (see Settings).
             "transaction.max.timeout.ms=900000",
             # A transaction past its timeout is aborted within a second of it

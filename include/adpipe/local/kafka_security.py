@@ -220,7 +220,7 @@ class AclRule:
     resource: str  # TOPIC, GROUP, TRANSACTIONAL_ID
     name: str
     pattern: str  # LITERAL, PREFIXED
-    operation: str  # READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS
+    operation: str  # READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS
 
 
 def _rules(user: str, resource: str, names: list[str] | tuple[str, ...], operation: str, pattern: str = "LITERAL"):
@@ -274,6 +274,8 @@ def acl_rules(settings: Settings) -> list[AclRule]:
         *_rules("budget", "TOPIC", [t.budget_events], "WRITE"),
         *_rules("budget", "TOPIC", [t.budget_events], "READ"),
         *_rules("budget", "GROUP", [settings.budget_group, *PROBE_GROUPS], "READ"),
+        # Its session timeout and heartbeat are the group's configs (consumer protocol).
+        *_rules("budget", "GROUP", [settings.budget_group], "ALTER_CONFIGS"),
         *_rules("budget", "GROUP", [BUDGET_EVENTS_PREFIX], "READ", "PREFIXED"),
         *_rules("budget", "TRANSACTIONAL_ID", [BUDGET_EVENTS_PREFIX], "WRITE", "PREFIXED"),
         *reader,

@@ -280,12 +280,18 @@ def test_budget_settings() -> None:
         500_000,
         100_000_000,
     )
+    # KIP-848's protocol, a 6 s session and a heartbeat every 1.2 s, unless told otherwise.
+    assert (s.budget_group_protocol, s.budget_session_timeout_ms, s.budget_heartbeat_interval_ms) == (
+        "consumer", 6000, 1200)
+    s = load_settings({"ADPIPE_BUDGET_GROUP_PROTOCOL": "classic", "ADPIPE_BUDGET_SESSION_TIMEOUT_MS": "30000"})
+    assert (s.budget_group_protocol, s.budget_heartbeat_interval_ms) == ("classic", 6000)
     s = load_settings({"ADPIPE_BUDGET_DEFAULT_BUDGET": "unlimited", "ADPIPE_BUDGET_DEFAULT_CPM": "0.000001"})
     assert s.budget_default_budget_micros is None and s.budget_default_cpm_micros == 1
     for env in (
         {"ADPIPE_BUDGET_PERIOD": "week"},
         {"ADPIPE_BUDGET_DEFAULT_CPC": "0.1234567"},
         {"ADPIPE_BUDGET_SESSION_TIMEOUT_MS": "100"},
+        {"ADPIPE_BUDGET_GROUP_PROTOCOL": "eager"},
         {"ADPIPE_BUDGET_BATCH_SIZE": "0"},
     ):
         with pytest.raises(SettingsError):
