@@ -30,16 +30,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adpipe import kafka_io, pg
+from adpipe import kafka_io
 from adpipe.budget import db
 from adpipe.budget.batch import stored_offsets
 from adpipe.local import kafka_broker, postgres
 from adpipe.processes import start_detached
 from adpipe.settings import Settings, load_settings
-from adpipe.tools import demo
 
-from bench.failover import percentiles
+from bench.failover import percentiles, stop_all, wait
 from bench.stages import (
+    budget_env,
     database_name,
     expected_spend,
     ledger_totals,
@@ -67,14 +67,6 @@ def _start(env: dict[str, str], work: Path, name: str) -> Instance:
     log_path = work / f"{name}.log"
     proc = start_detached([sys.executable, "-m", "adpipe", "budget"], log_path, env=env)
     return Instance(name, proc, log_path)
-
-
-def _wait(what: str, probe, timeout_s: float) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"budget failover bench: timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _produce_steadily(
@@ -110,18 +102,8 @@ def run(settings: Settings, faults: int = 10, rate: float = 50.0, protocol: str 
     topic = f"bench-{run_id}-aggregates"
     kafka_io.ensure_topics(settings.kafka, [topic], PARTITIONS)
     database = database_name(run_id)
-    pg.ensure_databases(settings, (database,))
-    env = {
-        **demo.demo_env(settings, run_id),
-        "ADPIPE_TOPIC_AGGREGATES": topic,
-        "ADPIPE_TOPIC_BUDGET_EVENTS": f"bench-{run_id}-budget-events",
-        "ADPIPE_BUDGET_DB": settings.pg_url(database),
-        "ADPIPE_BUDGET_GROUP": f"bench-{run_id}",
-        "ADPIPE_BUDGET_GROUP_PROTOCOL": protocol,
-        "ADPIPE_BUDGET_BATCH_SIZE": "200",
-    }
-    for name in ("ADPIPE_BUDGET_DEFAULT_CPM", "ADPIPE_BUDGET_DEFAULT_CPC"):  # the prices the check assumes
-        env.pop(name, None)
+    env = budget_env(settings, run_id, "", topic, database, ADPIPE_BUDGET_GROUP_PROTOCOL=protocol,
+                     ADPIPE_BUDGET_BATCH_SIZE="200")
     job = load_settings(env)
     engine = db.make_engine(job)
     # Enough for the whole run at the rate, ads spread over the partitions by key.
@@ -146,7 +128,7 @@ def run(settings: Settings, faults: int = 10, rate: float = 50.0, protocol: str 
 
     try:
         for n in range(1, faults + 1):
-            _wait(f"two instances holding partitions (fault {n})", both_hold, 300)
+            wait(f"two instances holding partitions (fault {n})", both_hold, 300)
             time.sleep(rng.uniform(2.0, 6.0))
             victim = instances.pop(rng.randrange(2))
             held = victim.partitions() or set()
@@ -154,7 +136,7 @@ def run(settings: Settings, faults: int = 10, rate: float = 50.0, protocol: str 
             fault_at = time.monotonic()
             os.killpg(victim.proc.pid, signal.SIGKILL)
             victim.proc.wait()
-            _wait(f"partitions {sorted(held)} charged again (fault {n})",
+            wait(f"partitions {sorted(held)} charged again (fault {n})",
                   lambda h=held, b=before: all(offsets(h).get(p, -1) > b.get(p, -1) for p in h), 600)
             seconds.append(time.monotonic() - fault_at)
             print(f"  fault {n}/{faults}: SIGKILL of {victim.name} (partitions {sorted(held)}), charged again "
@@ -171,17 +153,10 @@ def run(settings: Settings, faults: int = 10, rate: float = 50.0, protocol: str 
             ranges = {p: (charged.get(p, 0), end) for p, end in ends.items()}
             return not kafka_io.readable_partitions(settings.kafka, topic, ranges)
 
-        _wait("the survivors draining", drained, 300)
+        wait("the survivors draining", drained, 300)
     finally:
         stop.set()
-        for instance in started:
-            if instance.proc.poll() is None:
-                os.killpg(instance.proc.pid, signal.SIGTERM)
-        for instance in started:
-            try:
-                instance.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(instance.proc.pid, signal.SIGKILL)
+        stop_all([instance.proc for instance in started], 60)
         engine.dispose()
     distinct, spend = expected_spend(sent, job.budget_default_cpm_micros, job.budget_default_cpc_micros)
     rows, charged = ledger_totals(settings, database)

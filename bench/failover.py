@@ -84,7 +84,24 @@ def _start(env: dict[str, str], work: Path, name: str, *args: str) -> Driver:
     return Driver(start_detached([sys.executable, "-m", "adpipe", "stream", *args], log_path, env=env), log_path)
 
 
-def _wait(what: str, probe, timeout_s: float) -> None:  # noqa: ANN001
+def stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """SIGTERM each process group still running (resumed first, if paused),
+    then SIGKILL those not gone within ``timeout_s`` each."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait(what: str, probe, timeout_s: float) -> None:  # noqa: ANN001
+    """Until ``probe()`` is true, asked every 0.1 s; a RuntimeError naming
+    ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not probe():
         if time.monotonic() > deadline:
@@ -125,16 +142,16 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
     active = _start(env, work, "driver-0")
     drivers = [active]
     try:
-        _wait("the first driver's lock", lambda: checkpoint_lock.holder(job) is not None, 300)
+        wait("the first driver's lock", lambda: checkpoint_lock.holder(job) is not None, 300)
         producer.start()
         for n in range(1, faults + 1):
             standby = _start(env, work, f"driver-{n}", "--standby")
             drivers.append(standby)
-            _wait(f"standby {n} waiting", lambda: bool(checkpoint_lock.waiters(job)), 300)
+            wait(f"standby {n} waiting", lambda: bool(checkpoint_lock.waiters(job)), 300)
             time.sleep(rng.uniform(2.0, 6.0))  # a random moment of the active driver's batches
             fault_at = time.monotonic()
             os.killpg(active.proc.pid, getattr(signal, f"SIG{signal_name}"))
-            _wait(f"standby {n} taking over", lambda s=standby: TOOK_OVER in s.log(), 600)
+            wait(f"standby {n} taking over", lambda s=standby: TOOK_OVER in s.log(), 600)
             result.seconds.append(time.monotonic() - fault_at)
             print(f"  fault {n}/{faults}: SIG{signal_name}, the standby's first batch {result.seconds[-1]:.1f} s "
                   "after it", flush=True)
@@ -147,18 +164,10 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
             active = standby
         stop.set()
         producer.join(timeout=30)
-        _wait("the last driver draining", lambda: sum(kafka_io.stream_lag(job).values()) == 0, 300)
+        wait("the last driver draining", lambda: sum(kafka_io.stream_lag(job).values()) == 0, 300)
     finally:
         stop.set()
-        for driver in drivers:
-            if driver.proc.poll() is None:
-                os.killpg(driver.proc.pid, signal.SIGCONT)
-                os.killpg(driver.proc.pid, signal.SIGTERM)
-        for driver in drivers:
-            try:
-                driver.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(driver.proc.pid, signal.SIGKILL)
+        stop_all([driver.proc for driver in drivers], 120)
     verify = subprocess.run([sys.executable, "-m", "adpipe", "verify"], env=env, capture_output=True, text=True,
                             check=False)
     (work / "verify.json").write_text(verify.stdout)

@@ -177,6 +177,25 @@ def _drop_database(settings: Settings, name: str) -> None:
         conn.close()
 
 
+def budget_env(settings: Settings, run_id: str, suffix: str, topic: str, database: str, **extra: str) -> dict[str, str]:
+    """The environment of a bench's budget service over ``topic``: a
+    budget-events topic, group and database (created here) of its own, and
+    the default prices, whatever this shell says (the expected spend
+    assumes them)."""
+    pg.ensure_databases(settings, (database,))
+    env = {
+        **demo.demo_env(settings, run_id),
+        "ADPIPE_TOPIC_AGGREGATES": topic,
+        "ADPIPE_TOPIC_BUDGET_EVENTS": f"bench-{run_id}{suffix}-budget-events",
+        "ADPIPE_BUDGET_DB": settings.pg_url(database),
+        "ADPIPE_BUDGET_GROUP": f"bench-{run_id}{suffix}",
+        **extra,
+    }
+    for name in ("ADPIPE_BUDGET_DEFAULT_CPM", "ADPIPE_BUDGET_DEFAULT_CPC"):
+        env.pop(name, None)
+    return env
+
+
 def ledger_totals(settings: Settings, database: str) -> tuple[int | None, int | None]:
     """(rows, spend in micro-units) of the ledger in ``database``; (None,
     None) when it cannot be read."""
@@ -223,18 +242,7 @@ def budget_batch_sizes(
     for size in sizes:
         database = database_name(run_id, f"_b{size}")
         _drop_database(settings, database)
-        pg.ensure_databases(settings, (database,))
-        env = {
-            **demo.demo_env(settings, run_id),
-            "ADPIPE_TOPIC_AGGREGATES": topic,
-            "ADPIPE_TOPIC_BUDGET_EVENTS": f"bench-{run_id}-b{size}-budget-events",
-            "ADPIPE_BUDGET_DB": settings.pg_url(database),
-            "ADPIPE_BUDGET_GROUP": f"bench-{run_id}-b{size}",
-            "ADPIPE_BUDGET_BATCH_SIZE": str(size),
-        }
-        # The prices the expected spend assumes: the defaults, whatever this shell says.
-        for name in ("ADPIPE_BUDGET_DEFAULT_CPM", "ADPIPE_BUDGET_DEFAULT_CPC"):
-            env.pop(name, None)
+        env = budget_env(settings, run_id, f"-b{size}", topic, database, ADPIPE_BUDGET_BATCH_SIZE=str(size))
         log_path = work / f"budget-b{size}.log"
         wall_s = _timed(env, log_path, "budget", "--once", "--timeout", "3600")
         stats = budget_log_stats(log_path.read_text())

@@ -101,13 +101,11 @@ def read_topic(
         consumer.close()
 
 
-def readable_records(
-    kafka: KafkaAccess | str, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float = 30.0
+def _count_readable(
+    kafka: KafkaAccess | str, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float, first_only: bool
 ) -> dict[int, int]:
     """Per partition: the records a read_committed consumer reads in
-    [start, end). Fewer than ``end - start`` on a topic written in
-    transactions: each commit or abort leaves a marker at an offset of its
-    own, and aborted records are skipped."""
+    [start, end), or at most one of them with ``first_only``."""
     counts = {p: 0 for p in ranges}
     pending = {p for p, (start, end) in ranges.items() if end > start}
     if not pending:
@@ -118,7 +116,7 @@ def readable_records(
         deadline = time.monotonic() + timeout_s
         while pending:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"counting the records of {topic} in {ranges} took over {timeout_s}s")
+                raise TimeoutError(f"reading the records of {topic} in {ranges} took over {timeout_s}s")
             msg = consumer.poll(0.2)
             if msg is None or msg.partition() not in pending:
                 continue
@@ -130,11 +128,21 @@ def readable_records(
             end = ranges[msg.partition()][1]
             if msg.offset() < end:
                 counts[msg.partition()] += 1
-            if msg.offset() >= end - 1:
+            if msg.offset() >= end - 1 or first_only:
                 pending.discard(msg.partition())
     finally:
         consumer.close()
     return counts
+
+
+def readable_records(
+    kafka: KafkaAccess | str, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float = 30.0
+) -> dict[int, int]:
+    """Per partition: the records a read_committed consumer reads in
+    [start, end). Fewer than ``end - start`` on a topic written in
+    transactions: each commit or abort leaves a marker at an offset of its
+    own, and aborted records are skipped."""
+    return _count_readable(kafka, topic, ranges, timeout_s, first_only=False)
 
 
 def readable_partitions(
@@ -142,29 +150,7 @@ def readable_partitions(
 ) -> set[int]:
     """The partitions with at least one record a read_committed consumer
     reads in [start, end); reads at most one record of each."""
-    pending = {p for p, (start, end) in ranges.items() if end > start}
-    found: set[int] = set()
-    if not pending:
-        return found
-    consumer = _reader(kafka, "read_committed")
-    try:
-        consumer.assign([TopicPartition(topic, p, ranges[p][0]) for p in sorted(pending)])
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"looking for records of {topic} in {ranges} took over {timeout_s}s")
-            msg = consumer.poll(0.2)
-            if msg is None or msg.partition() not in pending:
-                continue
-            pending.discard(msg.partition())
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    raise KafkaException(msg.error())
-            elif msg.offset() < ranges[msg.partition()][1]:
-                found.add(msg.partition())
-    finally:
-        consumer.close()
-    return found
+    return {p for p, n in _count_readable(kafka, topic, ranges, timeout_s, first_only=True).items() if n}
 
 
 def first_timestamps(
