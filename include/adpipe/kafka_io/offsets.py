@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from adpipe.kafka_access import KafkaAccess
 from adpipe.kafka_io.clients import client_config
@@ -24,16 +24,37 @@ def offset_bounds(
             kafka, {"group.id": "adpipe-offsets-probe", "isolation.level": isolation, "enable.auto.commit": False}
         )
     )
+    deadline = time.monotonic() + timeout_s
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)
         if md.topics[topic].error is not None:
             raise KafkaException(md.topics[topic].error)
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)
-            for p in md.topics[topic].partitions
-        }
+        return {p: _watermarks(consumer, TopicPartition(topic, p), deadline) for p in md.topics[topic].partitions}
     finally:
         consumer.close()
+
+
+# A partition's leadership moving (a topic just created, a broker restarted
+# or stopped): the client refreshes its metadata and asks the new leader.
+_LEADER_MOVING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+}
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """A partition's low and high watermarks, asked again while its
+    leadership moves, until ``deadline`` (monotonic)."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()), cached=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _LEADER_MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def offsets_for_times(kafka: KafkaAccess | str, topic: str, timestamp_ms: int) -> dict[int, int | None]:
