@@ -360,6 +360,12 @@ class Settings(_Locations):
         return self.max_future_skew_s * 1000
 
     @property
+    def budget_incremental(self) -> bool:
+        """Whether the budget group is on the consumer protocol (KIP-848):
+        incremental assignments, the session timeout a group config."""
+        return self.budget_group_protocol == "consumer"
+
+    @property
     def budget_heartbeat_interval_ms(self) -> int:
         """How often a budget instance tells its group it lives: a fifth of
         the session (at least 1 s). Under the consumer protocol it is also

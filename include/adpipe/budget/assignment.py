@@ -59,13 +59,12 @@ class Assignment:
         self.unpositioned: set[int] = set()
         self.at_eof: set[int] = set()
         self.paused_for_outage = False
-        self.incremental = settings.budget_group_protocol == "consumer"
 
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Add ``partitions`` (at their offsets) to the assignment: by
         increment under the consumer protocol, as the whole of it under the
         classic one."""
-        if self.incremental:
+        if self.settings.budget_incremental:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
@@ -158,7 +157,7 @@ class Assignment:
             return
         positions = {**{p: o for p, o in self.started_from.items()}, **starts}
         assigned = [tp.partition for tp in self.consumer.assignment() if tp.topic == self.topic]
-        if self.incremental:  # only the pending ones are given again; the others read on
+        if self.settings.budget_incremental:  # only the pending ones are given again; the others read on
             assigned = [p for p in assigned if p in starts]
             if assigned:
                 self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in assigned])

@@ -89,7 +89,7 @@ class BudgetService:
             "enable.partition.eof": True,
             "max.poll.interval.ms": max(s.budget_max_poll_interval_ms, s.budget_session_timeout_ms),
         }
-        if s.budget_group_protocol == "consumer":
+        if s.budget_incremental:
             # The session and heartbeat are the group's (_configure_group).
             config["group.protocol"] = "consumer"
         else:
@@ -106,7 +106,7 @@ class BudgetService:
         as the broker allows. Refused, the broker's defaults hold (45 s, 5 s
         in Kafka 4), and a killed instance's partitions wait that long."""
         s = self.settings
-        if s.budget_group_protocol != "consumer":
+        if not s.budget_incremental:
             return
         try:
             kafka_io.configure_group_session(
@@ -227,7 +227,7 @@ class BudgetService:
                 elif err.code() == KafkaError._AUTO_OFFSET_RESET:
                     assignment.out_of_range(msg.partition(), err)
                 elif err.fatal():
-                    if self.settings.budget_group_protocol == "consumer":
+                    if self.settings.budget_incremental:
                         log.error("consumer: fatal %s; a broker older than Kafka 4.0 has no consumer group "
                                   "protocol (KIP-848): ADPIPE_BUDGET_GROUP_PROTOCOL=classic", err)
                     raise KafkaException(err)
