@@ -95,45 +95,85 @@ def test_three_nodes_replicate_topics_and_internal_logs(cluster: Settings) -> No
     assert all(f"node {k}: kafka up: pid {st.nodes[k - 1].pid}" in cli.stdout for k in (1, 2, 3))
 
 
-def test_transactions_commit_while_a_node_is_killed_and_back(cluster: Settings) -> None:
-    """A transactional producer commits before, during and after a SIGKILL of
-    one node (the leader of partition 0 of its topic); a read_committed
-    consumer then sees each record once."""
-    topic = cluster.topics.late
-    producer = Producer(
-        {"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": "cluster-test", "enable.idempotence": True}
-    )
-    producer.init_transactions(60)
+def test_the_sink_replaces_a_producer_stuck_on_its_paused_ledger_coordinator(
+    cluster: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream job's transactional sink over three nodes: batch 0; then
+    batch 1's records are produced and the node that coordinates the sink's
+    ledger group is paused (SIGSTOP: a frozen host, a long GC) before the
+    batch's offsets go into the transaction. send_offsets_to_transaction
+    then waits on it at least the sink's socket timeout (10 s), longer than
+    the call's deadline here (8 s; 15 s in production, which a coordinator
+    that died with its broker outlives: confluentinc/librdkafka#5511). Past
+    the deadline the sink leaves that producer behind for a new one, in this
+    process (the old code ended the process), and commits the batch once
+    the group has a new coordinator. Batch 2 after the node is resumed. A
+    read_committed consumer sees each batch's records once, and the ledger
+    says batch 2."""
+    from adpipe.stream import sink_clients
+    from adpipe.stream.sink import OutRecord, TransactionalSink
+
+    source, output = f"src-{uuid.uuid4().hex[:6]}", f"out-{uuid.uuid4().hex[:6]}"
+    kafka_io.ensure_topics(cluster.kafka_bootstrap, [source, output], 4)
+    group = kafka_io.ledger_group(f"coord-{uuid.uuid4().hex[:8]}")
+    killed: list[int] = []
+
+    class KilledBeforeOffsets(TransactionalSink):
+        def _add_ledger_offsets(self, producer, batch_id, end_offsets, watermark_ms) -> None:  # noqa: ANN001
+            if batch_id == 1 and not killed:
+                # Batch 0 made the offsets log: its leader is the group's coordinator.
+                victim = kafka_io.coordinator_node(cluster.kafka_bootstrap, group, kafka_io.CONSUMER_OFFSETS)
+                assert victim is not None
+                pid = kafka_broker.node_pid(cluster, victim)
+                assert pid is not None
+                os.kill(pid, signal.SIGSTOP)
+                killed.append(pid)
+            super()._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)
+
+    monkeypatch.setattr(sink_clients, "CALL_DEADLINE_S", 8.0)
+    sink = KilledBeforeOffsets(cluster.kafka_bootstrap, f"sink-{uuid.uuid4().hex[:8]}", group, source, "q", 60_000)
     sent = []
 
-    def commit(batch: int) -> None:
-        producer.begin_transaction()
-        for i in range(50):
-            value = f"{batch}-{i}".encode()
-            producer.produce(topic, value, partition=i % 4)
-            sent.append(value)
-        producer.commit_transaction(60)
+    def batch(n: int) -> None:
+        values = [f"{n}-{i}".encode() for i in range(50)]
+        result = sink.commit_batch(n, {p: 10 * (n + 1) for p in range(4)},
+                                   lambda: [OutRecord(output, str(i).encode(), v) for i, v in enumerate(values)], 50)
+        assert not result.skipped and result.records == 50
+        sent.extend(values)
 
-    commit(0)
-    leader = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap}).list_topics(timeout=30)
-    victim = leader.topics[topic].partitions[0].leader
-    assert kafka_broker.stop_node(cluster, victim, signal.SIGKILL)
     try:
-        commit(1)  # two replicas of three remain: min.insync.replicas=2 holds
+        batch(0)
+        started = time.monotonic()
+        try:
+            with caplog.at_level(logging.WARNING, logger="adpipe.stream.sink"):
+                batch(1)  # two replicas of three remain: min.insync.replicas=2 holds
+            log.info("batch 1 committed %.1f s after its coordinator was paused", time.monotonic() - started)
+        finally:
+            for pid in killed:
+                os.kill(pid, signal.SIGCONT)
+        assert killed
+        assert "batch 1: offsets did not return within" in caplog.text
+        assert "leaving that producer behind" in caplog.text
+        batch(2)
     finally:
-        kafka_broker.start_node(cluster, victim)
-    commit(2)
-    producer.flush(30)
+        sink.close()
     # The coordinator writes a transaction's commit markers after
     # commit_transaction returns: a reader sees the last one a moment later
     # (more so while the restarted node takes its partitions back).
     deadline = time.monotonic() + 60
     while True:
-        seen = [r.value for r in kafka_io.read_topic(cluster.kafka_bootstrap, topic, "read_committed")]
+        seen = [r.value for r in kafka_io.read_topic(cluster.kafka_bootstrap, output, "read_committed")]
         if len(seen) >= len(sent) or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert sorted(seen) == sorted(sent) and len(seen) == 150
+    ledger = kafka_io.group_commits(cluster.kafka_bootstrap, group, source, 30)
+    assert {p: offset for p, (offset, _meta) in ledger.items()} == {p: 30 for p in range(4)}
+    assert all(json.loads(meta)["batch_id"] == 2 for _offset, meta in ledger.values())
+    # The resumed node back in every ISR before the next test stops another.
+    deadline = time.monotonic() + 120
+    while not kafka_io.fully_replicated(cluster.kafka_bootstrap) and time.monotonic() < deadline:
+        time.sleep(1)
 
 
 def _quorum_leader(cluster: Settings) -> int:

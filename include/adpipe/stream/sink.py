@@ -38,6 +38,11 @@ Kafka errors in Steps 3-5, by kind:
     ``MAX_BATCH_ATTEMPTS`` in all, then stop;
   - retriable on ``send_offsets_to_transaction`` or ``commit_transaction``
     (a request timed out): the same call again, up to ``MAX_CALL_ATTEMPTS``;
+  - a call that outlives its hard deadline (librdkafka waiting on a
+    coordinator that died with its broker, :mod:`adpipe.stream.deadline`):
+    that producer is left behind, a new one fences it (Step 1), and the
+    batch starts again at Step 2, up to ``MAX_PRODUCER_REPLACEMENTS`` times;
+    then the process ends, and its restart replays the batch;
   - fenced: a newer instance took the transactional.id: stop, exit 4, never
     write again (``ProducerFencedError``);
   - the transaction was open longer than ``transaction.timeout.ms``: the
@@ -63,6 +68,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT
+from adpipe.stream.deadline import CallHung, end_process
 from adpipe.stream.sink_clients import CALL_TIMEOUT_S, retrying
 from adpipe.stream.sink_ledger import LedgerMismatchError, SinkLedger
 
@@ -80,6 +86,9 @@ class TransactionTimedOutError(RuntimeError):
 # Whole-batch attempts on abortable errors, and the waits between them.
 MAX_BATCH_ATTEMPTS = 4
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
+# New producers for one batch after calls that hung (adpipe.stream.deadline),
+# before the process ends itself and leaves the batch to its restart.
+MAX_PRODUCER_REPLACEMENTS = 3
 
 
 class _BatchAborted(Exception):
@@ -139,6 +148,34 @@ class TransactionalSink(SinkLedger):
         of them are aggregates (the crash points of the tests fire only in
         batches that carry some, unless told otherwise)."""
         started = time.monotonic()
+        for replacement in range(MAX_PRODUCER_REPLACEMENTS + 1):
+            try:
+                return self._commit_once(batch_id, end_offsets, records, aggregates, watermark_ms, started)
+            except CallHung as hung:
+                if replacement == MAX_PRODUCER_REPLACEMENTS:
+                    end_process(hung)
+                log.warning(
+                    "%s: leaving that producer behind; a new one with the same transactional.id fences it and "
+                    "aborts its transaction, then batch %d is checked against the ledger and written again "
+                    "(replacement %d of %d)",
+                    hung,
+                    batch_id,
+                    replacement + 1,
+                    MAX_PRODUCER_REPLACEMENTS,
+                )
+                self._replace_producer()
+        raise AssertionError("unreachable")  # the loop returns or ends the process
+
+    def _commit_once(
+        self,
+        batch_id: int,
+        end_offsets: dict[int, int],
+        records: Callable[[], Iterable[OutRecord]],
+        aggregates: int,
+        watermark_ms: int,
+        started: float,
+    ) -> CommitResult:
+        """Steps 1-6 with one producer."""
         producer = self._ensure_producer()  # Step 1
         ledger = self.check_ledger_owner()  # Step 2
         if ledger is not None and ledger.batch_id == batch_id and ledger.offsets != dict(end_offsets):
@@ -214,6 +251,8 @@ class TransactionalSink(SinkLedger):
             self._abort(exc)
             if exc.args[0].txn_requires_abort():
                 raise _BatchAborted(exc) from exc
+            raise
+        except CallHung:  # the producer is stuck in a call: never use it again, not even to abort
             raise
         except BaseException as exc:
             self._abort(exc)

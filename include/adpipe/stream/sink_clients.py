@@ -27,17 +27,27 @@ log = logging.getLogger("adpipe.stream.sink")
 
 # Attempts of one retriable call (send_offsets_to_transaction, commit_transaction).
 MAX_CALL_ATTEMPTS = 3
-# Each such call's own timeout; past the deadline the process ends itself.
-# Normally these calls take milliseconds, and a broker restart seconds.
+# Each such call's own timeout, and the deadline past which its producer is
+# taken for stuck (adpipe.stream.deadline) and replaced. These calls take
+# milliseconds; a coordinator that moves with its broker, about 10 s (the
+# controller's broker session timeout). The deadline is shorter than the
+# timeout: replacing the producer is always safe (the new one fences the old
+# and the batch is checked against the ledger, then written again), and it
+# is what ends librdkafka's wait on a coordinator that left (#5511), which
+# no timeout ends: measured by `make bench ARGS="--failover --part broker"`.
 CALL_TIMEOUT_S = 30
-CALL_DEADLINE_S = 45.0
+CALL_DEADLINE_S = 15.0
+# A request to a broker that stopped answering with its socket still open (a
+# paused process, a frozen host) is given up after this long and asked of
+# the broker that leads or coordinates now (librdkafka's default is 60 s).
+SOCKET_TIMEOUT_MS = 10_000
 
 
 def retrying(call: Callable[[], None], what: str) -> None:
     """``call`` again on a retriable error (librdkafka allows it for
     ``send_offsets_to_transaction`` and ``commit_transaction``). Each call
-    has a hard deadline beyond its own timeout, which librdkafka does
-    not always keep (adpipe.stream.deadline)."""
+    has a hard deadline, since librdkafka does not always keep its own
+    timeout: past it, :class:`~adpipe.stream.deadline.CallHung`."""
     for attempt in range(1, MAX_CALL_ATTEMPTS + 1):
         try:
             call_with_deadline(call, CALL_DEADLINE_S, what)
@@ -96,6 +106,7 @@ class SinkClients:
                     # the compressed batch against the topic's limit.
                     "compression.type": "lz4",
                     "message.max.bytes": self._message_max_bytes,
+                    "socket.timeout.ms": SOCKET_TIMEOUT_MS,
                 }
             )
             started = time.monotonic()
@@ -108,16 +119,25 @@ class SinkClients:
                 self.transactional_id,
                 (time.monotonic() - started) * 1000,
             )
-            self._ledger_consumer = Consumer(
-                {
-                    **client_config(self._kafka),
-                    "group.id": self.ledger_group,
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                }
-            )
+            if self._ledger_consumer is None:
+                self._ledger_consumer = Consumer(
+                    {
+                        **client_config(self._kafka),
+                        "group.id": self.ledger_group,
+                        "isolation.level": "read_committed",
+                        "enable.auto.commit": False,
+                        "socket.timeout.ms": SOCKET_TIMEOUT_MS,
+                    }
+                )
             self._producer = producer
         return self._producer
+
+    def _replace_producer(self) -> None:
+        """Leave a producer stuck in a call behind (its thread holds it until
+        the call returns, if ever); the next :meth:`_ensure_producer` makes a
+        new one, whose ``init_transactions`` fences it and aborts its open
+        transaction."""
+        self._producer = None
 
     def _abort(self, cause: BaseException) -> None:
         if self._producer is None:

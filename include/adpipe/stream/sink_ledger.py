@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from adpipe.kafka_io import client_config, committed_offsets
-from adpipe.stream.sink_clients import CALL_TIMEOUT_S, SinkClients, retrying
+from adpipe.stream.sink_clients import CALL_TIMEOUT_S, SOCKET_TIMEOUT_MS, SinkClients, retrying
 
 # The sink's logger, whichever part of it logs: its lines read as before.
 log = logging.getLogger("adpipe.stream.sink")
@@ -160,6 +160,7 @@ class SinkLedger(SinkClients):
                         "group.id": "adpipe-offsets-probe",
                         "isolation.level": "read_uncommitted",
                         "enable.auto.commit": False,
+                        "socket.timeout.ms": SOCKET_TIMEOUT_MS,
                     },
                 )
             )
