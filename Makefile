@@ -64,10 +64,15 @@ test-long: jars deps-ui ## test-slow and test-ui in one run on the two workers (
 
 # The benchmark harness is bench/ at the project root, not part of the
 # installed package: python -m bench runs it from here.
-bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads
+# ARGS="--failover ..." runs the failover measurement alone instead.
+bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads; ARGS="--failover [--part stream|budget|broker]": failover times
+ifneq (,$(findstring --failover,$(ARGS)))
+	$(BIN)/python -m bench $(ARGS)
+else
 	$(BIN)/python -m bench --peers --install-only
 	$(BIN)/python -m bench --peers $(ARGS)
 	$(BIN)/python -m bench --events 1000000 --ads 10000 --minutes 60
+endif
 
 bench-stages: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
 	$(BIN)/python -m bench $(ARGS)

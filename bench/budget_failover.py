@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,29 +70,59 @@ def _start(env: dict[str, str], work: Path, name: str) -> Instance:
     return Instance(name, proc, log_path)
 
 
-def _produce_steadily(
-    settings: Settings, topic: str, values: list[dict], rate: float, stop: threading.Event, sent: list[dict]
+def produce_aggregates(
+    settings: Settings,
+    topic: str,
+    values: list[dict],
+    rate: float,
+    stop: threading.Event,
+    sent: list[dict],
+    on_commit: Callable[[float], None] | None = None,
 ) -> None:
     """``values`` (key ad_id) in transactions of a fifth of a second's worth,
     at ``rate`` a second, until stopped or spent, as the stream job writes
-    them; what was committed goes to ``sent``."""
-    from confluent_kafka import Producer
+    them; what was committed goes to ``sent``, and ``on_commit(begun_at)``
+    hears of each commit. A transaction the broker aborts (its coordinator
+    died with it) is sent again."""
+    from confluent_kafka import KafkaException, Producer
 
     producer = Producer({**kafka_io.client_config(settings.kafka), "transactional.id": f"adpipe-bench-{topic}",
                          "linger.ms": 5})
     producer.init_transactions(30)
     per_round = max(1, int(rate / 5))
-    for first in range(0, len(values), per_round):
-        if stop.is_set():
-            return
+    first = 0
+    while first < len(values) and not stop.is_set():
         started = time.monotonic()
         chunk = values[first : first + per_round]
         producer.begin_transaction()
         for a in chunk:
             producer.produce(topic, key=a["ad_id"].encode(), value=json.dumps(a).encode())
-        producer.commit_transaction(60)
+        try:
+            _commit(producer)
+        except KafkaException as exc:
+            if not exc.args[0].txn_requires_abort():
+                raise
+            producer.abort_transaction(60)
+            continue
         sent.extend(chunk)
+        first += per_round
+        if on_commit:
+            on_commit(started)
         stop.wait(max(0.0, 0.2 - (time.monotonic() - started)))
+
+
+def _commit(producer) -> None:  # noqa: ANN001 - a confluent_kafka Producer
+    """Commit, asking again while the error is retriable (a coordinator
+    moving to another broker)."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            producer.commit_transaction(60)
+            return
+        except KafkaException as exc:
+            if not exc.args[0].retriable():
+                raise
 
 
 def run(settings: Settings, faults: int = 10, rate: float = 50.0, protocol: str = "consumer", seed: int = 7) -> dict:
@@ -110,7 +141,8 @@ def run(settings: Settings, faults: int = 10, rate: float = 50.0, protocol: str 
     values = synthetic_aggregates(int(rate * (60 + 40 * faults)), ads=200, seed=seed, duplicate_rate=0.0)
     sent: list[dict] = []
     stop = threading.Event()
-    producer = threading.Thread(target=_produce_steadily, args=(settings, topic, values, rate, stop, sent), daemon=True)
+    producer = threading.Thread(target=produce_aggregates, args=(settings, topic, values, rate, stop, sent),
+                                daemon=True)
     rng = random.Random(seed)
     seconds: list[float] = []
     count = iter(range(1_000_000))

@@ -54,6 +54,14 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                                          protocol=settings.budget_group_protocol)
             print(json.dumps(result, indent=2))
             return 0 if result["exact"] and result["faults"] == args.faults else 1
+        if args.part == "broker":
+            from bench import broker_failover
+
+            result = broker_failover.run(settings, faults=args.faults, seed=args.seed,
+                                         rate=args.rate if args.rate is not None else 50.0)
+            print(json.dumps(result, indent=2))
+            stuck = sum(part["stuck"] for part in result["parts"].values())
+            return 0 if result["verify_ok"] and result["budget_exact"] and not stuck else 1
         from bench import failover
 
         result = failover.run(settings, faults=args.faults, rate=args.rate if args.rate is not None else 5.0,
@@ -131,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     peers.add_argument(
         "--rate", type=float, default=None,
-        help="messages/s for --latency (default: half of adpipe's measured rate) and --failover (default 5)"
+        help="messages/s for --latency (default: half of adpipe's measured rate) and --failover (default 5; 50 with "
+        "--part budget or broker)"
     )
     peers.add_argument(
         "--latency-duration", type=float, default=300.0, help="seconds of production per --latency row (default 300)"
@@ -147,10 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         "idle pipeline); p50/p99/worst seconds from the fault to the standby's first batch, then adpipe verify",
     )
     p.add_argument(
-        "--part", choices=("stream", "budget"), default="stream",
-        help="with --failover: the stream driver (default), or a budget service instance: two instances, one "
+        "--part", choices=("stream", "budget", "broker"), default="stream",
+        help="with --failover: the stream driver (default); or a budget service instance: two instances, one "
         "SIGKILLed, timed until each partition it held is charged again (its group on "
-        "ADPIPE_BUDGET_GROUP_PROTOCOL's protocol; --rate aggregates/s, default 50); then the ledger is checked",
+        "ADPIPE_BUDGET_GROUP_PROTOCOL's protocol; --rate aggregates/s, default 50), then the ledger is checked; "
+        "or a broker: a three-node cluster of the bench's own (ports +50), one broker SIGKILLed, timed until "
+        "the partitions have live leaders, the producer's records, a transaction, the stream job's ledger and "
+        "the budget service's offsets move again (--rate events/s, default 50); then verify and the ledger",
     )
     p.add_argument("--faults", type=int, default=10, help="with --failover: faults to inject (default 10)")
     p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL", help="with --failover: SIGKILL or SIGSTOP")

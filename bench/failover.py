@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 from adpipe import kafka_io
 from adpipe.local import kafka_broker
 from adpipe.processes import start_detached
-from adpipe.settings import Settings, load_settings
+from adpipe.settings import KafkaAccess, Settings, load_settings
 from adpipe.stream import checkpoint_lock
 from adpipe.tools import demo, produce
 
@@ -109,20 +110,33 @@ def wait(what: str, probe, timeout_s: float) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
-def _produce_steadily(settings: Settings, env: dict[str, str], rate: float, stop: threading.Event) -> None:
+def produce_steadily(
+    kafka: KafkaAccess | str,
+    topic: str,
+    rate: float,
+    stop: threading.Event,
+    on_delivery: Callable[[float], Callable] | None = None,
+) -> None:
     """Events of the current minutes at ``rate`` per second until stopped,
-    one second's worth at a time (each its own seeded plan)."""
-    run = load_settings(env)
+    one second's worth at a time (each its own seeded plan), through one
+    long-lived idempotent producer, as a real one runs.
+    ``on_delivery(sent_at)``: the delivery callback for a record sent at
+    that moment (``time.monotonic()``)."""
     logging.getLogger("adpipe.tools.produce").setLevel(logging.WARNING)  # a line per second's plan otherwise
+    producer = produce.idempotent_producer(kafka)
     n = 0
     while not stop.is_set():
         started = time.monotonic()
-        events = max(1, int(rate))
-        spec = produce.ProduceSpec(events=events, seed=n, ads=20, minutes=1,
+        spec = produce.ProduceSpec(events=max(1, int(rate)), seed=n, ads=20, minutes=1,
                                    start=datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=1))
-        produce.send(settings.kafka_bootstrap, run.topics.events, produce.plan(spec))
+        callback = on_delivery(started) if on_delivery else None
+        for msg in produce.plan(spec).messages:
+            producer.produce(topic, msg.value, msg.key, on_delivery=callback)
+        producer.poll(0)
         n += 1
         stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+        producer.poll(0)
+    producer.flush(60)
 
 
 def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: str = "KILL", seed: int = 7) -> dict:
@@ -137,7 +151,8 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
     kafka_io.ensure_pipeline_topics(job)
     result = FailoverRun(signal_name, rate)
     stop = threading.Event()
-    producer = threading.Thread(target=_produce_steadily, args=(settings, env, rate, stop), daemon=True)
+    producer = threading.Thread(target=produce_steadily, args=(job.kafka, job.topics.events, rate, stop),
+                                daemon=True)
     rng = random.Random(seed)
     active = _start(env, work, "driver-0")
     drivers = [active]

@@ -64,6 +64,7 @@ from adpipe.kafka_io.topics import (
     check_broker_time,
     ensure_pipeline_topics,
     ensure_topics,
+    fully_replicated,
     max_message_bytes,
     timestamp_type,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "readable_partitions",
     "readable_records",
     "first_timestamps",
+    "fully_replicated",
     "stream_lag_seconds",
     "refusal",
     "start_offsets",

@@ -141,3 +141,14 @@ def max_message_bytes(kafka: KafkaAccess | str, topics: Sequence[str], timeout_s
         entry = future.result().get("max.message.bytes")
         limits[resource.name] = int(entry.value) if entry is not None and entry.value else DEFAULT_MAX_MESSAGE_BYTES
     return limits
+
+
+def fully_replicated(kafka: KafkaAccess) -> bool:
+    """Every partition of every topic has all its replicas in sync."""
+    try:
+        md = admin(kafka).list_topics(timeout=5)
+    except Exception:  # noqa: BLE001 - not answering: not replicated
+        return False
+    return all(
+        p.leader >= 0 and set(p.isrs) == set(p.replicas) for t in md.topics.values() for p in t.partitions.values()
+    )

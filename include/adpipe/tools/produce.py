@@ -221,17 +221,10 @@ def plan(spec: ProduceSpec) -> Plan:
     return Plan(messages, summary)
 
 
-def send(
-    kafka: KafkaAccess | str,
-    topic: str,
-    the_plan: Plan,
-    events_per_second: float = 0.0,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> int:
-    """Send the plan's messages through an idempotent producer; return the
-    number acknowledged. Raises if any message could not be delivered.
-    ``on_progress(sent, total)`` is called every 1 % (a progress bar)."""
-    producer = Producer(
+def idempotent_producer(kafka: KafkaAccess | str) -> Producer:
+    """The raw-event producer of the design: idempotent, every in-sync
+    replica acknowledges (a broker of three may die without a loss)."""
+    return Producer(
         {
             **kafka_io.client_config(kafka),
             "enable.idempotence": True,
@@ -244,6 +237,19 @@ def send(
             "logger": logging.getLogger("librdkafka"),
         }
     )
+
+
+def send(
+    kafka: KafkaAccess | str,
+    topic: str,
+    the_plan: Plan,
+    events_per_second: float = 0.0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Send the plan's messages through an idempotent producer; return the
+    number acknowledged. Raises if any message could not be delivered.
+    ``on_progress(sent, total)`` is called every 1 % (a progress bar)."""
+    producer = idempotent_producer(kafka)
     failures: list[str] = []
     delivered = 0
 

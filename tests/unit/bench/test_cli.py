@@ -25,6 +25,9 @@ MAKE_ARGS = [
     ("bench", "--ads 10000"),
     ("bench", "--latency"),
     ("bench", "--only adpipe,pyflink"),
+    ("bench", "--failover"),
+    ("bench", "--failover --part budget --faults 3"),
+    ("bench", "--failover --part broker"),
     ("bench-stages", ""),
     ("bench-stages", "--stream-caps 100000,0"),
     ("bench-stages", "--budget-batch-sizes 250,500"),
@@ -39,7 +42,10 @@ def test_every_command_line_of_make_bench_parses(target: str, args: str) -> None
         assert words[:3] == [".venv/bin/python", "-m", "bench"], words
         parsed = build_parser().parse_args(words[3:])
         assert parsed.func is not None
-    if target == "bench":  # the peers installed first, then the side-by-side run, then the 10,000-ad hour
+    if "--failover" in args:  # the failover measurement alone, never the peers after it
+        (words,) = lines
+        assert build_parser().parse_args(words[3:]).failover
+    elif target == "bench":  # the peers installed first, then the side-by-side run, then the 10,000-ad hour
         first, side_by_side, wide = (build_parser().parse_args(words[3:]) for words in lines)
         assert first.peers and first.install_only
         assert side_by_side.peers and not side_by_side.install_only

@@ -12,7 +12,6 @@ import time
 
 from adpipe import kafka_io
 from adpipe.local import kafka_broker
-from adpipe.settings import KafkaAccess
 
 from .context import RunContext
 from .loads import Loads
@@ -33,17 +32,6 @@ from .timeline import Clock, FaultLog, FaultRecord
 from .zombie import Zombies, has_fenced
 
 log = logging.getLogger("adpipe.tools.chaos")
-
-
-def fully_replicated(kafka: KafkaAccess) -> bool:
-    """Every partition of every topic has all its replicas in sync."""
-    try:
-        md = kafka_io.admin(kafka).list_topics(timeout=5)
-    except Exception:  # noqa: BLE001 - not answering: not replicated
-        return False
-    return all(
-        p.leader >= 0 and set(p.isrs) == set(p.replicas) for t in md.topics.values() for p in t.partitions.values()
-    )
 
 
 class Injector:
@@ -158,7 +146,7 @@ class Injector:
         already, a partition is not fully replicated, the coordinator is
         not known)."""
         settings = self.ctx.settings
-        if self.broker_down is not None or not fully_replicated(settings.kafka):
+        if self.broker_down is not None or not kafka_io.fully_replicated(settings.kafka):
             return False
         nodes = kafka_broker.nodes(self.ctx.base)
         if planned.kind == COORDINATOR_KILL:
