@@ -88,7 +88,7 @@ MAX_BATCH_ATTEMPTS = 4
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
 # New producers for one batch after calls that hung (adpipe.stream.deadline),
 # before the process ends itself and leaves the batch to its restart.
-MAX_PRODUCER_REPLACEMENTS = 3
+MAX_PRODUCER_REPLACEMENTS = 5
 
 
 class _BatchAborted(Exception):

@@ -37,20 +37,25 @@ MAX_CALL_ATTEMPTS = 3
 # no timeout ends: measured by `make bench ARGS="--failover --part broker"`.
 CALL_TIMEOUT_S = 30
 CALL_DEADLINE_S = 15.0
+# send_offsets_to_transaction's deadline is shorter: its coordinator is the
+# ledger group's, which Step 2 reached a moment before, so a call that takes
+# seconds is a producer still waiting on a coordinator that moved (#5511).
+OFFSETS_DEADLINE_S = 5.0
 # A request to a broker that stopped answering with its socket still open (a
 # paused process, a frozen host) is given up after this long and asked of
 # the broker that leads or coordinates now (librdkafka's default is 60 s).
 SOCKET_TIMEOUT_MS = 10_000
 
 
-def retrying(call: Callable[[], None], what: str) -> None:
+def retrying(call: Callable[[], None], what: str, deadline_s: float | None = None) -> None:
     """``call`` again on a retriable error (librdkafka allows it for
     ``send_offsets_to_transaction`` and ``commit_transaction``). Each call
     has a hard deadline, since librdkafka does not always keep its own
-    timeout: past it, :class:`~adpipe.stream.deadline.CallHung`."""
+    timeout: past it (``deadline_s``, default :data:`CALL_DEADLINE_S`),
+    :class:`~adpipe.stream.deadline.CallHung`."""
     for attempt in range(1, MAX_CALL_ATTEMPTS + 1):
         try:
-            call_with_deadline(call, CALL_DEADLINE_S, what)
+            call_with_deadline(call, deadline_s or CALL_DEADLINE_S, what)
             return
         except KafkaException as exc:
             if not exc.args[0].retriable() or attempt == MAX_CALL_ATTEMPTS:
@@ -106,7 +111,8 @@ class SinkClients:
                     # the compressed batch against the topic's limit.
                     "compression.type": "lz4",
                     "message.max.bytes": self._message_max_bytes,
-                    "socket.timeout.ms": SOCKET_TIMEOUT_MS,
+                    # librdkafka refuses one above the transaction timeout.
+                    "socket.timeout.ms": min(SOCKET_TIMEOUT_MS, self._timeout_ms),
                 }
             )
             started = time.monotonic()

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from adpipe.kafka_io import client_config, committed_offsets
-from adpipe.stream.sink_clients import CALL_TIMEOUT_S, SOCKET_TIMEOUT_MS, SinkClients, retrying
+from adpipe.stream.sink_clients import (
+    CALL_TIMEOUT_S,
+    OFFSETS_DEADLINE_S,
+    SOCKET_TIMEOUT_MS,
+    SinkClients,
+    retrying,
+)
 
 # The sink's logger, whichever part of it logs: its lines read as before.
 log = logging.getLogger("adpipe.stream.sink")
@@ -140,7 +146,9 @@ class SinkLedger(SinkClients):
         offsets = [TopicPartition(self.input_topic, p, o, metadata=meta) for p, o in sorted(end_offsets.items())]
         group = self._ledger_consumer.consumer_group_metadata()
         retrying(
-            lambda: producer.send_offsets_to_transaction(offsets, group, CALL_TIMEOUT_S), f"batch {batch_id}: offsets"
+            lambda: producer.send_offsets_to_transaction(offsets, group, CALL_TIMEOUT_S),
+            f"batch {batch_id}: offsets",
+            OFFSETS_DEADLINE_S,
         )
 
     def _written_through(self, by_topic: dict[str, int]) -> dict[tuple[str, int], int]:
