@@ -7,6 +7,7 @@ not a contract)."""
 from __future__ import annotations
 
 import re
+import statistics
 from datetime import datetime, timedelta
 
 _LOG_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[,.]\d+)?)")
@@ -116,15 +117,19 @@ _BATCH_LINE = re.compile(r"adpipe\.stream: batch \d+: input offsets (\d+),.* in 
 
 def batch_stats(log_text: str) -> dict:
     """From a stream log: how many batches, the largest input, the slowest
-    batch and the slowest transaction."""
+    batch and the slowest transaction; the first batch's time, and the
+    median of the later ones with input (the steady state)."""
     found = [tuple(map(int, m.groups())) for m in _BATCH_LINE.finditer(log_text)]
     with_input = [f for f in found if f[0] > 0]
+    steady = [f[2] for f in with_input[1:]]
     return {
         "batches": len(found),
         "batches_with_input": len(with_input),
         "max_batch_offsets": max((f[0] for f in found), default=0),
         "max_transaction_ms": max((f[1] for f in found), default=0),
         "max_batch_ms": max((f[2] for f in found), default=0),
+        "first_batch_ms": found[0][2] if found else None,
+        "median_steady_batch_ms": round(statistics.median(steady)) if steady else None,
     }
 
 

@@ -23,6 +23,8 @@ def test_batch_stats_reads_the_job_log_lines() -> None:
         "max_batch_offsets": 25000,
         "max_transaction_ms": 980,
         "max_batch_ms": 3120,
+        "first_batch_ms": 3120,
+        "median_steady_batch_ms": 2210,
     }
 
 
