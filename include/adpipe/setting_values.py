@@ -9,6 +9,7 @@ defaults, is ``adpipe.settings``' business: these readers never name one."""
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,19 @@ JVM_MEMORY = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
 
 class SettingsError(ValueError):
     """A configuration value is missing or malformed."""
+
+
+def spark_task_slots(master: str, cores_max: int) -> int | None:
+    """How many tasks Spark runs at once on ``master``: N of ``local[N]``
+    (this machine's cores for ``local[*]``), else ``cores_max`` when set;
+    None when unknown (a cluster without a cap)."""
+    local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if local is None:
+        return cores_max or None
+    slots = local.group(1)
+    if slots == "*":
+        return os.cpu_count() or 1
+    return int(slots) if slots else 1
 
 
 def integer(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:

@@ -40,6 +40,7 @@ from adpipe.setting_values import (
     money,
     port,
     share,
+    spark_task_slots,
     uri,
     utc_time,
 )
@@ -205,7 +206,8 @@ class Settings(_Locations):
     topics: Topics = field(default_factory=Topics)
     topic_partitions: int = 4
     # Fixed for the life of a checkpoint: Spark cannot change the number of
-    # state partitions across restarts of one query.
+    # state partitions across restarts of one query. Default: one per task
+    # slot (local[2]: 2), 4 on a cluster without ADPIPE_SPARK_CORES_MAX.
     shuffle_partitions: int = 4
     # Event-time watermark delay plus allowed lateness: a window closes when
     # the watermark (max event time seen - delay - lateness) passes its end.
@@ -493,6 +495,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_events=env.get("ADPIPE_TOPIC_BUDGET_EVENTS", Topics.budget_events),
     )
     bootstrap = env.get("ADPIPE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    master, cores_max = env.get("ADPIPE_SPARK_MASTER", "local[2]"), integer(env, "ADPIPE_SPARK_CORES_MAX", 0)
+    slots = spark_task_slots(master, cores_max)
     if not all(HOST_PORT.match(part.strip()) for part in bootstrap.split(",")):
         raise SettingsError(f"ADPIPE_KAFKA_BOOTSTRAP={bootstrap!r} must be host:port[,host:port]")
     credentials = _kafka_credentials(
@@ -515,13 +519,13 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         kafka_credentials=credentials,
         kafka_controller_port=integer(env, "ADPIPE_KAFKA_CONTROLLER_PORT", Settings.kafka_controller_port, 1),
         kafka_broker_properties=broker_properties(env, "ADPIPE_KAFKA_BROKER_PROPERTIES"),
-        spark_master=env.get("ADPIPE_SPARK_MASTER", "local[2]"),
+        spark_master=master,
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
         spark_driver_memory=jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
         jvm_logs=choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),
         spark_executor_memory=jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", Settings.spark_executor_memory),
-        spark_cores_max=integer(env, "ADPIPE_SPARK_CORES_MAX", Settings.spark_cores_max),
+        spark_cores_max=cores_max,
         spark_driver_host=env.get("ADPIPE_SPARK_DRIVER_HOST") or "127.0.0.1",
         spark_master_port=integer(env, "ADPIPE_SPARK_MASTER_PORT", Settings.spark_master_port, 1),
         spark_master_ui_port=integer(env, "ADPIPE_SPARK_MASTER_UI_PORT", Settings.spark_master_ui_port, 1),
@@ -530,7 +534,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_db=env.get("ADPIPE_BUDGET_DB", f"sqlite:///{home / 'budget.db'}"),
         topics=topics,
         topic_partitions=integer(env, "ADPIPE_TOPIC_PARTITIONS", Settings.topic_partitions, 1),
-        shuffle_partitions=integer(env, "ADPIPE_SHUFFLE_PARTITIONS", Settings.shuffle_partitions, 1),
+        shuffle_partitions=integer(env, "ADPIPE_SHUFFLE_PARTITIONS", slots or Settings.shuffle_partitions, 1),
         watermark_delay_s=integer(env, "ADPIPE_WATERMARK_DELAY_S", Settings.watermark_delay_s),
         allowed_lateness_s=integer(env, "ADPIPE_ALLOWED_LATENESS_S", Settings.allowed_lateness_s),
         trigger_interval_s=integer(env, "ADPIPE_TRIGGER_INTERVAL_S", Settings.trigger_interval_s, 1),

@@ -22,7 +22,7 @@ def test_defaults() -> None:
     assert settings.topics.all() == (
         "ad-events", "ad-aggregates", "ad-events-dlq", "ad-events-late", "ad-budget-events"
     )
-    assert (settings.topic_partitions, settings.shuffle_partitions) == (4, 4)
+    assert (settings.topic_partitions, settings.shuffle_partitions) == (4, 2)  # a state partition per task slot
     assert (settings.watermark_delay_s, settings.allowed_lateness_s, settings.lateness_ms) == (30, 0, 30_000)
     assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 500_000)
     assert settings.job_id == "region-local"
@@ -87,7 +87,7 @@ def test_overrides(tmp_path: Path) -> None:
     assert settings.topics.events == "ad-events"
     assert settings.lateness_ms == 15_000
     assert settings.max_offsets_per_trigger == 1000
-    assert settings.shuffle_partitions == 4
+    assert settings.shuffle_partitions == 2
     assert settings.checkpoint_dir == tmp_path / "home" / "checkpoints" / "region-eu"
     assert settings.budget_db == f"sqlite:///{tmp_path / 'home' / 'budget.db'}"
 
@@ -195,3 +195,21 @@ def test_broker_properties_are_key_value_entries_added_last(tmp_path: Path) -> N
     ]
     with pytest.raises(SettingsError, match="'no-equals-sign' is not key=value"):
         load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_KAFKA_BROKER_PROPERTIES": "a=1;no-equals-sign"})
+
+
+def test_the_state_partitions_default_to_the_task_slots_spark_runs_at_once() -> None:
+    import os
+
+    from adpipe.setting_values import spark_task_slots
+
+    assert spark_task_slots("local[4]", 0) == 4
+    assert spark_task_slots("local[3, 2]", 0) == 3  # tasks, then failures allowed
+    assert spark_task_slots("local", 0) == 1
+    assert spark_task_slots("local[*]", 0) == (os.cpu_count() or 1)
+    assert spark_task_slots("spark://h:7077", 6) == 6
+    assert spark_task_slots("spark://h:7077", 0) is None
+    assert load_settings({"ADPIPE_SPARK_MASTER": "local[3]"}).shuffle_partitions == 3
+    assert load_settings({"ADPIPE_SPARK_MASTER": "spark://h:7077"}).shuffle_partitions == 4
+    cluster = {"ADPIPE_SPARK_MASTER": "spark://h:7077", "ADPIPE_SPARK_CORES_MAX": "2"}
+    assert load_settings(cluster).shuffle_partitions == 2
+    assert load_settings({**cluster, "ADPIPE_SHUFFLE_PARTITIONS": "8"}).shuffle_partitions == 8
