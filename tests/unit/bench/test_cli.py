@@ -28,6 +28,7 @@ MAKE_ARGS = [
     ("bench", "--failover"),
     ("bench", "--failover --part budget --faults 3"),
     ("bench", "--failover --part broker"),
+    ("bench", "--stream-caps 1000 --events 30000"),
     ("bench-stages", ""),
     ("bench-stages", "--stream-caps 100000,0"),
     ("bench-stages", "--budget-batch-sizes 250,500"),
@@ -42,9 +43,10 @@ def test_every_command_line_of_make_bench_parses(target: str, args: str) -> None
         assert words[:3] == [".venv/bin/python", "-m", "bench"], words
         parsed = build_parser().parse_args(words[3:])
         assert parsed.func is not None
-    if "--failover" in args:  # the failover measurement alone, never the peers after it
+    if target == "bench" and args.startswith(("--failover", "--stream-caps")):  # a mode alone, never the peers
         (words,) = lines
-        assert build_parser().parse_args(words[3:]).failover
+        parsed = build_parser().parse_args(words[3:])
+        assert (parsed.failover or parsed.stream_caps) and not parsed.peers
     elif target == "bench":  # the peers installed first, then the side-by-side run, then the 10,000-ad hour
         first, side_by_side, wide = (build_parser().parse_args(words[3:]) for words in lines)
         assert first.peers and first.install_only
