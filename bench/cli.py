@@ -68,6 +68,12 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                               signal_name=args.signal, seed=args.seed)
         print(json.dumps(result, indent=2))
         return 0 if result["verify_ok"] and result["faults"] == args.faults else 1
+    if args.hour_close:
+        from bench import hour_close
+
+        result = hour_close.run(settings, hours=args.hours, events=args.events or 4_000, seed=args.seed)
+        print(json.dumps(result, indent=2))
+        return 0 if result["verify_ok"] and len(result["hours"]) == args.hours else 1
     if args.stream_caps:
         caps = [int(c) for c in args.stream_caps.split(",")]
         print(json.dumps(stages.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
@@ -166,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--faults", type=int, default=10, help="with --failover: faults to inject (default 10)")
     p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL", help="with --failover: SIGKILL or SIGSTOP")
+    sweep.add_argument(
+        "--hour-close",
+        action="store_true",
+        help="instead: how soon an hour is in the Delta tables after it closes, along the load DAG's path "
+        "(without Airflow's scheduler): the stream job running, --hours hours of --events events (default 4,000) "
+        "each closed by the next hour's events; per hour, seconds from the close to the load's end (the DAG's "
+        "trigger asks every 10 s, then `adpipe load` in the warm load driver), then verify --hour",
+    )
+    p.add_argument("--hours", type=int, default=4, help="with --hour-close: hours to close and load (default 4)")
     sweep.add_argument(
         "--stream-caps",
         metavar="N,N,...",

@@ -307,6 +307,10 @@ def advance(coverage: Coverage, ranges: list[RegionRanges]) -> Coverage:
 # --- hours closed ------------------------------------------------------------------------------
 
 
+# How often the load DAG's trigger asks :func:`hour_closed` while it waits.
+HOUR_CLOSED_POLL_S = 10.0
+
+
 def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None) -> bool:
     """True when every region has closed the hour: its stream job committed a
     batch whose watermark (delay and allowed lateness included) is past the

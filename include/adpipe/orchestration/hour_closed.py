@@ -19,10 +19,11 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from adpipe.lakehouse.ranges import HOUR_CLOSED_POLL_S
 from adpipe.orchestration.load_tasks import hour_is_closed, hour_of_run
 from adpipe.settings import load_settings
 
-INTERVAL_S = 10.0
+INTERVAL_S = HOUR_CLOSED_POLL_S
 
 
 def _closed(label: str) -> bool:

@@ -29,6 +29,7 @@ MAKE_ARGS = [
     ("bench", "--failover --part budget --faults 3"),
     ("bench", "--failover --part broker"),
     ("bench", "--stream-caps 1000 --events 30000"),
+    ("bench", "--hour-close --hours 3"),
     ("bench-stages", ""),
     ("bench-stages", "--stream-caps 100000,0"),
     ("bench-stages", "--budget-batch-sizes 250,500"),
@@ -43,10 +44,10 @@ def test_every_command_line_of_make_bench_parses(target: str, args: str) -> None
         assert words[:3] == [".venv/bin/python", "-m", "bench"], words
         parsed = build_parser().parse_args(words[3:])
         assert parsed.func is not None
-    if target == "bench" and args.startswith(("--failover", "--stream-caps")):  # a mode alone, never the peers
+    if target == "bench" and args.startswith(("--failover", "--stream-caps", "--hour-close")):  # alone, no peers
         (words,) = lines
         parsed = build_parser().parse_args(words[3:])
-        assert (parsed.failover or parsed.stream_caps) and not parsed.peers
+        assert (parsed.failover or parsed.stream_caps or parsed.hour_close) and not parsed.peers
     elif target == "bench":  # the peers installed first, then the side-by-side run, then the 10,000-ad hour
         first, side_by_side, wide = (build_parser().parse_args(words[3:]) for words in lines)
         assert first.peers and first.install_only
