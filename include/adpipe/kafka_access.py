@@ -41,6 +41,13 @@ SCRAM_MECHANISM = "SCRAM-SHA-512"
 # fetch.max.wait.ms (500 ms by default), once per partition and batch. A
 # fetch that finds data returns at once whatever this is.
 SPARK_FETCH_MAX_WAIT_MS = 10
+# Spark's Java clients give up a call after this long (Kafka's default is
+# 60 s; Spark then asks again, a second later). A partition whose leader died
+# keeps the driver's offset request "waiting for a node assignment" until
+# its timeout, even after a new leader is elected: with 60 s, a micro-batch
+# waited a minute after a broker's death (`make bench ARGS="--failover
+# --part broker"`). The request timeout may not exceed it.
+SPARK_API_TIMEOUT_MS = 15_000
 
 
 def local_kafka_password_file(home: Path, username: str) -> Path:
@@ -134,7 +141,12 @@ class KafkaAccess:
         """The same for Spark's Kafka source (``kafka.``-prefixed Java client
         settings). Spark redacts an option whose value names a password from
         its plans and logs; the Java client logs ``sasl.jaas.config`` hidden."""
-        options = {"kafka.bootstrap.servers": self.bootstrap, "kafka.fetch.max.wait.ms": str(SPARK_FETCH_MAX_WAIT_MS)}
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap,
+            "kafka.fetch.max.wait.ms": str(SPARK_FETCH_MAX_WAIT_MS),
+            "kafka.default.api.timeout.ms": str(SPARK_API_TIMEOUT_MS),
+            "kafka.request.timeout.ms": str(SPARK_API_TIMEOUT_MS),
+        }
         c = self.credentials
         if c.secure:
             jaas = (

@@ -33,7 +33,12 @@ def test_plaintext_by_default_gives_bare_client_settings() -> None:
     assert not settings.kafka.secure
     assert settings.kafka.client_config() == {"bootstrap.servers": "a:1,b:2"}
     # Spark's bounded reads do not wait on the broker for records past their range's end.
-    assert settings.kafka.spark_options() == {"kafka.bootstrap.servers": "a:1,b:2", "kafka.fetch.max.wait.ms": "10"}
+    assert settings.kafka.spark_options() == {
+        "kafka.bootstrap.servers": "a:1,b:2",
+        "kafka.fetch.max.wait.ms": "10",
+        "kafka.default.api.timeout.ms": "15000",
+        "kafka.request.timeout.ms": "15000",
+    }
     assert kafka_io.access("a:1") == KafkaAccess("a:1")  # a bare string: no credentials
 
 
@@ -51,6 +56,8 @@ def test_sasl_ssl_client_settings_for_librdkafka_and_spark(tmp_path: Path) -> No
     assert spark == {
         "kafka.bootstrap.servers": "127.0.0.1:9092",
         "kafka.fetch.max.wait.ms": "10",
+        "kafka.default.api.timeout.ms": "15000",
+        "kafka.request.timeout.ms": "15000",
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "SCRAM-SHA-512",
         # Quotes and backslashes escaped as the JAAS parser reads them.
