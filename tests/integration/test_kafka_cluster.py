@@ -1,5 +1,7 @@
 """`adpipe kafka up --brokers 3`: three KRaft nodes, replication 3 with
-min.insync.replicas 2, and transactions that survive a node's SIGKILL."""
+min.insync.replicas 2; the stream sink's transactions through a paused
+coordinator, and a load's wait for a batch whose partition leader is
+paused."""
 
 from __future__ import annotations
 
