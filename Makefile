@@ -66,7 +66,7 @@ test-long: jars deps-ui ## test-slow and test-ui in one run on the two workers (
 # installed package: python -m bench runs it from here.
 # A mode in ARGS (--failover, --hour-close, --stream-caps, --budget-batch-sizes) runs alone instead.
 BENCH_MODES := --failover --hour-close --stream-caps --budget-batch-sizes
-bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads; ARGS="--failover [--part stream|budget|broker]" or "--stream-caps N,..." alone
+bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads; alone: ARGS="--failover [--part stream|budget|broker]", "--hour-close", "--stream-caps N,..."
 ifneq (,$(filter $(BENCH_MODES),$(ARGS)))
 	$(BIN)/python -m bench $(ARGS)
 else
