@@ -38,7 +38,7 @@ from adpipe.settings import Settings, load_settings
 from adpipe.tools import demo, produce
 
 from bench.failover import stop_all
-from bench.stages import _timed, new_run
+from bench.stages import new_run, timed_command
 
 PROBE_S = 0.5
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def run(settings: Settings, hours: int = 4, events: int = 4_000, seed: int = 7) 
                     raise RuntimeError(f"the stream job exited ({stream.returncode}); see {work / 'stream.log'}")
                 time.sleep(HOUR_CLOSED_POLL_S)
             resumed_at = time.monotonic()
-            load_s = _timed(env, work / f"load-{n}.log", "load", "--hour", hour_label(hour))
+            load_s = timed_command(env, work / f"load-{n}.log", "load", "--hour", hour_label(hour))
             done_at = time.monotonic()
             stop.set()
             closed_at = probe.result(timeout=30) or resumed_at

@@ -32,7 +32,7 @@ from adpipe.tools import demo, produce
 from bench.logs import batch_stats, budget_log_stats
 
 
-def _timed(env: dict[str, str], log_path: Path, *args: str) -> float:
+def timed_command(env: dict[str, str], log_path: Path, *args: str) -> float:
     started = time.monotonic()
     with log_path.open("w") as out:
         rc = subprocess.run(  # noqa: S603
@@ -68,7 +68,7 @@ def stream_caps(settings: Settings, caps: list[int], events: int = 200_000, seed
     for cap in caps:
         cap_env = {**env, "ADPIPE_JOB_ID": f"{env['ADPIPE_JOB_ID']}-cap{cap}"}
         log_path = work / f"stream-cap{cap}.log"
-        seconds = _timed(cap_env, log_path, "stream", "--available-now", "--max-offsets-per-trigger", str(cap))
+        seconds = timed_command(cap_env, log_path, "stream", "--available-now", "--max-offsets-per-trigger", str(cap))
         row = {
             "max_offsets_per_trigger": cap,
             "seconds": round(seconds, 1),
@@ -244,7 +244,7 @@ def budget_batch_sizes(
         _drop_database(settings, database)
         env = budget_env(settings, run_id, f"-b{size}", topic, database, ADPIPE_BUDGET_BATCH_SIZE=str(size))
         log_path = work / f"budget-b{size}.log"
-        wall_s = _timed(env, log_path, "budget", "--once", "--timeout", "3600")
+        wall_s = timed_command(env, log_path, "budget", "--once", "--timeout", "3600")
         stats = budget_log_stats(log_path.read_text())
         ledger_rows, ledger_spend = ledger_totals(settings, database)
         exact = ledger_rows == distinct and ledger_spend == spend
@@ -324,8 +324,8 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
         "minutes": minutes,
         "messages": plan.summary["messages"],
         "produce_s": round(produce_s, 1),
-        "stream_available_now_s": round(_timed(env, work / "stream.log", "stream", "--available-now"), 1),
-        "budget_once_s": round(_timed(env, work / "budget.log", "budget", "--once"), 1),
+        "stream_available_now_s": round(timed_command(env, work / "stream.log", "stream", "--available-now"), 1),
+        "budget_once_s": round(timed_command(env, work / "budget.log", "budget", "--once"), 1),
     }
     # The service's rate from its first batch's start to its last one's end
     # (start-up and group join excluded; the stage's whole time is budget_once_s).
@@ -340,9 +340,9 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
         }
     )
     _drop_database(settings, budget_database)
-    result["load_hour_s"] = round(_timed(env, work / "load.log", "load", "--hour", hour), 1)
-    result["load_rerun_s"] = round(_timed(env, work / "load-rerun.log", "load", "--hour", hour), 1)
-    result["validate_s"] = round(_timed(env, work / "validate.log", "validate", "--hour", hour), 1)
+    result["load_hour_s"] = round(timed_command(env, work / "load.log", "load", "--hour", hour), 1)
+    result["load_rerun_s"] = round(timed_command(env, work / "load-rerun.log", "load", "--hour", hour), 1)
+    result["validate_s"] = round(timed_command(env, work / "validate.log", "validate", "--hour", hour), 1)
     result["stream_events_per_s"] = round(result["messages"] / result["stream_available_now_s"])
     (work / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     result["files"] = str(work)

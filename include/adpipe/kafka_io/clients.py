@@ -8,6 +8,10 @@ into one line the CLI can print."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Collection
+from typing import TypeVar
+
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
@@ -67,3 +71,27 @@ def refusal(kafka: KafkaAccess | str, timeout_s: float = 5.0) -> str | None:
             "wants SASL over TLS (ADPIPE_KAFKA_SECURITY=sasl_ssl, ADPIPE_KAFKA_USERNAME, ADPIPE_KAFKA_PASSWORD_FILE)"
         )
     return f"Kafka at {acc.describe()} did not answer: down, or not a SASL_SSL listener"
+
+
+T = TypeVar("T")
+
+
+def retry_until(
+    call: Callable[[float], T],
+    retriable: Collection[int],
+    deadline: float,
+    pause_s: float,
+    on_retry: Callable[[KafkaError], None] | None = None,
+) -> T:
+    """``call(timeout_s)`` with what is left of ``deadline`` (monotonic; at
+    least 1 s), asked again ``pause_s`` later while it fails with one of the
+    ``retriable`` error codes, until the deadline; ``on_retry`` hears of each."""
+    while True:
+        try:
+            return call(max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            if exc.args[0].code() not in retriable or time.monotonic() > deadline:
+                raise
+            if on_retry:
+                on_retry(exc.args[0])
+            time.sleep(pause_s)

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from adpipe.kafka_access import KafkaAccess
-from adpipe.kafka_io.clients import client_config
+from adpipe.kafka_io.clients import client_config, retry_until
 
 # The package's one logger, as before it was split: its lines read the same.
 log = logging.getLogger("adpipe.kafka_io")
@@ -34,15 +34,13 @@ def committed_offsets(
     """A group's committed offsets, retrying while the group coordinator is
     moving or loading (normal right after a broker start) or while a
     transactional offset commit is still pending."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return consumer.committed(partitions, timeout=max(1.0, deadline - time.monotonic()))
-        except KafkaException as exc:
-            if exc.args[0].code() not in _RETRIABLE or time.monotonic() > deadline:
-                raise
-            log.info("committed offsets not available yet (%s); retrying", exc.args[0].str())
-            time.sleep(0.5)
+    return retry_until(
+        lambda left_s: consumer.committed(partitions, timeout=left_s),
+        _RETRIABLE,
+        time.monotonic() + timeout_s,
+        0.5,
+        lambda err: log.info("committed offsets not available yet (%s); retrying", err.str()),
+    )
 
 
 def group_commits(

@@ -10,7 +10,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from adpipe.kafka_access import KafkaAccess
-from adpipe.kafka_io.clients import client_config
+from adpipe.kafka_io.clients import client_config, retry_until
 
 
 def offset_bounds(
@@ -48,13 +48,12 @@ _LEADER_MOVING = {
 def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
     """A partition's low and high watermarks, asked again while its
     leadership moves, until ``deadline`` (monotonic)."""
-    while True:
-        try:
-            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()), cached=False)
-        except KafkaException as exc:
-            if exc.args[0].code() not in _LEADER_MOVING or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return retry_until(
+        lambda timeout_s: consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False),
+        _LEADER_MOVING,
+        deadline,
+        0.2,
+    )
 
 
 def offsets_for_times(kafka: KafkaAccess | str, topic: str, timestamp_ms: int) -> dict[int, int | None]:
