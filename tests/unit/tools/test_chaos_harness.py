@@ -275,6 +275,10 @@ def test_a_resumed_zombie_with_a_quiet_log_is_idle_and_one_still_working_is_wait
     monkeypatch.setattr(zombie, "ZOMBIE_QUIET_S", 0.5)
     monkeypatch.setattr(zombie, "ZOMBIE_EXIT_S", 2.5)
     stopped = run.crew.pause.zombie  # type: ignore[union-attr]
+    # Another writer's append leaves the driver's offset behind the log's end:
+    # its writes then overwrite and the size stands still; it is not quiet.
+    with stopped.log_path.open("a") as log:
+        log.write("x" * 10_000 + "\n")
     run.monitor.stream_committed += 1  # the successor committed a batch
     time.sleep(1.0)  # past the transaction timeout
     started = time.monotonic()

@@ -101,7 +101,7 @@ class ZombiePause:
     committed_before: int
     resumed_at: float | None = None
     # The resumed driver's log: its size, and since when it has not grown (monotonic).
-    log_size: int = -1
+    log_stamp: tuple[int, int] = (-1, -1)  # the log's (size, mtime_ns)
     quiet_since: float = 0.0
 
 

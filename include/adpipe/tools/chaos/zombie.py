@@ -37,14 +37,17 @@ def has_fenced(part: Part) -> bool:
 
 
 def _quiet_s(pause: ZombiePause) -> float:
-    """How long the resumed driver's log has not grown."""
+    """How long the resumed driver's log has not been written. Its size
+    alone can stand still while it writes: another writer's append leaves
+    the driver's own offset behind the end, and it overwrites up to it."""
     try:
-        size = pause.zombie.log_path.stat().st_size
+        stat = pause.zombie.log_path.stat()
+        stamp = (stat.st_size, stat.st_mtime_ns)
     except OSError:
-        size = -1
+        stamp = (-1, -1)
     now = time.monotonic()
-    if size != pause.log_size:
-        pause.log_size, pause.quiet_since = size, now
+    if stamp != pause.log_stamp:
+        pause.log_stamp, pause.quiet_since = stamp, now
     return now - pause.quiet_since
 
 
