@@ -529,16 +529,37 @@ def stop_node(settings: Settings, node_id: int, sig: int = signal.SIGTERM, timeo
     return True
 
 
+# Once most voters of a cluster have stopped, a node still in its controlled
+# shutdown waits for a quorum that left (up to the whole timeout): it is
+# killed this long after (its logs are recovered at its next start).
+QUORUM_GONE_GRACE_S = 5.0
+
+
 def down(settings: Settings, timeout_s: float = 60.0) -> bool:
     """Stop every node we started (never another broker). True if one stopped."""
     # Signal all first: a controlled shutdown of the last voters then ends
     # together instead of one node waiting for a quorum that left.
-    running = [n for n in nodes(settings) if _read_pid(n) is not None]
+    cluster = nodes(settings)
+    running = [n for n in cluster if _read_pid(n) is not None]
     for node in running:
         pid = _read_pid(node)
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    quorum_gone_at = None
+    while time.monotonic() < deadline:
+        alive = [n for n in running if _read_pid(n) is not None]
+        if not alive:
+            break
+        if len(cluster) > 1 and len(alive) <= len(cluster) // 2:
+            quorum_gone_at = quorum_gone_at or time.monotonic()
+            if time.monotonic() - quorum_gone_at >= QUORUM_GONE_GRACE_S:
+                for node in alive:
+                    log.info("Kafka node %d still in its shutdown with its quorum gone; killing it", node.node_id)
+                    stop_node(settings, node.node_id, signal.SIGKILL)
+                break
+        time.sleep(0.2)
     stopped = False
-    for node in nodes(settings):
-        stopped = stop_node(settings, node.node_id, signal.SIGTERM, timeout_s) or stopped
+    for node in cluster:
+        stopped = stop_node(settings, node.node_id, signal.SIGTERM, max(deadline - time.monotonic(), 0)) or stopped
     return stopped or bool(running)
