@@ -38,6 +38,8 @@ from adpipe.settings import KafkaAccess, Settings, load_settings
 from adpipe.stream import checkpoint_lock
 from adpipe.tools import demo, produce
 
+from bench.logs import batch_stats
+
 TOOK_OVER = "standby: took over ("
 
 
@@ -66,6 +68,21 @@ class FailoverRun:
             "zombies_fenced": sum(1 for rc in self.zombie_exits if rc == checkpoint_lock.EXIT_FENCED),
             "verify_ok": self.verify_ok,
         }
+
+
+def first_batches(logs: list[str]) -> dict:
+    """From the drivers' logs (the first driver's, then its successors'):
+    the first batch of a cold start, of each warm standby after it took
+    over, and a steady batch (the median of every driver's later batches
+    with input), each as the batch line times it (ms)."""
+    stats = [batch_stats(text) for text in logs]
+    steady = [s["median_steady_batch_ms"] for s in stats if s["median_steady_batch_ms"] is not None]
+    return {
+        "cold_first_batch_ms": stats[0]["first_batch_ms"] if stats else None,
+        "takeover_first_batch_ms": [s["first_batch_ms"] for s, text in zip(stats, logs, strict=True)
+                                    if TOOK_OVER in text and s["first_batch_ms"] is not None],
+        "steady_batch_ms": round(statistics.median(steady)) if steady else None,
+    }
 
 
 def percentiles(seconds: list[float]) -> dict:
@@ -188,6 +205,6 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
     (work / "verify.json").write_text(verify.stdout)
     result.verify_ok = verify.returncode == 0
     summary = {"run": run_id, "trigger_interval_s": job.trigger_interval_s, "lease_s": job.stream_lease_s,
-               **result.summary(), "logs": str(work)}
+               **result.summary(), **first_batches([driver.log() for driver in drivers]), "logs": str(work)}
     (work / "failover.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -44,3 +44,23 @@ def test_first_after_counts_only_what_began_after_the_kill_and_each_key_once() -
     assert seen.all_at({0, 1}) is not None and seen.all_at({0, 1}) >= first
     seen.arm(200.0)
     assert seen.all_at({0}) is None  # a new kill: from scratch
+
+
+def _batch_line(n: int, offsets: int, ms: int) -> str:
+    return (f"2026-11-23 22:40:0{n},000 INFO adpipe.stream: batch {n}: input offsets {offsets}, windows emitted 0, "
+            f"dlq 0, late 0 (repeats skipped 0), watermark 1970-01-01T00:00:00Z, transaction t committed in 9 ms "
+            f"(batch {ms} ms)\n")
+
+
+def test_first_batches_of_a_cold_start_and_of_each_takeover_beside_a_steady_one() -> None:
+    from bench.failover import TOOK_OVER, first_batches
+
+    cold = _batch_line(0, 5, 4200) + _batch_line(1, 5, 300) + _batch_line(2, 5, 340)
+    warm = _batch_line(3, 5, 900) + f"... {TOOK_OVER}lock released) ...\n" + _batch_line(4, 5, 320)
+    never = _batch_line(5, 5, 7000)  # a standby stopped before it took over: not a takeover
+    assert first_batches([cold, warm, never]) == {
+        "cold_first_batch_ms": 4200,
+        "takeover_first_batch_ms": [900],
+        "steady_batch_ms": 320,  # the median of the drivers' medians of later batches: 320 (300, 340), 320
+    }
+    assert first_batches([]) == {"cold_first_batch_ms": None, "takeover_first_batch_ms": [], "steady_batch_ms": None}
