@@ -113,6 +113,9 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         # written either way is read either way.
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.adaptive.enabled": "false",
+        # Python workers fork from a daemon that has imported what they use
+        # (adpipe.spark_worker): none compiles pyspark or imports pandas itself.
+        "spark.python.daemon.module": "adpipe.spark_worker",
         # The driver listens on this address only: loopback by default, in
         # local mode too (Spark would bind the host's own address, reachable
         # from the network); on a cluster, the one executors connect back to.
@@ -160,6 +163,14 @@ def _warn_local_folders_on_a_cluster(settings: Settings) -> None:
                 "set %s to a URI every node reaches (hdfs://, s3a://, a shared mount)",
                 what, uri, settings.spark_master, variable,
             )  # fmt: skip
+
+
+def worker_imports_conf(*modules: str) -> dict[str, str]:
+    """A job's conf that has its Python workers' daemon import ``modules``
+    before it forks them (adpipe.spark_worker)."""
+    from adpipe.spark_worker import WORKER_IMPORTS_ENV
+
+    return {f"spark.executorEnv.{WORKER_IMPORTS_ENV}": ",".join(modules)}
 
 
 def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[str, str] | None = None) -> SparkSession:

@@ -46,6 +46,7 @@ SHARED = {
     "adpipe.setting_values",
     "adpipe.settings",
     "adpipe.spark",
+    "adpipe.spark_worker",
 }
 PARTS = ("adpipe.stream", "adpipe.lakehouse", "adpipe.budget", "adpipe.local")
 # Rank: a module may import modules of its own rank or lower, never higher.

@@ -21,7 +21,8 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from adpipe import kafka_io, metrics, raw_events
 from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
-from adpipe.spark import build_spark
+from adpipe.spark import build_spark, worker_imports_conf
+from adpipe.stream import minute_state
 from adpipe.stream import transforms as T
 from adpipe.stream.checkpoint_lock import checkpoint_lock
 from adpipe.stream.job import RECORD_OVERHEAD_BYTES, BatchHandler, Takeover, transactional_id, value_limits
@@ -180,14 +181,14 @@ def run(
     try:
         if standby:
             started = time.monotonic()
-            spark = build_spark(settings, name)
+            spark = _session(settings, name)
             warm_up(spark, settings)
             log.info("standby: warm in %.1f s", time.monotonic() - started)
         with checkpoint_lock(settings, standby=standby) as takeover:
             took_over = Takeover(takeover, time.monotonic()) if takeover else None
             kafka_io.ensure_pipeline_topics(settings)
             kafka_io.check_broker_time(settings.kafka, settings.topics.events)
-            spark = spark or build_spark(settings, name)
+            spark = spark or _session(settings, name)
             try:
                 checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
                 check_query_shape(checkpoint, QUERY_SOURCES)
@@ -200,6 +201,11 @@ def run(
             spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches
+
+
+def _session(settings: Settings, name: str) -> SparkSession:
+    """The job's session; its Python workers fork with the stateful operator's module loaded."""
+    return build_spark(settings, name, worker_imports_conf(minute_state.__name__))
 
 
 def warm_up(spark: SparkSession, settings: Settings) -> None:
