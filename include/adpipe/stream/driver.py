@@ -5,6 +5,7 @@ a signal or the end of the input stops it. What one micro-batch does is
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import signal
@@ -67,13 +68,15 @@ class _DropCheck(StreamingQueryListener):
             log.error("batch %d: Spark dropped %d rows by the watermark", progress.batchId, dropped)
 
 
-def build_query_df(spark: SparkSession, settings: Settings) -> DataFrame:
+def build_query_df(spark: SparkSession, settings: Settings, starting_offsets: str = "earliest") -> DataFrame:
+    """The job's query up to its foreachBatch: the raw topic read
+    read_committed, parsed, through the stateful operator."""
     reader = (
         spark.readStream.format("kafka")
         .options(**settings.kafka.spark_options())
         .option("subscribe", settings.topics.events)
         .option("kafka.isolation.level", "read_committed")
-        .option("startingOffsets", "earliest")
+        .option("startingOffsets", starting_offsets)
         .option("failOnDataLoss", "true")
     )
     if settings.max_offsets_per_trigger:
@@ -208,14 +211,46 @@ def _session(settings: Settings, name: str) -> SparkSession:
     return build_spark(settings, name, worker_imports_conf(minute_state.__name__))
 
 
+# A standby's warm-up reads at most this many of the raw topic's last records per partition.
+WARM_UP_TAIL = 5
+
+
 def warm_up(spark: SparkSession, settings: Settings) -> None:
     """What a standby can do before it holds the checkpoint: run the job's
-    own query (parse, stateful operator, foreachBatch) for one batch on a
-    rate source into a scratch checkpoint, so that its plan is compiled,
-    its Python workers run and the state store's classes are loaded. The
-    job's state stays the active driver's: it is loaded at the takeover."""
-    scratch = Path(tempfile.mkdtemp(prefix="adpipe-standby-warm-up-"))
-    rows = (
+    own query (the Kafka read, parse, stateful operator, foreachBatch) for
+    one batch into a scratch checkpoint, so that its plan is compiled, its
+    Python workers and Kafka consumers run and the state store's classes
+    are loaded. It reads the raw topic's last few records (a rate source
+    when the topic has none or cannot be read). The job's state stays the
+    active driver's: it is loaded at the takeover."""
+    tail = _tail_offsets(settings)
+    if tail is not None:
+        try:
+            _warm_up_query(spark, build_query_df(spark, settings, tail), "the raw topic's last records")
+            return
+        except Exception as exc:  # noqa: BLE001 - a warm-up is best effort; the rate source follows
+            log.warning("standby: warm-up on the raw topic failed (%s); on a rate source instead",
+                        str(exc).splitlines()[0])
+    _warm_up_query(spark, _rate_rows(spark, settings), "a rate source")
+
+
+def _tail_offsets(settings: Settings) -> str | None:
+    """Spark's startingOffsets for the raw topic's last WARM_UP_TAIL
+    readable records per partition; None when it has none or does not answer."""
+    try:
+        bounds = kafka_io.offset_bounds(settings.kafka, settings.topics.events, timeout_s=10)
+    except Exception as exc:  # noqa: BLE001 - the rate source warms the rest
+        log.info("standby: the raw topic's offsets are unknown (%s)", str(exc).splitlines()[0])
+        return None
+    if not any(high > low for low, high in bounds.values()):
+        return None
+    starts = {str(p): max(low, high - WARM_UP_TAIL) for p, (low, high) in sorted(bounds.items())}
+    return json.dumps({settings.topics.events: starts})
+
+
+def _rate_rows(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The job's query with raw events made up by a rate source."""
+    return (
         spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 4).option("numPartitions", 1).load()
         .select(
             F.lit(None).cast("binary").alias("key"),
@@ -230,6 +265,11 @@ def warm_up(spark: SparkSession, settings: Settings) -> None:
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
         .transform(T.minute_state_rows, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
     )
+
+
+def _warm_up_query(spark: SparkSession, rows: DataFrame, source: str) -> None:
+    """``rows`` through a collecting foreachBatch, into a scratch checkpoint, until caught up."""
+    scratch = Path(tempfile.mkdtemp(prefix="adpipe-standby-warm-up-"))
     batches: list[int] = []
     query = (
         rows.writeStream.outputMode("append").option("checkpointLocation", str(scratch))
@@ -239,11 +279,13 @@ def warm_up(spark: SparkSession, settings: Settings) -> None:
     )
     try:
         query.awaitTermination(120)
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()))
     finally:
         if query.isActive:
             query.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    log.info("standby: warm-up query ran %d batches", len(batches))
+    log.info("standby: warm-up query ran %d batches on %s", len(batches), source)
 
 
 def _run_query(

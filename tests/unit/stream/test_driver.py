@@ -1,0 +1,54 @@
+"""The stream driver's standby warm-up: which source it warms on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from adpipe.settings import load_settings
+from adpipe.stream import driver
+
+
+@pytest.fixture
+def settings(tmp_path: Path):  # noqa: ANN201
+    return load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_TOPIC_EVENTS": "raw"})
+
+
+def test_the_warm_up_starts_at_the_last_few_readable_records_of_each_partition(
+    settings, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    # (first kept, after the last readable): a long partition, a short one, an empty one.
+    bounds = {0: (0, 100), 1: (40, 42), 2: (7, 7)}
+    monkeypatch.setattr(driver.kafka_io, "offset_bounds", lambda *_a, **_k: bounds)
+    tail = json.loads(driver._tail_offsets(settings))
+    assert tail == {"raw": {"0": 100 - driver.WARM_UP_TAIL, "1": 40, "2": 7}}
+
+
+def test_no_tail_when_the_topic_is_empty_or_does_not_answer(settings, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(driver.kafka_io, "offset_bounds", lambda *_a, **_k: {0: (5, 5), 1: (0, 0)})
+    assert driver._tail_offsets(settings) is None
+
+    def down(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("Kafka at 127.0.0.1:9092 did not answer")
+
+    monkeypatch.setattr(driver.kafka_io, "offset_bounds", down)
+    assert driver._tail_offsets(settings) is None
+
+
+def test_a_warm_up_that_fails_on_the_raw_topic_goes_on_with_a_rate_source(
+    settings, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    ran: list[str] = []
+
+    def run(_spark, _rows, source: str) -> None:  # noqa: ANN001
+        ran.append(source)
+        if source != "a rate source":
+            raise RuntimeError("Partition raw-0's offset was changed from 95 to 98\nmore")
+
+    monkeypatch.setattr(driver, "_tail_offsets", lambda _s: '{"raw": {"0": 95}}')
+    monkeypatch.setattr(driver, "build_query_df", lambda *_a: "kafka rows")
+    monkeypatch.setattr(driver, "_rate_rows", lambda *_a: "rate rows")
+    monkeypatch.setattr(driver, "_warm_up_query", run)
+    driver.warm_up(None, settings)
+    assert ran == ["the raw topic's last records", "a rate source"]
