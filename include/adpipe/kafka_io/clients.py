@@ -75,6 +75,17 @@ def refusal(kafka: KafkaAccess | str, timeout_s: float = 5.0) -> str | None:
 
 T = TypeVar("T")
 
+# A partition's leadership or a topic's metadata still moving (a topic just
+# created, a broker restarted or stopped): the client refreshes its
+# metadata and asks again.
+SETTLING = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+})
+
 
 def retry_until(
     call: Callable[[float], T],

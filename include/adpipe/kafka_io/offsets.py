@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from adpipe.kafka_access import KafkaAccess
-from adpipe.kafka_io.clients import client_config, retry_until
+from adpipe.kafka_io.clients import SETTLING, client_config, retry_until
 
 
 def offset_bounds(
@@ -34,23 +34,12 @@ def offset_bounds(
         consumer.close()
 
 
-# A partition's leadership moving (a topic just created, a broker restarted
-# or stopped): the client refreshes its metadata and asks the new leader.
-_LEADER_MOVING = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-}
-
-
 def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
     """A partition's low and high watermarks, asked again while its
     leadership moves, until ``deadline`` (monotonic)."""
     return retry_until(
         lambda timeout_s: consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False),
-        _LEADER_MOVING,
+        SETTLING,
         deadline,
         0.2,
     )

@@ -5,13 +5,14 @@ topic's timestamps are, and the largest record batch each takes."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
 from adpipe.kafka_access import KafkaAccess, Topics
-from adpipe.kafka_io.clients import access, admin
+from adpipe.kafka_io.clients import SETTLING, access, admin, retry_until
 from adpipe.settings import Settings
 
 # The package's one logger, as before it was split: its lines read the same.
@@ -100,12 +101,21 @@ def timestamp_type(kafka: KafkaAccess | str, topic: str, timeout_s: float = 30.0
 
     client = admin(kafka)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+
+    def describe(request_timeout_s: float) -> str:
+        entry = client.describe_configs([resource], request_timeout=request_timeout_s)[resource].result().get(
+            TIMESTAMP_TYPE
+        )
+        if entry is None:  # a broker that has not caught up with a topic just created
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"no {TIMESTAMP_TYPE} of {topic} yet"))
+        return entry.value
+
     try:
-        entry = client.describe_configs([resource], request_timeout=timeout_s)[resource].result().get(TIMESTAMP_TYPE)
+        # Asked again while a topic just created is not known everywhere yet.
+        return retry_until(describe, SETTLING, time.monotonic() + timeout_s, 0.2)
     except KafkaException as exc:
         log.debug("%s of %s: %s", TIMESTAMP_TYPE, topic, exc)
         return None
-    return entry.value if entry is not None else None
 
 
 def check_broker_time(kafka: KafkaAccess | str, topic: str) -> bool:
