@@ -37,8 +37,8 @@ def installed_pyspark_first(path: list[str]) -> list[str]:
     spec = PathFinder.find_spec("pyspark", [p for p in path if not p.endswith(".zip")])
     if spec is None or not spec.submodule_search_locations:
         return path
-    own_lib = Path(next(iter(spec.submodule_search_locations))) / "python" / "lib"
-    own = [p for p in path if p.endswith(".zip") and Path(p).parent == own_lib]
+    own_lib = (Path(next(iter(spec.submodule_search_locations))) / "python" / "lib").resolve()
+    own = [p for p in path if p.endswith(".zip") and Path(p).parent.resolve() == own_lib]
     return [p for p in path if p not in own] + own
 
 
