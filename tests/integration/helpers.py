@@ -86,9 +86,27 @@ class Pipeline:
     settings: Settings
     workdir: Path
 
-    def produce(self, **spec_args: object) -> dict:
+    def produce(self, atomic: bool = False, **spec_args: object) -> dict:
+        """Send a plan. ``atomic``: in one Kafka transaction, so that a
+        read_committed job sees all of it at once (its commit marker takes
+        an offset in each partition written); otherwise a running job may
+        read one partition's records before another's (each partition is
+        acknowledged on its own), and a later event seen early makes
+        another partition's earlier ones late."""
         plan = produce.plan(produce.ProduceSpec(**spec_args))  # type: ignore[arg-type]
-        produce.send(self.settings.kafka_bootstrap, self.settings.topics.events, plan)
+        if not atomic:
+            produce.send(self.settings.kafka_bootstrap, self.settings.topics.events, plan)
+            return plan.summary
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap,
+                             "transactional.id": f"test-produce-{uuid.uuid4().hex[:8]}"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for msg in plan.messages:
+            producer.produce(self.settings.topics.events, msg.value, msg.key)
+            producer.poll(0)
+        producer.commit_transaction(60)
         return plan.summary
 
     def start_stream(self, *args: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
