@@ -279,8 +279,9 @@ def _warm_up_query(spark: SparkSession, rows: DataFrame, source: str) -> None:
     )
     try:
         query.awaitTermination(120)
-        if query.exception() is not None:
-            raise RuntimeError(str(query.exception()))
+        failure = query.exception()
+        if failure is not None:
+            raise RuntimeError(str(failure))
     finally:
         if query.isActive:
             query.stop()
