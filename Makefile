@@ -78,11 +78,14 @@ endif
 bench-stages: jars ## time each stage for 20,000 events (JSON under .adpipe/bench/); ARGS="--stream-caps ..." for the batch-cap sweep
 	$(BIN)/python -m bench $(ARGS)
 
-# `make chaos`: its own home and ports, beside a demo broker or a test run.
+# `make chaos`: its own home and ports, beside a demo broker or a test run. A
+# warm standby driver runs beside the active one (as the stream DAG keeps one
+# with ADPIPE_STREAM_STANDBY=on); each worker offers room for the active
+# driver's executor, the standby's and a load's.
 CHAOS_ENV := ADPIPE_HOME=$(CURDIR)/.adpipe-chaos ADPIPE_KAFKA_BOOTSTRAP=127.0.0.1:39092 \
   ADPIPE_KAFKA_CONTROLLER_PORT=39093 ADPIPE_PG_PORT=39094 ADPIPE_SPARK_MASTER_PORT=39095 \
   ADPIPE_SPARK_MASTER_UI_PORT=39096 ADPIPE_SPARK_MASTER=spark://127.0.0.1:39095 \
-  ADPIPE_SPARK_WORKER_CORES=2 ADPIPE_SPARK_CORES_MAX=2
+  ADPIPE_SPARK_WORKER_CORES=3 ADPIPE_SPARK_WORKER_MEMORY=3g ADPIPE_SPARK_CORES_MAX=2 ADPIPE_STREAM_STANDBY=on
 
 chaos: jars ## the pipeline under random faults on three brokers and a 2-worker Spark cluster, then the check (ARGS="--events N --duration S --seed S")
 	env $(CHAOS_ENV) $(BIN)/adpipe kafka up --brokers 3

@@ -163,7 +163,9 @@ def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
         "(adpipe kafka up [--brokers 3], adpipe pg up, and with ADPIPE_SPARK_MASTER=spark://... adpipe spark up) "
         "while a producer writes at a steady rate, and for --duration seconds injects faults from a seeded "
         "schedule: SIGKILL of the stream driver, a Spark worker, a budget instance, a load; SIGSTOP/SIGCONT of the "
-        "driver; SIGTERM/SIGKILL of one broker at a time and of the stream's transaction coordinator. Then it "
+        "driver; SIGTERM/SIGKILL of one broker at a time and of the stream's transaction coordinator. With "
+        "ADPIPE_STREAM_STANDBY=on (make chaos sets it) a warm standby driver runs beside the active one and takes "
+        "over when it dies or is stopped; the dead one comes back as the standby. Then it "
         "drains and checks, from the producer's own record: every window once with the right counts, late and "
         "DLQ records once per event, the Delta tables equal to Kafka, spend exact to the micro-unit. Prints a "
         "table, keeps the JSON under $ADPIPE_HOME/chaos/<run id>/report.json.",

@@ -24,10 +24,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[chaos.Chaos
     chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
     chaos_run.clock.t0 = time.monotonic()
     yield chaos_run
-    for part in [chaos_run.crew.stream, *chaos_run.crew.budgets, chaos_run.loads.load]:
-        if part is not None:
-            part.signal(signal.SIGKILL)
-            part.reap()
+    chaos_run.crew.kill(chaos_run.loads.load)
 
 
 def _sleeper(run: chaos.ChaosRun, name: str, seconds: str, start: bool = True) -> chaos.Part:
@@ -297,3 +294,106 @@ def test_a_stream_pause_whose_successor_never_took_over_is_not_counted(
     _run_pending(run)
     assert not record.injected and "no real zombie" in record.note
     assert chaos_check.summarize_faults([vars(record)], {chaos.STREAM_PAUSE: 1})[chaos.STREAM_PAUSE]["injected"] == 0
+
+
+FENCED = "INFO adpipe.stream.sink: transactional producer ready (older instances fenced)\n"
+
+
+@pytest.fixture
+def standby_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[chaos.ChaosRun]:
+    """A run with ADPIPE_STREAM_STANDBY=on whose drivers are sleeps: the
+    active one ``sleep 60``, a standby ``sleep 61``."""
+    monkeypatch.setenv("ADPIPE_STREAM_STANDBY", "on")
+    chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
+    chaos_run.clock.t0 = time.monotonic()
+    crew = chaos_run.crew
+    crew.stream_argv, crew.standby_argv = ["sleep", "60"], ["sleep", "61"]
+    crew.budgets = []
+    yield chaos_run
+    crew.kill(chaos_run.loads.load)
+
+
+def _start_drivers(run: chaos.ChaosRun) -> tuple[chaos.Part, chaos.Part]:
+    crew = run.crew
+    assert crew.with_standby and crew.standby is not None
+    run.supervisor.supervise()  # starts both, each in its role
+    run.restarts.counts.clear()  # the run's first starts are no restarts
+    active, standby = crew.stream, crew.standby
+    assert active.alive and standby.alive and active.argv == ["sleep", "60"] and standby.argv == ["sleep", "61"]
+    with active.log_path.open("a") as log:
+        log.write(FENCED)
+    return active, standby
+
+
+def _supervise_until(run: chaos.ChaosRun, done, timeout_s: float = 5.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        run.supervisor.supervise()
+        run.injector.due()
+        time.sleep(0.05)
+    assert done()
+
+
+def test_with_a_standby_a_killed_driver_hands_the_job_over_and_comes_back_as_the_standby(
+    standby_run: chaos.ChaosRun,
+) -> None:
+    run, crew = standby_run, standby_run.crew
+    active, standby = _start_drivers(run)
+    # A driver that has not taken its transactional id yet is not hit: with a
+    # standby, the fault is for the active driver.
+    with active.log_path.open("w") as log:
+        log.write("starting\n")
+    planned = chaos.PlannedFault(1.0, chaos.STREAM_KILL, 0.0, 3.0)
+    assert run.injector.inject(planned) is None and active.alive
+    with active.log_path.open("a") as log:
+        log.write(FENCED)
+    record = run.injector.inject(planned)
+    assert record is not None and record.target == f"stream pid {active.proc.pid}"  # type: ignore[union-attr]
+    # The standby is a sleep, not in the kernel's lock table: not warm.
+    assert record.note == "no warm standby waited"
+    active.proc.wait(timeout=5)  # type: ignore[union-attr]
+    run.supervisor.supervise()
+    # At once: the standby is the job's driver, the fault restored then.
+    assert crew.stream is standby and crew.standby is active and record.restored_at_s is not None
+    assert run.restarts.counts["stream_takeover"] == 1 and run.restarts.counts["stream"] == 0
+    assert not active.alive  # restarted a second later, as the standby
+    _supervise_until(run, lambda: active.alive)
+    assert active.argv == ["sleep", "61"] and active.starts == 2 and run.restarts.counts["standby"] == 1
+    assert standby.alive and standby.starts == 1
+
+
+def test_with_a_standby_both_drivers_gone_start_as_active_and_standby(standby_run: chaos.ChaosRun) -> None:
+    run, crew = standby_run, standby_run.crew
+    active, standby = _start_drivers(run)
+    for part in (active, standby):
+        part.signal(signal.SIGKILL)
+        part.proc.wait(timeout=5)  # type: ignore[union-attr]
+    run.supervisor.supervise()
+    assert crew.stream is active and crew.standby is standby  # no live standby to hand over to
+    _supervise_until(run, lambda: active.alive and standby.alive)
+    assert active.argv == ["sleep", "60"] and standby.argv == ["sleep", "61"]
+    assert run.restarts.counts == {"stream": 1, "standby": 1}
+
+
+def test_with_a_standby_a_stream_pause_is_taken_over_by_the_standby(
+    standby_run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, crew = standby_run, standby_run.crew
+    monkeypatch.setattr(zombie, "PAUSE_MARGIN_S", 0.0)
+    monkeypatch.setattr(zombie, "ZOMBIE_EXIT_S", 0.3)
+    run.ctx.settings = load_settings({**run.ctx.env, "ADPIPE_TRANSACTION_TIMEOUT_MS": "1000"})
+    active, standby = _start_drivers(run)
+    record = run.injector.inject(chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2))
+    assert record is not None and crew.pause is not None
+    # No second driver of its own: the standby is the successor.
+    assert crew.pause.zombie is active and crew.pause.successor is standby and crew.standby is None
+    assert not list(run.ctx.home.glob("checkpoint-view-*")) and _state(active) == "T"
+    run.supervisor.supervise()
+    assert crew.stream is active and active.starts == standby.starts == 1  # no restart during the pause
+    with standby.log_path.open("a") as log:
+        log.write(FENCED)  # the standby took over: its sink fenced the paused driver
+    _run_pending(run)
+    assert crew.pause is None and crew.stream is standby and crew.standby is active and not active.alive
+    assert record.injected and record.restored_at_s is not None
+    _supervise_until(run, lambda: active.alive)
+    assert active.argv == ["sleep", "61"] and run.restarts.counts["standby"] == 1

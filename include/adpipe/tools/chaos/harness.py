@@ -36,8 +36,8 @@ class ChaosRun(Rig):
         print(
             f"chaos run {ctx.run_id}, seed {self.seed} (replay: --seed {self.seed}); {len(schedule)} faults "
             f"planned over {spec.duration_s:.0f} s of kinds {', '.join(kinds)}; {spec.events} events at "
-            f"{spec.events_per_second:.0f}/s on {ctx.settings.kafka_bootstrap}, Spark {ctx.settings.spark_master}; "
-            f"logs in {ctx.logs}",
+            f"{spec.events_per_second:.0f}/s on {ctx.settings.kafka_bootstrap}, Spark {ctx.settings.spark_master}"
+            f"{', a warm standby driver' if self.crew.with_standby else ''}; logs in {ctx.logs}",
             flush=True,
         )
         pg.ensure_databases(ctx.base, ctx.databases())
@@ -58,7 +58,7 @@ class ChaosRun(Rig):
     def _run(
         self, schedule: list[PlannedFault], main: produce.Plan, closer: produce.Plan, closer_start: datetime
     ) -> dict:
-        for part in [self.crew.stream, *self.crew.budgets]:
+        for part in [*self.crew.drivers(), *self.crew.budgets]:
             part.start()
         producer = threading.Thread(target=self._produce, args=(main,), daemon=True)
         producer.start()
@@ -73,7 +73,7 @@ class ChaosRun(Rig):
         closer_minute = closer_start.strftime("%Y-%m-%dT%H:%M:00Z")
         drain.run(self, drain_started)
         drain_s = time.monotonic() - drain_started
-        for part in [self.crew.stream, *self.crew.budgets]:
+        for part in [*self.crew.drivers(), *self.crew.budgets]:
             part.stop()
         return report.write(self, main, closer_minute, drain_s, schedule)
 

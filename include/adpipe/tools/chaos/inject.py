@@ -86,11 +86,14 @@ class Injector:
         if kind in (STREAM_KILL, STREAM_PAUSE):
             if not crew.stream.alive or crew.pause is not None:
                 return None
-            if kind == STREAM_PAUSE and not has_fenced(crew.stream):
+            if (kind == STREAM_PAUSE or crew.with_standby) and not has_fenced(crew.stream):
                 # A driver still starting is no zombie yet: resumed, it would
-                # start as a new instance and fence its successor.
+                # start as a new instance and fence its successor. With a
+                # standby, a fault hits the active driver, not one taking over.
                 return None
             record.target = f"stream pid {crew.stream.proc.pid}"  # type: ignore[union-attr]
+            if crew.with_standby:
+                record.note = "the standby waited, warm" if crew.standby_waits() else "no warm standby waited"
             if not crew.stream.signal(signal.SIGKILL if kind == STREAM_KILL else signal.SIGSTOP):
                 return None
             if kind == STREAM_PAUSE:

@@ -1,7 +1,7 @@
 """The run's supervised processes (:class:`Part`), the long-running ones as
-they stand (:class:`Crew`: the stream driver, the budget instances, a
-stream_pause in progress) and the bookkeeping of their restarts
-(:class:`Restarts`)."""
+they stand (:class:`Crew`: the stream driver, its warm standby when the run
+has one, the budget instances, a stream_pause in progress) and the
+bookkeeping of their restarts (:class:`Restarts`)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ class Part:
         self.exits: Counter[int] = Counter()
         self.hold_until = 0.0  # not restarted before this (monotonic)
         self.started_at = 0.0
+        # A stream driver: since when it is the job's active one (monotonic;
+        # a standby's start is not when it took over).
+        self.active_since = 0.0
 
     @property
     def log_path(self) -> Path:
@@ -55,7 +58,7 @@ class Part:
 
     def start(self) -> None:
         self.starts += 1
-        self.started_at = time.monotonic()
+        self.started_at = self.active_since = time.monotonic()
         self.proc = start_detached(self.argv, self.log_path, env=self.env, append=False)
 
     @property
@@ -107,23 +110,68 @@ class ZombiePause:
 
 class Crew:
     """The run's long-running parts: the stream driver (its successor once a
-    stream_pause has retired it) and the budget instances."""
+    stream_pause has retired it), with ``ADPIPE_STREAM_STANDBY=on`` a warm
+    standby driver beside it (``adpipe stream --standby``, as the stream DAG
+    keeps one), and the budget instances.
+
+    With a standby the two drivers swap roles: when the active one dies the
+    standby is the job's driver (it takes the checkpoint's lock the instant
+    the other ends), and the dead one comes back as the standby."""
 
     def __init__(self, ctx: RunContext) -> None:
         adpipe = [sys.executable, "-m", "adpipe"]
-        self.stream = Part("stream", [*adpipe, "stream"], ctx.env, ctx.logs)
+        self.stream_argv = [*adpipe, "stream"]
+        self.standby_argv = [*self.stream_argv, "--standby"]
+        self.settings = ctx.settings
+        self.with_standby = ctx.settings.stream_standby
+        self.stream = Part("stream-a" if self.with_standby else "stream", self.stream_argv, ctx.env, ctx.logs)
+        # None while a stream_pause has made it the paused driver's successor.
+        self.standby = Part("stream-b", self.standby_argv, ctx.env, ctx.logs) if self.with_standby else None
         self.budgets = [
             Part(f"budget-{i + 1}", [*adpipe, "budget"], ctx.env, ctx.logs) for i in range(BUDGET_INSTANCES)
         ]
         self.pause: ZombiePause | None = None
 
+    def drivers(self) -> list[Part]:
+        """The stream drivers the run keeps: the active one and the standby."""
+        return [self.stream, *([self.standby] if self.standby is not None else [])]
+
     def budgets_alive(self) -> bool:
         return all(p.alive for p in self.budgets)
+
+    def take_over(self) -> bool:
+        """The active driver is gone and the standby lives: the standby is
+        the job's driver now, and the dead one is the standby, started as one
+        (``--standby``) when it is restarted. Whether they swapped."""
+        standby = self.standby
+        if standby is None or self.stream.proc is not None or not standby.alive:
+            return False
+        self.stream, self.standby = standby, self.stream
+        standby.active_since = time.monotonic()
+        return True
+
+    def prepare_start(self, part: Part) -> None:
+        """A driver about to be started: a standby when the other runs."""
+        if part is self.standby:
+            part.argv = self.standby_argv
+        elif part is self.stream:
+            part.argv = self.stream_argv
+
+    def standby_waits(self) -> bool:
+        """The standby is warm: it waits in the kernel's lock table for the
+        checkpoint's lock."""
+        from adpipe.stream import checkpoint_lock
+        from adpipe.stream.liveness import descends_from
+
+        standby = self.standby
+        if standby is None or not standby.alive:
+            return False
+        return any(descends_from(pid, standby.proc.pid) for pid in checkpoint_lock.waiters(self.settings))  # type: ignore[union-attr]
 
     def kill(self, *others: Part | None) -> None:
         """Kill every part, a paused driver's successor and ``others`` too."""
         successor = self.pause.successor if self.pause is not None else None
-        for part in [self.stream, successor, *self.budgets, *others]:
+        for part in [*self.drivers(), successor, *self.budgets, *others]:
             if part is not None:
                 part.signal(signal.SIGCONT)
                 part.signal(signal.SIGKILL)

@@ -60,6 +60,7 @@ def write(rig: Rig, main: produce.Plan, closer_minute: str, drain_s: float, sche
         "command": " ".join(replay_command(rig.spec, rig.seed)),
         "brokers": len(kafka_broker.nodes(rig.ctx.base)),
         "spark_master": s.spark_master,
+        "stream_standby": rig.crew.with_standby,
         "duration_s": rig.clock.elapsed(),
         "events": {
             "sent_messages": main.summary["messages"],
@@ -77,7 +78,7 @@ def write(rig: Rig, main: produce.Plan, closer_minute: str, drain_s: float, sche
         "restart_failures": rig.restarts.failures,
         "parts_down": rig.restarts.parts_down(),
         "exits": {
-            "stream": dict(rig.crew.stream.exits),
+            "stream": dict(sum((p.exits for p in rig.crew.drivers()), Counter())),
             "budget": dict(sum((p.exits for p in rig.crew.budgets), Counter())),
             "load": dict(rig.loads.rcs),
         },

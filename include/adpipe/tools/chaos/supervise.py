@@ -31,7 +31,9 @@ class Supervisor:
         self.stalls = 0
 
     def supervise(self) -> None:
-        """Restart what died (a supervisor's job), note loads that finished."""
+        """Restart what died (a supervisor's job), note loads that finished.
+        With a standby, the active driver's death hands the job to it (the
+        fault is restored then), and the dead one comes back as the standby."""
         now = time.monotonic()
         m, crew = self.monitor, self.crew
         paused = crew.pause is not None
@@ -39,7 +41,7 @@ class Supervisor:
             crew.stream.alive
             and not paused
             and m.stream_lag > 0
-            and now - max(m.stream_progress_at, crew.stream.started_at) > STALL_S
+            and now - max(m.stream_progress_at, crew.stream.active_since) > STALL_S
         ):
             log.error(
                 "the stream job made no progress for %.0f s with %d records waiting: killed", STALL_S, m.stream_lag
@@ -48,12 +50,22 @@ class Supervisor:
             crew.stream.signal(signal.SIGKILL)
         # During a stream_pause the stopped driver and its successor are the
         # pause's to handle: a restart now would be a third driver.
-        for part in [*([crew.stream] if crew.pause is None else []), *crew.budgets]:
+        parts = [*(crew.drivers() if not paused else []), *crew.budgets]
+        for part in parts:
             if part.proc is not None and part.proc.poll() is not None:
                 part.reap()
                 part.hold_until = max(part.hold_until, now + 1)
+        if not paused and crew.take_over():
+            log.info("the stream driver died; its standby (%s) is the job's driver now", crew.stream.name)
+            self.restarts.counts["stream_takeover"] += 1
+            self.faults.restored(STREAM_KILL)
+        for part in parts:
             if part.proc is None and now >= part.hold_until:
+                crew.prepare_start(part)
                 part.start()
+                if part is crew.standby:
+                    self.restarts.counts["standby"] += 1
+                    continue
                 is_stream = part is crew.stream
                 self.restarts.counts["stream" if is_stream else "budget"] += 1
                 self.faults.restored(STREAM_KILL if is_stream else BUDGET_KILL)

@@ -64,6 +64,17 @@ class Zombies:
         self.successors = 0
 
     def start(self, record: FaultRecord) -> None:
+        """The stopped driver's successor: the run's standby when it has a
+        live one (it takes over once the stopped driver's lease is older than
+        ``ADPIPE_STREAM_LEASE_S``), else a second driver started now."""
+        standby = self.crew.standby
+        if standby is not None and standby.alive:
+            self.crew.standby = None  # the successor; the zombie is the standby once retired
+            self._pause(record, standby)
+        else:
+            self._pause(record, self._start_successor())
+
+    def _start_successor(self) -> Part:
         """Start a second driver on the stopped one's checkpoint. On one host
         the checkpoint's flock (adpipe.stream.checkpoint_lock) would refuse
         it: the stopped driver still holds it. The successor reaches the same
@@ -79,8 +90,14 @@ class Zombies:
         view.mkdir(parents=True, exist_ok=True)
         (view / settings.job_id).symlink_to(settings.checkpoint_dir, target_is_directory=True)
         env = {**stream.env, "ADPIPE_CHECKPOINT_URI": f"file://{view}"}
-        successor = Part(f"stream-successor{self.successors}", stream.argv, env, self.ctx.logs)
+        successor = Part(f"stream-successor{self.successors}", self.crew.stream_argv, env, self.ctx.logs)
         successor.start()
+        return successor
+
+    def _pause(self, record: FaultRecord, successor: Part) -> None:
+        """The stopped driver stays stopped past the transaction timeout (the
+        broker aborts its open transaction), then is resumed."""
+        settings, stream = self.ctx.settings, self.crew.stream
         min_s = settings.transaction_timeout_ms / 1000 + PAUSE_MARGIN_S
         record.down_s = round(max(record.down_s, min_s), 1)
         self.crew.pause = ZombiePause(
@@ -102,10 +119,11 @@ class Zombies:
             return
         if not took_over:
             pause.record.injected = False
-            pause.record.note = (
+            why = (
                 f"no real zombie: the successor committed nothing in {stopped_s:.0f} s "
                 f"(it {'ran' if pause.successor.alive else 'exited'})"
             )
+            pause.record.note = f"{pause.record.note}; {why}".lstrip("; ")
         pause.zombie.signal(signal.SIGCONT)
         pause.resumed_at = time.monotonic()
         _quiet_s(pause)  # its log's size at the resume: quiet from now on unless it grows
@@ -130,8 +148,12 @@ class Zombies:
         rc = pause.zombie.proc.poll() if pause.zombie.proc is not None else None
         pause.zombie.reap()
         pause.record.note = f"{pause.record.note}; the resumed zombie exited {rc} after {since:.0f} s".lstrip("; ")
-        # The successor is the stream job now (restarted as one if it died).
+        # The successor is the stream job now (restarted as one if it died);
+        # with a standby, the retired zombie comes back as the standby.
         self.crew.stream = pause.successor
+        self.crew.stream.active_since = time.monotonic()
+        if self.crew.with_standby:
+            self.crew.standby = pause.zombie
         self.restarts.counts["stream_takeover"] += 1
         self.crew.pause = None
         self.faults.restored(STREAM_PAUSE)
