@@ -5,7 +5,7 @@ a warm standby (``adpipe stream --standby``) beside it.
 One run: fresh topics and job id on the local broker, an active driver and
 a standby, and a producer sending at ``rate`` events/s (a trickle: the
 idle pipeline; or a steady load) for the whole run. Then ``faults`` times:
-wait until a standby waits for the checkpoint, SIGKILL (or SIGSTOP) the
+wait until a standby is warm and waits for the checkpoint, SIGKILL (or SIGSTOP) the
 active driver's process group at a random moment, and time the fault to
 the successor's first batch done (its log's ``standby: took over``
 line); the successor is the active driver of the next round, a new standby
@@ -41,6 +41,7 @@ from adpipe.tools import demo, produce
 from bench.logs import batch_stats
 
 TOOK_OVER = "standby: took over ("
+WARM = "standby: warm in "
 
 
 @dataclass
@@ -179,7 +180,9 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
         for n in range(1, faults + 1):
             standby = _start(env, work, f"driver-{n}", "--standby")
             drivers.append(standby)
-            wait(f"standby {n} waiting", lambda: bool(checkpoint_lock.waiters(job)), 300)
+            # It waits from its session's start and warms up meanwhile: the fault comes once it is warm.
+            wait(f"standby {n} waiting, warm",
+                 lambda s=standby: bool(checkpoint_lock.waiters(job)) and WARM in s.log(), 300)
             time.sleep(rng.uniform(2.0, 6.0))  # a random moment of the active driver's batches
             fault_at = time.monotonic()
             os.killpg(active.proc.pid, getattr(signal, f"SIG{signal_name}"))

@@ -174,21 +174,23 @@ def run(
     checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
     that must not run fails before any batch.
 
-    ``standby``: start warm (the JVM, the session, the parse's classes and a
-    Python worker) and only then wait for the lock, which the kernel hands
-    over when the active driver dies; then go on as above: the sink's
-    fencing aborts the dead driver's open transaction, Spark replays its
-    uncommitted batch."""
+    ``standby``: start the session, then wait for the lock, which the kernel
+    hands over when the active driver dies, while the job's query warms up
+    (:class:`StandbyWarmUp`, cut short by a takeover that comes first); then
+    go on as above: the sink's fencing aborts the dead driver's open
+    transaction, Spark replays its uncommitted batch."""
     name = f"adpipe-stream-{settings.job_id}"
     spark = None
+    warming = None
     try:
         if standby:
             started = time.monotonic()
             spark = _session(settings, name)
-            warm_up(spark, settings)
-            log.info("standby: warm in %.1f s", time.monotonic() - started)
+            warming = StandbyWarmUp(spark, settings, started)
         with checkpoint_lock(settings, standby=standby) as takeover:
             took_over = Takeover(takeover, time.monotonic()) if takeover else None
+            if warming is not None:
+                warming.finish()
             kafka_io.ensure_pipeline_topics(settings)
             kafka_io.check_broker_time(settings.kafka, settings.topics.events)
             spark = spark or _session(settings, name)
@@ -201,6 +203,8 @@ def run(
                 spark = None
     finally:
         if spark is not None:  # a standby stopped while it waited
+            if warming is not None:
+                warming.cut.set()
             spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches
@@ -215,23 +219,59 @@ def _session(settings: Settings, name: str) -> SparkSession:
 WARM_UP_TAIL = 5
 
 
-def warm_up(spark: SparkSession, settings: Settings) -> None:
+class StandbyWarmUp:
+    """A standby's warm-up (:func:`warm_up`) on a thread of its own, while
+    the standby already waits for the checkpoint: a takeover that comes
+    first cuts it short (:meth:`finish`) rather than wait for a warm-up
+    that takes a minute or two on a loaded host."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, started: float) -> None:
+        self.spark, self.settings, self.started = spark, settings, started
+        self.cut = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="standby-warm-up", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            warm_up(self.spark, self.settings, self.cut)
+        except Exception as exc:  # noqa: BLE001 - a warm-up is best effort: the standby goes on cold
+            if not self.cut.is_set():
+                log.warning("standby: warm-up failed (%s); standing by cold", str(exc).splitlines()[0])
+            return
+        if not self.cut.is_set():
+            log.info("standby: warm in %.1f s", time.monotonic() - self.started)
+
+    def finish(self, timeout_s: float = 60.0) -> None:
+        """Cut the warm-up short if it still runs (its query stopped), and
+        wait for its thread."""
+        if self.thread.is_alive():
+            log.info("standby: taking over %.1f s into the warm-up: cut short", time.monotonic() - self.started)
+            self.cut.set()
+        self.thread.join(timeout_s)
+
+
+def warm_up(spark: SparkSession, settings: Settings, cut: threading.Event | None = None) -> None:
     """What a standby can do before it holds the checkpoint: run the job's
     own query (the Kafka read, parse, stateful operator, foreachBatch) for
     one batch into a scratch checkpoint, so that its plan is compiled, its
     Python workers and Kafka consumers run and the state store's classes
     are loaded. It reads the raw topic's last few records (a rate source
     when the topic has none or cannot be read). The job's state stays the
-    active driver's: it is loaded at the takeover."""
+    active driver's: it is loaded at the takeover. ``cut``, once set,
+    stops it where it is."""
+    cut = cut or threading.Event()
     tail = _tail_offsets(settings)
-    if tail is not None:
+    if tail is not None and not cut.is_set():
         try:
-            _warm_up_query(spark, build_query_df(spark, settings, tail), "the raw topic's last records")
+            _warm_up_query(spark, build_query_df(spark, settings, tail), "the raw topic's last records", cut)
             return
         except Exception as exc:  # noqa: BLE001 - a warm-up is best effort; the rate source follows
+            if cut.is_set():
+                return
             log.warning("standby: warm-up on the raw topic failed (%s); on a rate source instead",
                         str(exc).splitlines()[0])
-    _warm_up_query(spark, _rate_rows(spark, settings), "a rate source")
+    if not cut.is_set():
+        _warm_up_query(spark, _rate_rows(spark, settings), "a rate source", cut)
 
 
 def _tail_offsets(settings: Settings) -> str | None:
@@ -267,8 +307,13 @@ def _rate_rows(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def _warm_up_query(spark: SparkSession, rows: DataFrame, source: str) -> None:
-    """``rows`` through a collecting foreachBatch, into a scratch checkpoint, until caught up."""
+# A warm-up query still running after this long is stopped.
+WARM_UP_MAX_S = 120.0
+
+
+def _warm_up_query(spark: SparkSession, rows: DataFrame, source: str, cut: threading.Event) -> None:
+    """``rows`` through a collecting foreachBatch, into a scratch checkpoint,
+    until caught up, ``cut`` set or WARM_UP_MAX_S passed."""
     scratch = Path(tempfile.mkdtemp(prefix="adpipe-standby-warm-up-"))
     batches: list[int] = []
     query = (
@@ -277,8 +322,15 @@ def _warm_up_query(spark: SparkSession, rows: DataFrame, source: str) -> None:
         .foreachBatch(lambda batch_df, batch_id: (batch_df.collect(), batches.append(batch_id)))
         .start()
     )
+    deadline = time.monotonic() + WARM_UP_MAX_S
     try:
-        query.awaitTermination(120)
+        while not query.awaitTermination(0.25) and not cut.is_set() and time.monotonic() < deadline:
+            pass
+        if query.isActive:
+            query.stop()
+        if cut.is_set():
+            log.info("standby: warm-up query on %s stopped after %d batches", source, len(batches))
+            return
         failure = query.exception()
         if failure is not None:
             raise RuntimeError(str(failure))

@@ -41,7 +41,7 @@ def test_a_warm_up_that_fails_on_the_raw_topic_goes_on_with_a_rate_source(
 ) -> None:
     ran: list[str] = []
 
-    def run(_spark, _rows, source: str) -> None:  # noqa: ANN001
+    def run(_spark, _rows, source: str, _cut) -> None:  # noqa: ANN001
         ran.append(source)
         if source != "a rate source":
             raise RuntimeError("Partition raw-0's offset was changed from 95 to 98\nmore")
@@ -52,3 +52,31 @@ def test_a_warm_up_that_fails_on_the_raw_topic_goes_on_with_a_rate_source(
     monkeypatch.setattr(driver, "_warm_up_query", run)
     driver.warm_up(None, settings)
     assert ran == ["the raw topic's last records", "a rate source"]
+
+
+def test_a_takeover_cuts_a_running_warm_up_short(spark, settings, monkeypatch: pytest.MonkeyPatch, caplog) -> None:  # noqa: ANN001
+    """A standby whose warm-up still runs when the checkpoint comes free
+    stops it and takes over: its query is stopped, its thread ends."""
+    import time
+
+    from pyspark.sql import functions as F
+
+    slow = F.udf(lambda v: time.sleep(30) or v, "long")
+    monkeypatch.setattr(driver, "_tail_offsets", lambda _s: None)
+    monkeypatch.setattr(
+        driver, "_rate_rows",
+        lambda spark, _s: spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+        .select(slow("value").alias("value")),
+    )
+    caplog.set_level("INFO", logger="adpipe.stream")
+    started = time.monotonic()
+    warming = driver.StandbyWarmUp(spark, settings, started)
+    deadline = time.monotonic() + 60
+    while not spark.streams.active and time.monotonic() < deadline:  # its query runs, in its first batch
+        time.sleep(0.1)
+    assert spark.streams.active and warming.thread.is_alive()
+    warming.finish(timeout_s=30)
+    assert not warming.thread.is_alive() and not spark.streams.active
+    assert time.monotonic() - started < 30  # not the UDF's 30 s
+    assert "warm-up query on a rate source stopped after 0 batches" in caplog.text
+    assert "taking over" in caplog.text and "warm in" not in caplog.text

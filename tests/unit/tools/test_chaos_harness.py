@@ -397,3 +397,26 @@ def test_with_a_standby_a_stream_pause_is_taken_over_by_the_standby(
     assert record.injected and record.restored_at_s is not None
     _supervise_until(run, lambda: active.alive)
     assert active.argv == ["sleep", "61"] and run.restarts.counts["standby"] == 1
+
+
+def test_with_a_standby_the_roles_follow_the_checkpoints_lease(standby_run: chaos.ChaosRun) -> None:
+    """Both drivers started as standbys (the active one died while the
+    other still warmed up): the one holding the lease is the job's driver."""
+    from adpipe.files import write_json
+    from adpipe.stream import checkpoint_lock
+
+    run, crew = standby_run, standby_run.crew
+    active, standby = _start_drivers(run)
+    path = checkpoint_lock.lease_path(run.ctx.settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def lease(part: chaos.Part) -> None:
+        write_json(path, {"pid": part.proc.pid, "host": "here", "epoch": 1, "at": time.time()})  # type: ignore[union-attr]
+
+    lease(active)
+    run.supervisor.supervise()
+    assert crew.stream is active and crew.standby is standby
+    lease(standby)
+    run.supervisor.supervise()
+    assert crew.stream is standby and crew.standby is active and active.alive and standby.alive
+    assert run.restarts.counts == {}  # nothing restarted, nothing taken over by a fault

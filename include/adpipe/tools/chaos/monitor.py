@@ -49,6 +49,9 @@ class Monitor:
     budget_committed: int = 0
     budget_lag: int = 0
     stream_progress_at: float = 0.0
+    # Since when input waits for the stream job (its lag last rose from 0):
+    # an idle job is not stalled the moment new input arrives.
+    stream_waiting_since: float = 0.0
     budget_progress_at: float = 0.0
     sampled_at: float = 0.0
     hours: list[str] = field(default_factory=list)
@@ -81,6 +84,8 @@ class Monitor:
             self.stream_committed, self.stream_progress_at = done, now
         if budget_done > self.budget_committed:
             self.budget_committed, self.budget_progress_at = budget_done, now
+        if lag > 0 and self.stream_lag == 0:
+            self.stream_waiting_since = now
         self.stream_lag, self.budget_lag = lag, max(0, budget_end - budget_done)
         self.max_stream_lag = max(self.max_stream_lag, lag)
 

@@ -150,6 +150,23 @@ class Crew:
         standby.active_since = time.monotonic()
         return True
 
+    def follow_lease(self) -> bool:
+        """The standby holds the checkpoint's lease: it is the active driver
+        (two drivers started as standbys, the one that warmed first took the
+        lock), and the roles follow. Whether they swapped."""
+        from adpipe.stream import checkpoint_lock
+        from adpipe.stream.liveness import descends_from
+
+        standby = self.standby
+        if standby is None or not standby.alive:
+            return False
+        lease = checkpoint_lock.read_lease(self.settings)
+        if lease is None or not descends_from(lease.pid, standby.proc.pid):  # type: ignore[union-attr]
+            return False
+        self.stream, self.standby = standby, self.stream
+        standby.active_since = time.monotonic()
+        return True
+
     def prepare_start(self, part: Part) -> None:
         """A driver about to be started: a standby when the other runs."""
         if part is self.standby:

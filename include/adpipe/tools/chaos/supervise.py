@@ -17,7 +17,7 @@ from .timeline import Clock, FaultLog
 log = logging.getLogger("adpipe.tools.chaos")
 
 # A running, unpaused stream job whose ledger has not moved for this long
-# while input waits is stalled: killed and restarted, as the stream DAG's
+# while input waited all along is stalled: killed and restarted, as the stream DAG's
 # supervisor does (ADPIPE_STREAM_STALL_S), and counted in the report.
 STALL_S = 240.0
 
@@ -41,7 +41,7 @@ class Supervisor:
             crew.stream.alive
             and not paused
             and m.stream_lag > 0
-            and now - max(m.stream_progress_at, crew.stream.active_since) > STALL_S
+            and now - max(m.stream_progress_at, m.stream_waiting_since, crew.stream.active_since) > STALL_S
         ):
             log.error(
                 "the stream job made no progress for %.0f s with %d records waiting: killed", STALL_S, m.stream_lag
@@ -59,6 +59,8 @@ class Supervisor:
             log.info("the stream driver died; its standby (%s) is the job's driver now", crew.stream.name)
             self.restarts.counts["stream_takeover"] += 1
             self.faults.restored(STREAM_KILL)
+        if not paused and crew.follow_lease():
+            log.info("the standby (%s) holds the checkpoint: it is the job's driver", crew.stream.name)
         for part in parts:
             if part.proc is None and now >= part.hold_until:
                 crew.prepare_start(part)
