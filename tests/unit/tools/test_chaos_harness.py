@@ -349,8 +349,8 @@ def test_with_a_standby_a_killed_driver_hands_the_job_over_and_comes_back_as_the
         log.write(FENCED)
     record = run.injector.inject(planned)
     assert record is not None and record.target == f"stream pid {active.proc.pid}"  # type: ignore[union-attr]
-    # The standby is a sleep, not in the kernel's lock table: not warm.
-    assert record.note == "no warm standby waited"
+    # The standby is a sleep, not in the kernel's lock table: not warm yet.
+    assert record.note == "standby warming"
     active.proc.wait(timeout=5)  # type: ignore[union-attr]
     run.supervisor.supervise()
     # At once: the standby is the job's driver, the fault restored then.
@@ -420,3 +420,34 @@ def test_with_a_standby_the_roles_follow_the_checkpoints_lease(standby_run: chao
     run.supervisor.supervise()
     assert crew.stream is standby and crew.standby is active and active.alive and standby.alive
     assert run.restarts.counts == {}  # nothing restarted, nothing taken over by a fault
+
+
+def test_a_standby_is_warm_once_warmed_up_and_waiting_for_the_checkpoints_lock(standby_run: chaos.ChaosRun) -> None:
+    import fcntl
+    import os
+
+    from adpipe.stream import checkpoint_lock
+
+    run, crew = standby_run, standby_run.crew
+    lock = checkpoint_lock.lock_path(run.ctx.settings)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the active driver's lock
+        crew.standby_argv = ["flock", str(lock), "sleep", "60"]  # waits for it, as a standby does
+        standby = crew.standby
+        assert standby is not None
+        crew.prepare_start(standby)
+        standby.start()
+        deadline = time.monotonic() + 5
+        while not checkpoint_lock.waiters(run.ctx.settings) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert crew.standby_state() == "warming"  # waiting, its warm-up not done
+        with standby.log_path.open("a") as log:
+            log.write("INFO adpipe.stream: standby: warm in 12.3 s\n")
+        assert crew.standby_state() == "warm"
+        standby.signal(signal.SIGKILL)
+        standby.proc.wait(timeout=5)  # type: ignore[union-attr]
+        assert crew.standby_state() == "down"
+    finally:
+        os.close(fd)

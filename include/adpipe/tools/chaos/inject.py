@@ -93,7 +93,7 @@ class Injector:
                 return None
             record.target = f"stream pid {crew.stream.proc.pid}"  # type: ignore[union-attr]
             if crew.with_standby:
-                record.note = "the standby waited, warm" if crew.standby_waits() else "no warm standby waited"
+                record.note = f"standby {crew.standby_state()}"
             if not crew.stream.signal(signal.SIGKILL if kind == STREAM_KILL else signal.SIGSTOP):
                 return None
             if kind == STREAM_PAUSE:

@@ -174,16 +174,21 @@ class Crew:
         elif part is self.stream:
             part.argv = self.stream_argv
 
-    def standby_waits(self) -> bool:
-        """The standby is warm: it waits in the kernel's lock table for the
-        checkpoint's lock."""
+    def standby_state(self) -> str:
+        """How the standby stands: "warm" (its warm-up done, waiting in the
+        kernel's lock table for the checkpoint), "warming" or "down"."""
         from adpipe.stream import checkpoint_lock
         from adpipe.stream.liveness import descends_from
 
         standby = self.standby
         if standby is None or not standby.alive:
-            return False
-        return any(descends_from(pid, standby.proc.pid) for pid in checkpoint_lock.waiters(self.settings))  # type: ignore[union-attr]
+            return "down"
+        try:
+            warm = "standby: warm in " in standby.log_path.read_text(errors="replace")
+        except OSError:
+            warm = False
+        waiting = any(descends_from(pid, standby.proc.pid) for pid in checkpoint_lock.waiters(self.settings))  # type: ignore[union-attr]
+        return "warm" if warm and waiting else "warming"
 
     def kill(self, *others: Part | None) -> None:
         """Kill every part, a paused driver's successor and ``others`` too."""
