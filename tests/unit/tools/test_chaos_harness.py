@@ -316,13 +316,22 @@ def standby_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[cha
 def _start_drivers(run: chaos.ChaosRun) -> tuple[chaos.Part, chaos.Part]:
     crew = run.crew
     assert crew.with_standby and crew.standby is not None
-    run.supervisor.supervise()  # starts both, each in its role
-    run.restarts.counts.clear()  # the run's first starts are no restarts
+    run.supervisor.supervise()  # starts the job's driver
     active, standby = crew.stream, crew.standby
+    assert active.alive and not standby.alive  # a standby only beside a driver that committed a batch
+    _progress(run)
+    run.supervisor.supervise()
+    run.restarts.counts.clear()  # the run's first starts are no restarts
     assert active.alive and standby.alive and active.argv == ["sleep", "60"] and standby.argv == ["sleep", "61"]
     with active.log_path.open("a") as log:
         log.write(FENCED)
     return active, standby
+
+
+def _progress(run: chaos.ChaosRun) -> None:
+    """The stream job's ledger moved (as the monitor samples it)."""
+    time.sleep(0.01)
+    run.monitor.stream_progress_at = time.monotonic()
 
 
 def _supervise_until(run: chaos.ChaosRun, done, timeout_s: float = 5.0) -> None:  # noqa: ANN001
@@ -356,7 +365,12 @@ def test_with_a_standby_a_killed_driver_hands_the_job_over_and_comes_back_as_the
     # At once: the standby is the job's driver, the fault restored then.
     assert crew.stream is standby and crew.standby is active and record.restored_at_s is not None
     assert run.restarts.counts["stream_takeover"] == 1 and run.restarts.counts["stream"] == 0
-    assert not active.alive  # restarted a second later, as the standby
+    assert not active.alive
+    # Restarted as the standby once the job's new driver has committed a batch, not before.
+    time.sleep(1.2)
+    run.supervisor.supervise()
+    assert not active.alive
+    _progress(run)
     _supervise_until(run, lambda: active.alive)
     assert active.argv == ["sleep", "61"] and active.starts == 2 and run.restarts.counts["standby"] == 1
     assert standby.alive and standby.starts == 1
@@ -370,7 +384,9 @@ def test_with_a_standby_both_drivers_gone_start_as_active_and_standby(standby_ru
         part.proc.wait(timeout=5)  # type: ignore[union-attr]
     run.supervisor.supervise()
     assert crew.stream is active and crew.standby is standby  # no live standby to hand over to
-    _supervise_until(run, lambda: active.alive and standby.alive)
+    _supervise_until(run, lambda: active.alive)
+    _progress(run)
+    _supervise_until(run, lambda: standby.alive)
     assert active.argv == ["sleep", "60"] and standby.argv == ["sleep", "61"]
     assert run.restarts.counts == {"stream": 1, "standby": 1}
 
@@ -395,6 +411,7 @@ def test_with_a_standby_a_stream_pause_is_taken_over_by_the_standby(
     _run_pending(run)
     assert crew.pause is None and crew.stream is standby and crew.standby is active and not active.alive
     assert record.injected and record.restored_at_s is not None
+    _progress(run)
     _supervise_until(run, lambda: active.alive)
     assert active.argv == ["sleep", "61"] and run.restarts.counts["standby"] == 1
 

@@ -58,7 +58,8 @@ class ChaosRun(Rig):
     def _run(
         self, schedule: list[PlannedFault], main: produce.Plan, closer: produce.Plan, closer_start: datetime
     ) -> dict:
-        for part in [*self.crew.drivers(), *self.crew.budgets]:
+        # The standby follows once the job's driver has committed a batch (Supervisor.standby_due).
+        for part in [self.crew.stream, *self.crew.budgets]:
             part.start()
         producer = threading.Thread(target=self._produce, args=(main,), daemon=True)
         producer.start()

@@ -20,6 +20,11 @@ log = logging.getLogger("adpipe.tools.chaos")
 # while input waited all along is stalled: killed and restarted, as the stream DAG's
 # supervisor does (ADPIPE_STREAM_STALL_S), and counted in the report.
 STALL_S = 240.0
+# A standby is started beside a stream driver that has committed a batch
+# since it became the job's driver (or this long after): its first batch,
+# the replay of a whole uncommitted one, is what the job is blind for, and
+# a standby warming up beside it on the same cores would slow it.
+STANDBY_AFTER_S = 60.0
 
 
 class Supervisor:
@@ -63,6 +68,8 @@ class Supervisor:
             log.info("the standby (%s) holds the checkpoint: it is the job's driver", crew.stream.name)
         for part in parts:
             if part.proc is None and now >= part.hold_until:
+                if part is crew.standby and not self.standby_due(now):
+                    continue
                 crew.prepare_start(part)
                 part.start()
                 if part is crew.standby:
@@ -72,6 +79,15 @@ class Supervisor:
                 self.restarts.counts["stream" if is_stream else "budget"] += 1
                 self.faults.restored(STREAM_KILL if is_stream else BUDGET_KILL)
         self.loads.reap()
+
+    def standby_due(self, now: float) -> bool:
+        """Whether to start the standby now: the job's driver runs and has
+        committed a batch since it became the job's driver, or
+        STANDBY_AFTER_S have passed."""
+        active = self.crew.stream
+        if not active.alive:
+            return False
+        return self.monitor.stream_progress_at > active.active_since or now - active.active_since > STANDBY_AFTER_S
 
     def judge_recovery(self) -> None:
         """A fault is recovered from when the part it hit runs again (a
