@@ -441,6 +441,7 @@ def textfile(settings: Settings, step: str) -> Path:
 _lock = threading.Lock()
 _parts: dict[str, Any] = {}
 _served: dict[str, tuple[str, int]] = {}
+_retrying: set[str] = set()  # parts whose taken port is tried again in the background
 
 
 def stream(settings: Settings) -> StreamMetrics:
@@ -479,27 +480,51 @@ def port_of(settings: Settings, part: str) -> int:
             LOAD: settings.load_metrics_port}[part]
 
 
+# A part whose port is taken tries it again this often, in the background.
+SERVE_RETRY_S = 5.0
+
+
 def serve(part: str, settings: Settings) -> str | None:
     """Serve ``part``'s registry at ``http://<host>:<port>/metrics``, once per
-    process; the address, or None when not served (port 0, or taken)."""
+    process; the address, or None when not served (port 0, or taken). A
+    taken port is tried again in the background (a stream driver that took
+    over from a paused one: the paused process holds the port until it
+    ends), and served once it comes free."""
     registry = {STREAM: lambda: stream(settings), BUDGET: lambda: budget(settings), LOAD: load}[part]().registry
     host, port = settings.metrics_host, port_of(settings, part)
     with _lock:
         if part in _served:
             host, port = _served[part]
             return f"http://{host}:{port}/metrics"
-        if not port:
+        if not port or part in _retrying:
             return None
         try:
             start_http_server(port, host, registry)
         except OSError as exc:
             log.warning(
-                "metrics: the %s cannot serve on %s:%d (%s); it runs without /metrics "
-                "(another instance on this host? give it ADPIPE_%s_METRICS_PORT)",
-                part, host, port, exc.strerror or exc, part.upper(),
+                "metrics: the %s cannot serve on %s:%d (%s); it runs without /metrics and tries again every "
+                "%.0f s (another instance on this host? give it ADPIPE_%s_METRICS_PORT)",
+                part, host, port, exc.strerror or exc, SERVE_RETRY_S, part.upper(),
             )
+            _retrying.add(part)
+            threading.Thread(target=_serve_later, args=(part, host, port, registry), name=f"metrics-{part}",
+                             daemon=True).start()
             return None
         _served[part] = (host, port)
     address = f"http://{host}:{port}/metrics"
     log.info("metrics: %s", address)
     return address
+
+
+def _serve_later(part: str, host: str, port: int, registry: CollectorRegistry) -> None:
+    while True:
+        time.sleep(SERVE_RETRY_S)
+        try:
+            start_http_server(port, host, registry)
+        except OSError:
+            continue
+        with _lock:
+            _served[part] = (host, port)
+            _retrying.discard(part)
+        log.info("metrics: http://%s:%d/metrics (the port came free)", host, port)
+        return

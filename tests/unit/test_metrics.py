@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -226,6 +227,35 @@ def test_serve_once_per_process_on_the_parts_port_and_a_taken_port_is_only_a_war
     taken = load_settings({**env, "ADPIPE_STREAM_METRICS_PORT": str(port)})
     assert metrics.serve(metrics.STREAM, taken) is None
     assert "runs without /metrics" in caplog.text
+
+
+def test_a_taken_port_is_served_once_it_comes_free(tmp_path: Path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    """A driver that took over from a paused one: the paused process holds
+    the port until it ends; then the new driver serves it."""
+    monkeypatch.setattr(metrics, "_parts", {})
+    monkeypatch.setattr(metrics, "_served", {})
+    monkeypatch.setattr(metrics, "_retrying", set())
+    monkeypatch.setattr(metrics, "SERVE_RETRY_S", 0.1)
+    caplog.set_level("INFO", logger="adpipe.metrics")
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_STREAM_METRICS_PORT": str(port)})
+    try:
+        assert metrics.serve(metrics.STREAM, settings) is None
+        assert metrics.serve(metrics.STREAM, settings) is None  # one retrying thread, not two
+        time.sleep(0.3)
+        assert metrics.STREAM not in metrics._served  # still taken
+    finally:
+        holder.close()
+    deadline = time.monotonic() + 10
+    while metrics.STREAM not in metrics._served and time.monotonic() < deadline:
+        time.sleep(0.05)
+    address = f"http://127.0.0.1:{port}/metrics"
+    assert metrics.serve(metrics.STREAM, settings) == address and "the port came free" in caplog.text
+    with urllib.request.urlopen(address, timeout=10) as response:  # noqa: S310
+        assert "adpipe_stream_events_in" in response.read().decode()
 
 
 # ------------------------------------------------------------------ the dashboard
