@@ -111,6 +111,7 @@ def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: 
             "p50_s": None,
             "p99_s": None,
             "max_s": None,
+            "cpu_s_per_min": None,
             "error": f"did not start (exit {measured.returncode}); see {measured.log}",
         }
     watcher = Watcher(settings, how.aggregates)
@@ -139,7 +140,10 @@ def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: 
         f"(each event sent {send_lag_ms / 1000:.1f} s after its event time)",
         flush=True,
     )
+    cpu_before, sending = running.cpu_s_now(), time.monotonic()
     produce.send(settings.kafka, source, plan, events_per_second=paced)
+    # The job's CPU while it kept up with the producer (its start-up left out).
+    cpu_per_min = (running.cpu_s_now() - cpu_before) / max(1e-9, time.monotonic() - sending) * 60
     until_ms = min(time.time() * 1000 - send_lag_ms, (start + timedelta(minutes=minutes)).timestamp() * 1000)
     time.sleep(settings.lateness_ms / 1000 + settings.trigger_interval_s + 30)  # the last closed windows' output
     watcher.stop()
@@ -150,6 +154,8 @@ def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: 
         "engine": engine,
         **stats,
         "send_lag_s": round(send_lag_ms / 1000, 1),
+        "cpu_s_per_min": round(cpu_per_min, 1),
+        "trigger_interval_s": settings.trigger_interval_s,
         "copies": watcher.copies,
         "returncode": measured.returncode,
         "log": str(measured.log),

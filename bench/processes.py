@@ -147,6 +147,11 @@ class Running:
             time.sleep(0.5)
         return False
 
+    def cpu_s_now(self) -> float:
+        """The CPU seconds its tree has used so far (sampled now)."""
+        self.sampler.sample()
+        return sum(self.sampler.cpu_by_pid.values())
+
     def terminate(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

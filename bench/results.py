@@ -130,12 +130,13 @@ def render_table(result: dict) -> str:
             "",
             f"latency at {result['latency_rate']:,.0f} events/s for {result['latency_duration_s']:.0f} s, "
             "window close (end + watermark delay) -> visible to read_committed:",
-            f"{'engine':<13}{'windows':>9}{'p50 s':>9}{'p99 s':>9}{'max s':>9}",
+            f"{'engine':<13}{'windows':>9}{'p50 s':>9}{'p99 s':>9}{'max s':>9}{'CPU s/min':>11}",
         ]
         for row in result["latency"]:
             lines.append(
                 f"{row['engine']:<13}{row['windows']:>9}{cell(row['p50_s'], '.1f'):>9}"
                 f"{cell(row['p99_s'], '.1f'):>9}{cell(row['max_s'], '.1f'):>9}"
+                f"{cell(row.get('cpu_s_per_min'), '.1f'):>11}"
                 + ("" if row.get("error") is None else f"  {row['error']}")
             )
     return "\n".join(lines)
