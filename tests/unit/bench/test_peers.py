@@ -125,14 +125,15 @@ def test_rows_ratios_and_table() -> None:
         "duplicates": 20_000,
         "malformed": 10_000,
         "rows": rows,
-        "latency": [{"engine": "adpipe", "windows": 200, "p50_s": 6.0, "p99_s": 9.5, "max_s": 10.0, "error": None}],
+        "latency": [{"engine": "adpipe", "windows": 200, "p50_s": 6.0, "p99_s": 9.5, "max_s": 10.0,
+                     "cpu_s_per_min": 12.5, "error": None}],
         "latency_rate": 5000.0,
         "latency_duration_s": 300.0,
     }
     table = results.render_table(result)
     assert "adpipe           20,000     0.40" in table
     assert "quixstreams counts WRONG (not ranked): window lost" in table
-    assert "adpipe             200      6.0      9.5" in table
+    assert "adpipe             200      6.0      9.5     10.0       12.5" in table
 
 
 def test_latency_from_window_close_only_for_closed_windows() -> None:
