@@ -468,3 +468,13 @@ def test_a_standby_is_warm_once_warmed_up_and_waiting_for_the_checkpoints_lock(s
         assert crew.standby_state() == "down"
     finally:
         os.close(fd)
+
+
+def test_with_a_standby_down_a_stream_pause_waits_for_it(standby_run: chaos.ChaosRun) -> None:
+    run, crew = standby_run, standby_run.crew
+    active, standby = _start_drivers(run)
+    standby.signal(signal.SIGKILL)
+    standby.proc.wait(timeout=5)  # type: ignore[union-attr]
+    planned = chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2)
+    assert run.injector.inject(planned) is None and crew.pause is None and _state(active, "S") == "S"
+    assert not list(run.ctx.home.glob("checkpoint-view-*"))  # no driver of its own started

@@ -91,6 +91,11 @@ class Injector:
                 # start as a new instance and fence its successor. With a
                 # standby, a fault hits the active driver, not one taking over.
                 return None
+            if kind == STREAM_PAUSE and crew.with_standby and (crew.standby is None or not crew.standby.alive):
+                # With a standby, the standby is the paused driver's successor
+                # (a driver started beside it on another lock would be a
+                # second job on the checkpoint once the standby came back).
+                return None
             record.target = f"stream pid {crew.stream.proc.pid}"  # type: ignore[union-attr]
             if crew.with_standby:
                 record.note = f"standby {crew.standby_state()}"
