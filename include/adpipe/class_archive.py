@@ -28,6 +28,8 @@ QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 # Options that mean the user runs class sharing their own way.
 _USER_SHARING = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
 LAYOUTS = ("plain", "metastore")
+# The training's workload: a new one names new archives (the old are pruned).
+WORKLOAD_VERSION = 2
 
 
 def _java_home() -> Path | None:
@@ -57,6 +59,7 @@ def archive_path(settings: Settings, extra_class_path: str) -> Path | None:
     digest = hashlib.sha256()
     stat = libjvm.stat()
     digest.update(f"{libjvm.resolve()}:{stat.st_size}:{stat.st_mtime_ns}\n{extra_class_path}\n".encode())
+    digest.update(f"workload {WORKLOAD_VERSION}\n".encode())
     for jars in (_pyspark_jars(), settings.jar_cache / "spark"):  # Spark's own, then spark.jars
         for name in sorted(os.listdir(jars)) if jars.is_dir() else []:
             digest.update(f"{name}:{(jars / name).stat().st_size}\n".encode())

@@ -271,7 +271,14 @@ def warm_up(spark: SparkSession, settings: Settings, cut: threading.Event | None
             log.warning("standby: warm-up on the raw topic failed (%s); on a rate source instead",
                         str(exc).splitlines()[0])
     if not cut.is_set():
-        _warm_up_query(spark, _rate_rows(spark, settings), "a rate source", cut)
+        warm_up_on_rate_source(spark, settings, cut)
+
+
+def warm_up_on_rate_source(spark: SparkSession, settings: Settings, cut: threading.Event | None = None) -> None:
+    """The job's query (parse, the stateful operator, foreachBatch) over
+    events a rate source makes up, for one batch: no broker needed (also
+    the class archive's training, adpipe.tools.class_archive_training)."""
+    _warm_up_query(spark, _rate_rows(spark, settings), "a rate source", cut or threading.Event())
 
 
 def _tail_offsets(settings: Settings) -> str | None:
