@@ -190,9 +190,38 @@ def _stand_by(settings: Settings, fd: int, holder: str) -> str:
             log.warning("standby: %s (paused or frozen): taking over and fencing it; its lock is taken when it ends",
                         reason)
             return reason
-    reason = f"the active driver ({holder}) ended"
+    running = _running_without_lock(settings)
+    if running is not None:
+        # A driver that took over through the lease from a paused holder runs
+        # without the lock until that holder ends; the lock came here instead.
+        log.info("standby: the lock is this one's, but %s runs the checkpoint (it took over through the lease); "
+                 "waiting for it to end or stop renewing", running.describe())
+        while _running_without_lock(settings) is not None:
+            time.sleep(0.1)
+        reason = f"the active driver ({running.describe()}) ended or stopped renewing its lease"
+    else:
+        reason = f"the active driver ({holder}) ended"
     log.info("standby: %s; taking over the checkpoint", reason)
     return reason
+
+
+def _running_without_lock(settings: Settings) -> Lease | None:
+    """Another driver's lease, renewed within ``stream_lease_s`` by a
+    process that still runs (on another host: renewed is all one can know)."""
+    lease = read_lease(settings)
+    if lease is None or lease.pid == os.getpid() or time.time() - lease.at > settings.stream_lease_s:
+        return None
+    if lease.host == os.uname().nodename and not _process_runs(lease.pid):
+        return None
+    return lease
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def holder(settings: Settings, lock_table: Path = Path("/proc/locks")) -> int | None:

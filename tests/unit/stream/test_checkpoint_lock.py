@@ -208,3 +208,60 @@ def test_a_standby_takes_over_from_a_paused_holder_whose_lease_expired_and_the_h
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()
+
+
+def test_a_standby_given_the_lock_waits_while_a_driver_that_took_over_through_the_lease_runs(tmp_path: Path) -> None:
+    """A driver that took over through the lease runs without the lock until
+    the paused holder ends; when the lock comes to a second standby instead,
+    that one waits for the running driver to end (or stop renewing)."""
+    import threading
+
+    from adpipe.files import write_json
+    from adpipe.stream.checkpoint_lock import lease_path, waiters
+
+    env = {**os.environ, "ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x",
+           "ADPIPE_STREAM_LEASE_S": "2"}
+    settings = load_settings(env)
+
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", _HOLD, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=env)
+
+    holder_proc = start()
+    runner = subprocess.Popen(["sleep", "60"])  # the driver that took over through the lease
+    renewing = threading.Event()
+    renewing.set()
+
+    def renew() -> None:
+        while renewing.is_set():
+            write_json(lease_path(settings), {"pid": runner.pid, "host": os.uname().nodename, "epoch": 9,
+                                              "at": time.time()})
+            time.sleep(0.2)
+
+    standby = None
+    try:
+        assert holder_proc.stdout.readline().strip() == "locked None"
+        renewer = threading.Thread(target=renew, daemon=True)
+        renewer.start()
+        standby = start("standby")
+        deadline = time.monotonic() + 30
+        while waiters(settings) != [standby.pid]:
+            assert time.monotonic() < deadline, "the standby never waited for the lock"
+            time.sleep(0.05)
+        holder_proc.send_signal(signal.SIGKILL)  # the paused holder ends: the lock comes to this standby
+        holder_proc.wait()
+        time.sleep(2.5)
+        assert standby.poll() is None and waiters(settings) == []  # it has the lock, and still waits
+        runner.kill()  # the running driver ends (its lease still fresh)
+        runner.wait()
+        started = time.monotonic()
+        line = standby.stdout.readline().strip()
+        assert line == f"locked the active driver (pid {runner.pid} on {os.uname().nodename}) ended or stopped " \
+                       "renewing its lease", line
+        assert time.monotonic() - started < 2
+    finally:
+        renewing.clear()
+        for proc in (holder_proc, standby, runner):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
