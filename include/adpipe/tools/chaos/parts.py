@@ -17,6 +17,8 @@ from pathlib import Path
 
 from adpipe.faults import wait_group_gone
 from adpipe.processes import start_detached
+from adpipe.stream import checkpoint_lock
+from adpipe.stream.liveness import descends_from
 
 from .context import RunContext
 from .timeline import Clock, FaultRecord
@@ -146,29 +148,30 @@ class Crew:
         standby = self.standby
         if standby is None or self.stream.proc is not None or not standby.alive:
             return False
-        self.stream, self.standby = standby, self.stream
-        standby.active_since = time.monotonic()
+        self._swap()
         return True
 
     def follow_lease(self) -> bool:
         """The standby holds the checkpoint's lease: it is the active driver
         (two drivers started as standbys, the one that warmed first took the
         lock), and the roles follow. Whether they swapped."""
-        from adpipe.stream import checkpoint_lock
-        from adpipe.stream.liveness import descends_from
-
         standby = self.standby
         if standby is None or not standby.alive:
             return False
         lease = checkpoint_lock.read_lease(self.settings)
         if lease is None or not descends_from(lease.pid, standby.proc.pid):  # type: ignore[union-attr]
             return False
-        self.stream, self.standby = standby, self.stream
-        standby.active_since = time.monotonic()
+        self._swap()
         return True
 
+    def _swap(self) -> None:
+        """The standby is the job's driver from now; the other the standby."""
+        assert self.standby is not None
+        self.stream, self.standby = self.standby, self.stream
+        self.stream.active_since = time.monotonic()
+
     def prepare_start(self, part: Part) -> None:
-        """A driver about to be started: a standby when the other runs."""
+        """A driver about to be started, as its role has it (``--standby`` for the standby)."""
         if part is self.standby:
             part.argv = self.standby_argv
         elif part is self.stream:
@@ -177,9 +180,6 @@ class Crew:
     def standby_state(self) -> str:
         """How the standby stands: "warm" (its warm-up done, waiting in the
         kernel's lock table for the checkpoint), "warming" or "down"."""
-        from adpipe.stream import checkpoint_lock
-        from adpipe.stream.liveness import descends_from
-
         standby = self.standby
         if standby is None or not standby.alive:
             return "down"
