@@ -161,18 +161,27 @@ _HOLD = (
 )
 
 
+def _lease_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x",
+            "ADPIPE_STREAM_LEASE_S": "2"}
+
+
+def _start_holder(env: dict[str, str], *args: str) -> subprocess.Popen:
+    """A process that holds the checkpoint (``standby``: waits for it) and prints ``locked <why>``."""
+    return subprocess.Popen([sys.executable, "-c", _HOLD, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+
+
 def test_a_standby_takes_over_from_a_paused_holder_whose_lease_expired_and_the_holder_resumed_exits_fenced(
     tmp_path: Path,
 ) -> None:
     from adpipe.stream.checkpoint_lock import EXIT_FENCED, holder, read_lease
 
-    env = {**os.environ, "ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x",
-           "ADPIPE_STREAM_LEASE_S": "2"}
+    env = _lease_env(tmp_path)
     settings = load_settings(env)
 
     def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", _HOLD, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env=env)
+        return _start_holder(env, *args)
 
     active = start()
     standby = None
@@ -219,13 +228,11 @@ def test_a_standby_given_the_lock_waits_while_a_driver_that_took_over_through_th
     from adpipe.files import write_json
     from adpipe.stream.checkpoint_lock import lease_path, waiters
 
-    env = {**os.environ, "ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JOB_ID": "region-x",
-           "ADPIPE_STREAM_LEASE_S": "2"}
+    env = _lease_env(tmp_path)
     settings = load_settings(env)
 
     def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", _HOLD, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env=env)
+        return _start_holder(env, *args)
 
     holder_proc = start()
     runner = subprocess.Popen(["sleep", "60"])  # the driver that took over through the lease
