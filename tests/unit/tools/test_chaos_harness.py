@@ -15,7 +15,7 @@ import pytest
 from adpipe.settings import load_settings
 from adpipe.tools import chaos
 from adpipe.tools.chaos import check as chaos_check
-from adpipe.tools.chaos import drain, parts, zombie
+from adpipe.tools.chaos import drain, inject, parts, zombie
 
 
 @pytest.fixture
@@ -302,8 +302,10 @@ FENCED = "INFO adpipe.stream.sink: transactional producer ready (older instances
 @pytest.fixture
 def standby_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[chaos.ChaosRun]:
     """A run with ADPIPE_STREAM_STANDBY=on whose drivers are sleeps: the
-    active one ``sleep 60``, a standby ``sleep 61``."""
+    active one ``sleep 60``, a standby ``sleep 61``. A sleep never warms
+    up: a stream fault does not wait for a warm standby here."""
     monkeypatch.setenv("ADPIPE_STREAM_STANDBY", "on")
+    monkeypatch.setattr(inject, "STANDBY_WARM_WAIT_S", 0.0)
     chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
     chaos_run.clock.t0 = time.monotonic()
     crew = chaos_run.crew
@@ -374,6 +376,33 @@ def test_with_a_standby_a_killed_driver_hands_the_job_over_and_comes_back_as_the
     _supervise_until(run, lambda: active.alive)
     assert active.argv == ["sleep", "61"] and active.starts == 2 and run.restarts.counts["standby"] == 1
     assert standby.alive and standby.starts == 1
+
+
+def test_with_a_standby_a_stream_fault_waits_for_the_standby_to_be_warm(
+    standby_run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, crew = standby_run, standby_run.crew
+    active, _standby = _start_drivers(run)
+    monkeypatch.setattr(inject, "STANDBY_WARM_WAIT_S", 60.0)
+    state = {"now": "warming"}
+    monkeypatch.setattr(crew, "standby_state", lambda: state["now"])
+    planned = chaos.PlannedFault(1.0, chaos.STREAM_KILL, 0.0, 3.0)
+    assert run.injector.inject(planned) is None and active.alive
+    state["now"] = "warm"
+    record = run.injector.inject(planned)
+    assert record is not None and record.note == "standby warm"
+    active.proc.wait(timeout=5)  # type: ignore[union-attr]
+    # A standby that stays cold past the wait does not hold the faults back for good.
+    state["now"] = "down"
+    crew.standby = active
+    crew.stream = _standby
+    planned = chaos.PlannedFault(2.0, chaos.STREAM_KILL, 0.0, 3.0)
+    with _standby.log_path.open("a") as log:
+        log.write(FENCED)
+    assert run.injector.inject(planned) is None and _standby.alive
+    _standby.active_since -= 61.0
+    record = run.injector.inject(planned)
+    assert record is not None and record.note == "standby down"
 
 
 def test_with_a_standby_both_drivers_gone_start_as_active_and_standby(standby_run: chaos.ChaosRun) -> None:

@@ -33,6 +33,13 @@ from .zombie import Zombies, has_fenced
 
 log = logging.getLogger("adpipe.tools.chaos")
 
+# With a standby, a stream fault waits (at most this long after the job's
+# driver became active) for the standby to be warm again: the fault then
+# measures a failover, not a second failure before the first one's
+# redundancy is back (a cold standby's start-up and warm-up take minutes on
+# a saturated machine).
+STANDBY_WARM_WAIT_S = 300.0
+
 
 class Injector:
     """Carries out the planned faults, and what they leave for later: the
@@ -90,6 +97,12 @@ class Injector:
                 # A driver still starting is no zombie yet: resumed, it would
                 # start as a new instance and fence its successor. With a
                 # standby, a fault hits the active driver, not one taking over.
+                return None
+            if (
+                crew.with_standby
+                and time.monotonic() - crew.stream.active_since < STANDBY_WARM_WAIT_S
+                and crew.standby_state() != "warm"
+            ):
                 return None
             if kind == STREAM_PAUSE and crew.with_standby and (crew.standby is None or not crew.standby.alive):
                 # With a standby, the standby is the paused driver's successor
