@@ -132,6 +132,9 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         ),
         # Delta retries its own commits; ours retry whole MERGEs (adpipe.lakehouse.load).
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # A MERGE that inserts nothing writes no table version (Delta's
+        # default, relied on by adpipe.lakehouse.merge: a rerun changes nothing).
+        "spark.databricks.delta.skipRecordingEmptyCommits": "true",
         # Secrets stay out of Spark's UI, event log and plans (a Kafka
         # source's JAAS option included), as out of ours (redacted()).
         "spark.redaction.regex": SPARK_REDACTION_REGEX,

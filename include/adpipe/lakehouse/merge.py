@@ -100,10 +100,10 @@ def merge_new_rows(
     condition = " AND ".join([f"t.{k} <=> s.{k}" for k in keys] + [in_hours])
     for attempt in range(1, MERGE_ATTEMPTS + 1):
         try:
-            existing = spark.table(table).where(F.expr(in_hours.replace("t.event_hour", "event_hour"))).select(*keys)
-            new_rows = source.join(existing, list(keys), "left_anti")
-            if new_rows.isEmpty():
-                return 0
+            # No emptiness check first: it cost a second plan and run of the
+            # source. A MERGE that inserts nothing commits nothing (Delta
+            # skips an empty commit: spark.databricks.delta.skipRecordingEmptyCommits,
+            # set in adpipe.spark).
             if before_merge is not None:
                 before_merge()
             # The MERGE's own metrics row: the table's latest history entry

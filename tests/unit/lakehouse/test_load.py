@@ -236,6 +236,29 @@ def test_two_merges_held_at_a_barrier_conflict_and_the_loser_retries(
     assert rows == [("a1", 1), ("b1", 2), ("both", 3), ("seed", 0)]
 
 
+def test_a_merge_inserts_only_new_keys_and_one_with_nothing_new_writes_no_table_version(spark: SparkSession) -> None:
+    from delta.tables import DeltaTable
+
+    table = f"default.rerun_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {table} (k STRING, v BIGINT, event_hour TIMESTAMP) USING delta")
+    schema = "k string, v bigint, event_hour timestamp"
+    other_hour = HOUR.replace(hour=HOUR.hour + 1)
+    rows = [("a", 1, HOUR), ("b", 2, HOUR)]
+    assert load.merge_new_rows(spark, table, spark.createDataFrame(rows, schema), ("k",), HOUR) == 2
+    version = DeltaTable.forName(spark, table).history(1).first()["version"]
+    again = spark.createDataFrame([*rows, ("c", 3, HOUR)], schema)
+    assert load.merge_new_rows(spark, table, again, ("k",), HOUR) == 1
+    assert DeltaTable.forName(spark, table).history(1).first()["version"] == version + 1
+    # The same rows again: nothing new, no version. With the hour in the key,
+    # a key seen in another hour is another row.
+    assert load.merge_new_rows(spark, table, again, ("k",), HOUR) == 0
+    assert DeltaTable.forName(spark, table).history(1).first()["version"] == version + 1
+    other = spark.createDataFrame([("a", 9, other_hour)], schema)
+    assert load.merge_new_rows(spark, table, other, ("event_hour", "k"), [HOUR, other_hour]) == 1
+    got = sorted((r["k"], r["v"]) for r in spark.table(table).collect())
+    assert got == [("a", 1), ("a", 9), ("b", 2), ("c", 3)]
+
+
 def test_every_delta_conflict_class_is_a_write_conflict_and_nothing_else_is() -> None:
     from delta.exceptions import ConcurrentAppendException, ProtocolChangedException
 

@@ -9,7 +9,9 @@ expectations check window alignment, event hours and the late share on."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,20 @@ class HourFrames:
     raw_df: DataFrame
     quarantine_df: DataFrame
     aggregates_df: DataFrame
+
+    @contextmanager
+    def cached(self) -> Iterator[HourFrames]:
+        """These frames, cached while the block runs: each table's Delta
+        scans are planned and read once, however many checks read them (a
+        small hour's audit spent seconds planning the same scans again)."""
+        frames = [getattr(self, f.name) for f in fields(self)]
+        for df in frames:
+            df.persist()
+        try:
+            yield self
+        finally:
+            for df in frames:
+                df.unpersist()
 
 
 def normalize_hour(hour: datetime) -> datetime:

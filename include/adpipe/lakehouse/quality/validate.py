@@ -251,7 +251,8 @@ def validate_hour(
         owned = SparkSession.getActiveSession() is None
         spark = metastore_session(settings, "adpipe-quality")
     try:
-        return validate_frames(settings, hour, hour_frames(spark, hour), facts)
+        with hour_frames(spark, hour).cached() as frames:
+            return validate_frames(settings, hour, frames, facts)
     finally:
         if owned:
             spark.stop()
