@@ -41,7 +41,7 @@ from adpipe.tools import demo, produce
 from bench.logs import batch_stats
 
 TOOK_OVER = "standby: took over ("
-WARM = "standby: warm in "
+WARM = checkpoint_lock.STANDBY_WARM_LINE
 
 
 @dataclass

@@ -158,7 +158,7 @@ def test_a_standby_driver_takes_over_from_an_active_one_killed_or_paused_mid_tra
             wait_for(lambda: checkpoint_lock.waiters(settings) == [standby.pid], standby, standby_log,
                      "the standby waiting for the checkpoint", timeout_s=180)
             # It waits from the start, warming up meanwhile: the fault comes once it is warm.
-            wait_for(lambda: "standby: warm in" in standby_log.read_text(), standby, standby_log,
+            wait_for(lambda: checkpoint_lock.STANDBY_WARM_LINE in standby_log.read_text(), standby, standby_log,
                      "the standby's warm-up", timeout_s=180)
             if signal_name == "KILL":  # a driver without --standby is still refused
                 refused = pipeline.stream(timeout=120)

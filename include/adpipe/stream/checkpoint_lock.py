@@ -41,6 +41,10 @@ from adpipe.settings import Settings, SettingsError
 
 log = logging.getLogger("adpipe.stream")
 
+# What a standby driver logs once warm (adpipe.stream.driver), waiting for
+# this lock: what tools and tests that watch a standby read in its log.
+STANDBY_WARM_LINE = "standby: warm in "
+
 
 class CheckpointInUseError(RuntimeError):
     """Another live driver holds this checkpoint."""

@@ -25,7 +25,7 @@ from adpipe.settings import Settings
 from adpipe.spark import build_spark, worker_imports_conf
 from adpipe.stream import minute_state
 from adpipe.stream import transforms as T
-from adpipe.stream.checkpoint_lock import checkpoint_lock
+from adpipe.stream.checkpoint_lock import STANDBY_WARM_LINE, checkpoint_lock
 from adpipe.stream.job import RECORD_OVERHEAD_BYTES, BatchHandler, Takeover, transactional_id, value_limits
 from adpipe.stream.liveness import mark_polled
 from adpipe.stream.offset_log import (
@@ -239,7 +239,7 @@ class StandbyWarmUp:
                 log.warning("standby: warm-up failed (%s); standing by cold", str(exc).splitlines()[0])
             return
         if not self.cut.is_set():
-            log.info("standby: warm in %.1f s", time.monotonic() - self.started)
+            log.info("%s%.1f s", STANDBY_WARM_LINE, time.monotonic() - self.started)
 
     def finish(self, timeout_s: float = 60.0) -> None:
         """Cut the warm-up short if it still runs (its query stopped), and

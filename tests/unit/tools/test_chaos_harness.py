@@ -490,7 +490,7 @@ def test_a_standby_is_warm_once_warmed_up_and_waiting_for_the_checkpoints_lock(s
             time.sleep(0.05)
         assert crew.standby_state() == "warming"  # waiting, its warm-up not done
         with standby.log_path.open("a") as log:
-            log.write("INFO adpipe.stream: standby: warm in 12.3 s\n")
+            log.write(f"INFO adpipe.stream: {checkpoint_lock.STANDBY_WARM_LINE}12.3 s\n")
         assert crew.standby_state() == "warm"
         standby.signal(signal.SIGKILL)
         standby.proc.wait(timeout=5)  # type: ignore[union-attr]

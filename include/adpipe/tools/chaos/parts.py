@@ -184,7 +184,7 @@ class Crew:
         if standby is None or not standby.alive:
             return "down"
         try:
-            warm = "standby: warm in " in standby.log_path.read_text(errors="replace")
+            warm = checkpoint_lock.STANDBY_WARM_LINE in standby.log_path.read_text(errors="replace")
         except OSError:
             warm = False
         waiting = any(descends_from(pid, standby.proc.pid) for pid in checkpoint_lock.waiters(self.settings))  # type: ignore[union-attr]
