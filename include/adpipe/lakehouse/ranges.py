@@ -311,7 +311,32 @@ def advance(coverage: Coverage, ranges: list[RegionRanges]) -> Coverage:
 HOUR_CLOSED_POLL_S = 10.0
 
 
-def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None) -> bool:
+class StreamStates:
+    """Each region's stream commits, watermark and lag, read from Kafka once
+    for a series of :func:`hour_closed` questions (a bisection asks a dozen).
+    An older read is conservative: a watermark only advances, and records
+    that arrived since are seen by each question's own look at the raw topic."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._read: dict[str, tuple[int | None, int]] = {}
+
+    def of(self, region: Region) -> tuple[int | None, int]:
+        """The region's committed watermark (epoch ms, None before any) and
+        its lag in records."""
+        if region.job_id not in self._read:
+            rs = self.settings.for_region(region)
+            commits = kafka_io.stream_commits(rs)
+            self._read[region.job_id] = (
+                kafka_io.committed_watermark(commits),
+                sum(kafka_io.stream_lag(rs, commits).values()),
+            )
+        return self._read[region.job_id]
+
+
+def hour_closed(
+    settings: Settings, hour: datetime, now: datetime | None = None, streams: StreamStates | None = None
+) -> bool:
     """True when every region has closed the hour: its stream job committed a
     batch whose watermark (delay and allowed lateness included) is past the
     hour's end, so all of the hour's windows are emitted and committed; or
@@ -325,13 +350,12 @@ def hour_closed(settings: Settings, hour: datetime, now: datetime | None = None)
     end = hour + ONE_HOUR
     end_ms = hour_ms(end)
     now = now or datetime.now(UTC)
+    streams = streams or StreamStates(settings)
     for region in settings.regions:
         rs = settings.for_region(region)
-        commits = kafka_io.stream_commits(rs)
-        watermark = kafka_io.committed_watermark(commits)
+        watermark, lag = streams.of(region)
         if watermark is not None and watermark >= end_ms:
             continue
-        lag = sum(kafka_io.stream_lag(rs, commits).values())
         arrived_since = kafka_io.offsets_for_times(rs.kafka, rs.topics.events, end_ms)
         quiet = lag == 0 and all(offset is None for offset in arrived_since.values())
         if quiet and now >= end + timedelta(milliseconds=settings.lateness_ms):
@@ -359,8 +383,9 @@ def closed_hours(settings: Settings, hours: list[datetime], now: datetime | None
     that closed an hour has closed every earlier one), so the hours are
     checked from the latest down and the first closed one closes the rest."""
     ordered = sorted(set(hours), reverse=True)
+    streams = StreamStates(settings)
     for i, hour in enumerate(ordered):
-        if hour_closed(settings, hour, now):
+        if hour_closed(settings, hour, now, streams):
             return sorted(ordered[i:])
     return []
 
@@ -369,12 +394,13 @@ def closed_through(settings: Settings, first: datetime, last: datetime) -> datet
     """The latest closed hour from ``first`` to ``last`` (every earlier hour
     is closed too: closing is monotonic), found by bisection; None when
     ``first`` is open."""
-    if last < first or not hour_closed(settings, first):
+    streams = StreamStates(settings)
+    if last < first or not hour_closed(settings, first, streams=streams):
         return None
     low, high = 0, int((last - first) / ONE_HOUR)  # hour ``low`` is closed
     while low < high:
         middle = (low + high + 1) // 2
-        if hour_closed(settings, first + middle * ONE_HOUR):
+        if hour_closed(settings, first + middle * ONE_HOUR, streams=streams):
             low = middle
         else:
             high = middle - 1

@@ -295,7 +295,7 @@ def test_closed_hours_stop_asking_once_an_hour_is_closed(monkeypatch: pytest.Mon
     asked: list[datetime] = []
     closed_up_to = HOUR + 2 * load.ONE_HOUR
 
-    def fake_closed(_settings: object, hour: datetime, _now: object = None) -> bool:
+    def fake_closed(_settings: object, hour: datetime, _now: object = None, streams: object = None) -> bool:
         asked.append(hour)
         return hour <= closed_up_to
 
@@ -304,6 +304,40 @@ def test_closed_hours_stop_asking_once_an_hour_is_closed(monkeypatch: pytest.Mon
     assert ranges.closed_hours(load_settings({}), hours) == [HOUR + i * load.ONE_HOUR for i in (0, 1, 2)]
     assert asked == [HOUR + i * load.ONE_HOUR for i in (4, 3, 2)]  # latest first; 2 closed closes 1 and 0
     assert ranges.closed_hours(load_settings({}), []) == []
+
+
+def test_a_bisection_reads_each_regions_stream_state_from_kafka_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watermark closes hours up to 11:00 (its end 12:00); the region is
+    not quiet (records arrived after every hour's end)."""
+    from adpipe import kafka_io
+
+    first = datetime(2026, 11, 22, 0, tzinfo=UTC)
+    watermark_ms = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp() * 1000)
+    reads = {"commits": 0, "lag": 0, "arrived": 0}
+
+    def commits(_rs: object) -> dict:
+        reads["commits"] += 1
+        return {"0": "batch"}
+
+    def lag(_rs: object, _commits: object) -> dict:
+        reads["lag"] += 1
+        return {0: 5}
+
+    def arrived(_kafka: object, _topic: str, _ms: int) -> dict:
+        reads["arrived"] += 1
+        return {0: 7}
+
+    monkeypatch.setattr(kafka_io, "stream_commits", commits)
+    monkeypatch.setattr(kafka_io, "committed_watermark", lambda _c: watermark_ms)
+    monkeypatch.setattr(kafka_io, "stream_lag", lag)
+    monkeypatch.setattr(kafka_io, "offsets_for_times", arrived)
+    settings = load_settings({})
+    assert ranges.closed_through(settings, first, first + 47 * load.ONE_HOUR) == first + 11 * load.ONE_HOUR
+    assert reads["commits"] == reads["lag"] == 1 and reads["arrived"] >= 2  # each open hour asked looks at arrivals
+    assert ranges.closed_hours(settings, [first + 13 * load.ONE_HOUR, first + 12 * load.ONE_HOUR, first]) == [first]
+    assert reads["commits"] == 2  # one more read for the new series of questions
+    assert not ranges.hour_closed(settings, first + 12 * load.ONE_HOUR)  # alone, it reads for itself
+    assert reads["commits"] == 3
 
 
 def test_a_staged_run_survives_xcom() -> None:
@@ -320,7 +354,7 @@ def test_closed_through_finds_the_latest_closed_hour_by_bisection(monkeypatch: p
     asked: list[datetime] = []
 
     def closed_until(horizon: datetime | None):  # noqa: ANN202
-        def hour_closed(_settings: object, hour: datetime, _now: object = None) -> bool:
+        def hour_closed(_settings: object, hour: datetime, _now: object = None, streams: object = None) -> bool:
             asked.append(hour)
             return horizon is not None and hour <= horizon
 
