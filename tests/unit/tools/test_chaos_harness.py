@@ -378,7 +378,7 @@ def test_with_a_standby_a_killed_driver_hands_the_job_over_and_comes_back_as_the
     assert standby.alive and standby.starts == 1
 
 
-def test_with_a_standby_a_stream_fault_waits_for_the_standby_to_be_warm(
+def test_with_a_standby_a_stream_fault_waits_for_the_standby_to_stand_by(
     standby_run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run, crew = standby_run, standby_run.crew
@@ -388,9 +388,9 @@ def test_with_a_standby_a_stream_fault_waits_for_the_standby_to_be_warm(
     monkeypatch.setattr(crew, "standby_state", lambda: state["now"])
     planned = chaos.PlannedFault(1.0, chaos.STREAM_KILL, 0.0, 3.0)
     assert run.injector.inject(planned) is None and active.alive
-    state["now"] = "warm"
+    state["now"] = "waiting"  # in the lock table, its warm-up still running
     record = run.injector.inject(planned)
-    assert record is not None and record.note == "standby warm"
+    assert record is not None and record.note == "standby waiting"
     active.proc.wait(timeout=5)  # type: ignore[union-attr]
     # A standby that stays cold past the wait does not hold the faults back for good.
     state["now"] = "down"
@@ -488,7 +488,7 @@ def test_a_standby_is_warm_once_warmed_up_and_waiting_for_the_checkpoints_lock(s
         deadline = time.monotonic() + 5
         while not checkpoint_lock.waiters(run.ctx.settings) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert crew.standby_state() == "warming"  # waiting, its warm-up not done
+        assert crew.standby_state() == "waiting"  # waiting, its warm-up not done
         with standby.log_path.open("a") as log:
             log.write(f"INFO adpipe.stream: {checkpoint_lock.STANDBY_WARM_LINE}12.3 s\n")
         assert crew.standby_state() == "warm"

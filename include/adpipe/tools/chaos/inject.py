@@ -34,10 +34,12 @@ from .zombie import Zombies, has_fenced
 log = logging.getLogger("adpipe.tools.chaos")
 
 # With a standby, a stream fault waits (at most this long after the job's
-# driver became active) for the standby to be warm again: the fault then
-# measures a failover, not a second failure before the first one's
-# redundancy is back (a cold standby's start-up and warm-up take minutes on
-# a saturated machine).
+# driver became active) for the standby to stand by again (its session up,
+# waiting for the checkpoint's lock; its warm-up may still run): the fault
+# then measures a failover, not a second failure before the first one's
+# redundancy is back (a standby's start-up takes a minute or more on a
+# saturated machine). Waiting for the warm-up too let only a third of the
+# planned stream faults happen.
 STANDBY_WARM_WAIT_S = 300.0
 
 
@@ -101,7 +103,7 @@ class Injector:
             if (
                 crew.with_standby
                 and time.monotonic() - crew.stream.active_since < STANDBY_WARM_WAIT_S
-                and crew.standby_state() != "warm"
+                and crew.standby_state() not in ("warm", "waiting")
             ):
                 return None
             if kind == STREAM_PAUSE and crew.with_standby and (crew.standby is None or not crew.standby.alive):

@@ -179,7 +179,9 @@ class Crew:
 
     def standby_state(self) -> str:
         """How the standby stands: "warm" (its warm-up done, waiting in the
-        kernel's lock table for the checkpoint), "warming" or "down"."""
+        kernel's lock table for the checkpoint), "waiting" (waiting there, its
+        warm-up still running: a takeover cuts it short), "warming" (its
+        session starting) or "down"."""
         standby = self.standby
         if standby is None or not standby.alive:
             return "down"
@@ -188,7 +190,9 @@ class Crew:
         except OSError:
             warm = False
         waiting = any(descends_from(pid, standby.proc.pid) for pid in checkpoint_lock.waiters(self.settings))  # type: ignore[union-attr]
-        return "warm" if warm and waiting else "warming"
+        if not waiting:
+            return "warming"
+        return "warm" if warm else "waiting"
 
     def kill(self, *others: Part | None) -> None:
         """Kill every part, a paused driver's successor and ``others`` too."""
