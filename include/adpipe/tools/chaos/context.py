@@ -52,8 +52,9 @@ def run_env(settings: Settings, run_id: str, run_home: Path) -> dict[str, str]:
         "ADPIPE_METASTORE_DATABASE": db_name(run_id, "ms"),
         "ADPIPE_TRANSACTION_TIMEOUT_MS": "30000",
         "ADPIPE_TRIGGER_INTERVAL_S": "2",
-        # A takeover replays the dead driver's last batch: a small cap keeps
-        # that replay short on a saturated machine (it took 30-74 s at 20,000).
+        # A takeover replays the dead driver's last batch, at most this many
+        # offsets. Its cold first batch took 30-74 s at 20,000 and 24-76 s at
+        # 5,000 (docs/performance.md): the cold query costs, not the size.
         "ADPIPE_MAX_OFFSETS_PER_TRIGGER": "5000",
         "ADPIPE_SPARK_DRIVER_MEMORY": os.environ.get("ADPIPE_SPARK_DRIVER_MEMORY", "1g"),
         # Faults delay partitions unevenly: a late event is a correct outcome
