@@ -430,7 +430,8 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
         hours = [h for h in run.hour_list() if hour_label(h) not in failed]
         # Corrections are counted only in the hours published before (a
         # first publication has none).
-        late_hours = [h for h in hours if hour_label(h) in _finalized_hours(spark)]
+        finalized = _finalized_hours(spark)
+        late_hours = [h for h in hours if hour_label(h) in finalized]
         fault_plan = faults.FaultPlan.from_env()
 
         def publish_table(table: str) -> tuple[int, dict[str, int]]:
