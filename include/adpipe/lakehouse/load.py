@@ -131,98 +131,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 class GateFailed(LoadError):
     """The audit failed: nothing was published; the message names the expectations."""
 
     def __init__(self, message: str, results: list[quality.QualityResult]) -> None:
         super().__init__(message)
         self.results = results
-
-
-# --- pure transformations ------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --- I/O at the edges ---------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --- rows of a run ----------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --- what Kafka says of an hour ------------------------------------------------------------
-
-
-
-
-
-
-# --- the ledger ---------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # --- write, audit, publish ----------------------------------------------------------------------
