@@ -305,7 +305,7 @@ def standby_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[cha
     active one ``sleep 60``, a standby ``sleep 61``. A sleep never warms
     up: a stream fault does not wait for a warm standby here."""
     monkeypatch.setenv("ADPIPE_STREAM_STANDBY", "on")
-    monkeypatch.setattr(inject, "STANDBY_WARM_WAIT_S", 0.0)
+    monkeypatch.setattr(inject, "STANDBY_WAIT_S", 0.0)
     chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
     chaos_run.clock.t0 = time.monotonic()
     crew = chaos_run.crew
@@ -378,12 +378,12 @@ def test_with_a_standby_a_killed_driver_hands_the_job_over_and_comes_back_as_the
     assert standby.alive and standby.starts == 1
 
 
-def test_with_a_standby_a_stream_fault_waits_for_the_standby_to_stand_by(
+def test_with_astandby_a_stream_fault_waits_for_thestandby_to_stand_by(
     standby_run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run, crew = standby_run, standby_run.crew
-    active, _standby = _start_drivers(run)
-    monkeypatch.setattr(inject, "STANDBY_WARM_WAIT_S", 60.0)
+    active, standby = _start_drivers(run)
+    monkeypatch.setattr(inject, "STANDBY_WAIT_S", 60.0)
     state = {"now": "warming"}
     monkeypatch.setattr(crew, "standby_state", lambda: state["now"])
     planned = chaos.PlannedFault(1.0, chaos.STREAM_KILL, 0.0, 3.0)
@@ -395,12 +395,12 @@ def test_with_a_standby_a_stream_fault_waits_for_the_standby_to_stand_by(
     # A standby that stays cold past the wait does not hold the faults back for good.
     state["now"] = "down"
     crew.standby = active
-    crew.stream = _standby
+    crew.stream = standby
     planned = chaos.PlannedFault(2.0, chaos.STREAM_KILL, 0.0, 3.0)
-    with _standby.log_path.open("a") as log:
+    with standby.log_path.open("a") as log:
         log.write(FENCED)
-    assert run.injector.inject(planned) is None and _standby.alive
-    _standby.active_since -= 61.0
+    assert run.injector.inject(planned) is None and standby.alive
+    standby.active_since -= 61.0
     record = run.injector.inject(planned)
     assert record is not None and record.note == "standby down"
 

@@ -40,7 +40,7 @@ log = logging.getLogger("adpipe.tools.chaos")
 # redundancy is back (a standby's start-up takes a minute or more on a
 # saturated machine). Waiting for the warm-up too let only a third of the
 # planned stream faults happen.
-STANDBY_WARM_WAIT_S = 300.0
+STANDBY_WAIT_S = 300.0
 
 
 class Injector:
@@ -100,11 +100,10 @@ class Injector:
                 # start as a new instance and fence its successor. With a
                 # standby, a fault hits the active driver, not one taking over.
                 return None
-            if (
-                crew.with_standby
-                and time.monotonic() - crew.stream.active_since < STANDBY_WARM_WAIT_S
-                and crew.standby_state() not in ("warm", "waiting")
-            ):
+            # Read once (its log and the kernel's lock table): the gate and the note.
+            standby = crew.standby_state() if crew.with_standby else None
+            standing_by = standby in (None, "warm", "waiting")
+            if not standing_by and time.monotonic() - crew.stream.active_since < STANDBY_WAIT_S:
                 return None
             if kind == STREAM_PAUSE and crew.with_standby and (crew.standby is None or not crew.standby.alive):
                 # With a standby, the standby is the paused driver's successor
@@ -112,8 +111,8 @@ class Injector:
                 # second job on the checkpoint once the standby came back).
                 return None
             record.target = f"stream pid {crew.stream.proc.pid}"  # type: ignore[union-attr]
-            if crew.with_standby:
-                record.note = f"standby {crew.standby_state()}"
+            if standby is not None:
+                record.note = f"standby {standby}"
             if not crew.stream.signal(signal.SIGKILL if kind == STREAM_KILL else signal.SIGSTOP):
                 return None
             if kind == STREAM_PAUSE:
