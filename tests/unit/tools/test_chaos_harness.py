@@ -290,6 +290,9 @@ def test_a_stream_pause_whose_successor_never_took_over_is_not_counted(
     run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(zombie, "PAUSE_MAX_S", 1.5)
+    # A successor that never takes over (a real driver would, with a broker
+    # answering on this host's default port).
+    run.crew.stream_argv = ["sleep", "60"]
     record = _pause_run(run, monkeypatch)
     _run_pending(run)
     assert not record.injected and "no real zombie" in record.note
