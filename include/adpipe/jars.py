@@ -1,9 +1,10 @@
 """JVM artifacts from Maven Central, cached in the project's own folder.
 
-Two classpaths are needed: the Apache Kafka broker (run from its jars) and
-the extra jars of the pip-installed Spark (the Kafka source and Delta Lake).
-Both are resolved by Maven from the poms beside this module, once; afterwards
-the cache under ``.cache/jvm`` is used and no network is needed."""
+Three classpaths are needed: the Apache Kafka broker (run from its jars),
+the extra jars of the pip-installed Spark (the Kafka source and Delta Lake)
+and the HDFS NameNode and DataNode of ``adpipe hdfs up``. Each is resolved
+by Maven from the poms beside this module, once; afterwards the cache
+under ``.cache/jvm`` is used and no network is needed."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 POM_DIR = Path(__file__).parent / "jvm"
-CLASSPATHS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml"}
+CLASSPATHS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "hdfs": "hdfs.pom.xml"}
 _DOTTED = re.compile(r"\d+\.\d+")
 
 

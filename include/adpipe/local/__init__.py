@@ -3,6 +3,7 @@ from its jars), PostgreSQL (Debian's server) and Airflow (``make airflow``).
 
 * :mod:`~adpipe.local.kafka_broker` - ``adpipe kafka up|down|status``.
 * :mod:`~adpipe.local.postgres` - ``adpipe pg up|down|status``.
+* :mod:`~adpipe.local.hdfs` - ``adpipe hdfs up|down|status``.
 * :mod:`~adpipe.local.airflow` - ``make airflow``.
 * :mod:`~adpipe.local.cli` - those verbs.
 

@@ -1,5 +1,5 @@
-"""``adpipe kafka``, ``adpipe pg`` and ``adpipe spark``: the embedded
-default's servers."""
+"""``adpipe kafka``, ``adpipe pg``, ``adpipe spark`` and ``adpipe hdfs``:
+the embedded default's servers."""
 
 from __future__ import annotations
 
@@ -84,6 +84,17 @@ def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_hdfs(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.local import hdfs
+
+    rc = _serve(args, settings, "hdfs", hdfs)
+    if args.action == "up":
+        print("the jobs keep their checkpoints and tables on it with:")
+        for line in hdfs.client_exports(hdfs.ports(settings)):
+            print(f"  {line}")
+    return rc
+
+
 def _add_server_parser(
     sub: argparse._SubParsersAction, name: str, help_text: str, description: str, up_help: str, func: Callable
 ) -> argparse.ArgumentParser:
@@ -156,4 +167,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="N",
         help="workers of the cluster, 1 to 8 (up only; default: as started before under ADPIPE_HOME, else 2)",
+    )
+    _add_server_parser(
+        sub,
+        "hdfs",
+        "a local HDFS (a NameNode and a DataNode) for checkpoints and Delta tables",
+        "Start, stop or inspect a local HDFS: Apache Hadoop's own NameNode and DataNode, run from its jars "
+        "(fetched from Maven Central by `adpipe jars`), on loopback only, metadata, blocks and logs under "
+        "$ADPIPE_HOME/hdfs. The NameNode listens on hdfs://127.0.0.1:$ADPIPE_HDFS_PORT (9820; its web UI on "
+        "that port + 1, the DataNode on + 2 to + 4); replication 1, permissions off, formatted on the first "
+        "up. The stream job and Union & Load keep their checkpoints and tables there with "
+        "ADPIPE_CHECKPOINT_URI=hdfs://127.0.0.1:9820/adpipe/checkpoints and "
+        "ADPIPE_WAREHOUSE_URI=hdfs://127.0.0.1:9820/adpipe/warehouse (up prints both).",
+        "wait until the NameNode is out of safe mode with the DataNode live",
+        cmd_hdfs,
     )

@@ -83,7 +83,7 @@ def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.spark import in_threads
     from adpipe.tools import class_archive_training
 
-    for name in ("kafka", "spark"):
+    for name in ("kafka", "spark", "hdfs"):
         jars = ensure_classpath(settings.jar_cache, name)
         print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
     if class_archive.missing(settings):
