@@ -222,23 +222,50 @@ def _clear_unregistered(spark: SparkSession, name: str) -> bool:
     folder with the create commit begun and no metastore entry; every later
     start then fails to create it. Such a folder holds no data (no file
     outside ``_delta_log``, no commit past the create): it is removed, and
-    True returned. Anything else is left alone (False)."""
+    True returned. Anything else is left alone (False). A local warehouse is
+    read from the disk; any other (``hdfs://``, ``s3a://``) through Spark's
+    Hadoop FileSystem."""
     from urllib.parse import urlparse
 
-    warehouse = urlparse(spark.conf.get("spark.sql.warehouse.dir") or "")
-    if warehouse.scheme not in ("", "file"):
-        return False
+    warehouse = spark.conf.get("spark.sql.warehouse.dir") or ""
     database, table = name.split(".", 1)
-    folder = Path(warehouse.path) / f"{database}.db" / table
-    data = [p for p in folder.rglob("*") if p.is_file() and "_delta_log" not in p.relative_to(folder).parts]
-    commits = [p for p in (folder / "_delta_log").glob("*.json") if p.stem.isdigit() and int(p.stem) > 0]
-    if not folder.is_dir() or data or commits:
-        return False
-    import shutil
+    if urlparse(warehouse).scheme in ("", "file"):
+        folder = Path(urlparse(warehouse).path) / f"{database}.db" / table
+        if not folder.is_dir() or not only_a_begun_create(
+            [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        ):
+            return False
+        import shutil
 
-    log.warning("%s: its folder %s holds a create that never finished (no data, no metastore entry): removed",
-                name, folder)
-    shutil.rmtree(folder)
+        shutil.rmtree(folder)
+    else:
+        jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j gateway
+        remote = jvm.org.apache.hadoop.fs.Path(f"{warehouse.rstrip('/')}/{database}.db/{table}")
+        fs = remote.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
+        if not fs.isDirectory(remote):
+            return False
+        root, files, found = fs.makeQualified(remote).toUri().getPath().rstrip("/"), fs.listFiles(remote, True), []
+        while files.hasNext():
+            found.append(files.next().getPath().toUri().getPath().removeprefix(root + "/"))
+        if not only_a_begun_create(found):
+            return False
+        fs.delete(remote, True)
+    log.warning("%s: its folder under %s holds a create that never finished (no data, no metastore entry): removed",
+                name, warehouse)
+    return True
+
+
+def only_a_begun_create(files: list[str]) -> bool:
+    """Whether a table folder's files (paths relative to it) are those of a
+    Delta create that never finished: nothing outside ``_delta_log`` and no
+    commit past version 0."""
+    for relative in files:
+        parts = relative.split("/")
+        if "_delta_log" not in parts:
+            return False
+        stem, _, suffix = parts[-1].partition(".")
+        if parts[:-1] == ["_delta_log"] and suffix == "json" and stem.isdigit() and int(stem) > 0:
+            return False
     return True
 
 

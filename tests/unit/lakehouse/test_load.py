@@ -448,3 +448,22 @@ def test_a_table_folder_left_by_a_killed_create_is_cleared_and_one_with_data_is_
     committed.mkdir(parents=True)
     (committed / "00000000000000000001.json").write_text("{}")
     assert not _clear_unregistered(spark, "ads.load_runs") and committed.exists()
+
+
+@pytest.mark.parametrize(
+    ("files", "begun"),
+    [
+        ([], True),
+        (["_delta_log/00000000000000000000.json", "_delta_log/_staged_commits/x.json"], True),
+        (["_delta_log/00000000000000000000.json", "_delta_log/00000000000000000000.crc"], True),
+        (["_delta_log/00000000000000000001.json"], False),  # a commit past the create
+        (["_delta_log/00000000000000000000.json", "event_hour=x/part-0.parquet"], False),  # data
+        (["part-0.parquet"], False),
+    ],
+)
+def test_what_a_begun_create_leaves(files: list[str], begun: bool) -> None:
+    """The same rule for a local warehouse and one on HDFS (the names as
+    either lists them, relative to the table's folder)."""
+    from adpipe.lakehouse.metastore import only_a_begun_create
+
+    assert only_a_begun_create(files) is begun
