@@ -26,7 +26,7 @@ def cmd_peers(args: argparse.Namespace, settings: Settings) -> int:
     result = comparison.run(
         settings,
         events=args.events or 1_000_000,
-        ads=args.ads,
+        ads=args.ads or 50,
         engines=rows,
         seed=args.seed,
         latency=args.latency,
@@ -85,10 +85,13 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
             sizes = []
         if not sizes or any(size < 1 for size in sizes):
             raise SystemExit(f"--budget-batch-sizes: integers >= 1 separated by commas, got {args.budget_batch_sizes}")
-        result = stages.budget_batch_sizes(settings, sizes, aggregates=args.events or 50_000)
+        result = stages.budget_batch_sizes(
+            settings, sizes, aggregates=args.events or 50_000, ads=args.ads or 500, instances=args.instances
+        )
         print(json.dumps(result, indent=2))
         return 0 if all(r["exact"] for r in result["runs"]) else 1
-    result = stages.run(settings, events=args.events or 20_000, seed=args.seed, ads=args.ads, minutes=args.minutes)
+    events, ads = args.events or 20_000, args.ads or 50
+    result = stages.run(settings, events=events, seed=args.seed, ads=ads, minutes=args.minutes)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -129,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--events 1000000, Union & Load of one hour of 600,000 aggregates and the budget service over them",
     )
     peers = p.add_argument_group("with --peers (--ads and --seed also for the per-stage timing)")
-    peers.add_argument("--ads", type=int, default=50, help="distinct ads (default 50; 10000 for the wide variant)")
+    peers.add_argument(
+        "--ads", type=int, help="distinct ads (default 50; 10000 for the wide variant); with --budget-batch-sizes: 500"
+    )
     peers.add_argument(
         "--only",
         metavar="ROW,ROW",
@@ -193,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the budget service alone on PostgreSQL over one topic of synthetic aggregates, once per "
         "ADPIPE_BUDGET_BATCH_SIZE, e.g. 25,100,250,500,1000,2000; prints aggregates/s, batch times and whether "
         "each run's ledger and spend are exact (exit 1 if one is not)",
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="with --budget-batch-sizes: instances of the budget service's group run side by side (default 1)",
     )
     p.set_defaults(func=cmd_bench)
     return p

@@ -86,6 +86,7 @@ def budget_log_stats(log_text: str) -> dict:
         "max_batch_ms": None,
         "mean_batch_records": round(sum(b[0] for b in batches) / len(batches), 1) if batches else None,
         "drain_s": None,
+        "drain_window": None,
         "service_s": _seconds(started_at, stopped_at),
         "batch_size_logged": batch_size,
         "publish_rounds": published[0],
@@ -109,6 +110,9 @@ def budget_log_stats(log_text: str) -> dict:
             first_start = ends[0] - timedelta(milliseconds=ms[0])
             before_last = (ends[-2] - first_start).total_seconds() if len(ends) > 1 else 0.0
             stats["drain_s"] = round(before_last + ms[-1] / 1000, 3)
+            # For instances of one group run side by side: the span from the
+            # first one's first batch to the last one's end.
+            stats["drain_window"] = (first_start, first_start + timedelta(seconds=stats["drain_s"]))
     return stats
 
 

@@ -33,14 +33,45 @@ from bench.logs import batch_stats, budget_log_stats
 
 
 def timed_command(env: dict[str, str], log_path: Path, *args: str) -> float:
+    return timed_commands(env, [log_path], *args)
+
+
+def timed_commands(env: dict[str, str], log_paths: list[Path], *args: str) -> float:
+    """``adpipe args`` once per log path, side by side; seconds until the last ends."""
     started = time.monotonic()
-    with log_path.open("w") as out:
-        rc = subprocess.run(  # noqa: S603
-            [sys.executable, "-m", "adpipe", *args], env=env, stdout=out, stderr=subprocess.STDOUT, check=False
-        ).returncode
-    if rc != 0:
-        raise RuntimeError(f"`adpipe {' '.join(args)}` failed (exit {rc}); see {log_path}")
+    procs = []
+    for log_path in log_paths:
+        with log_path.open("w") as out:
+            procs.append((log_path, subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "adpipe", *args], env=env, stdout=out, stderr=subprocess.STDOUT
+            )))
+    for log_path, proc in procs:
+        rc = proc.wait()
+        if rc != 0:
+            raise RuntimeError(f"`adpipe {' '.join(args)}` failed (exit {rc}); see {log_path}")
     return time.monotonic() - started
+
+
+def _side_by_side(per_instance: list[dict]) -> dict:
+    """Budget log stats of instances run side by side, as one: batches and
+    totals summed, the drain from the first batch's start to the last end."""
+    merged = dict(per_instance[0])
+    for name in ("batches", "batch_s", "publish_rounds"):
+        values = [s[name] for s in per_instance]
+        merged[name] = None if None in values else round(sum(values), 3)
+    batches = [(s["batches"], s["mean_batch_records"], s["mean_batch_ms"]) for s in per_instance]
+    if all(None not in b for b in batches) and merged["batches"]:
+        merged["mean_batch_records"] = round(sum(n * r for n, r, _ in batches) / merged["batches"], 1)
+        merged["mean_batch_ms"] = round(sum(n * ms for n, _, ms in batches) / merged["batches"], 1)
+    maxima = [s["max_batch_ms"] for s in per_instance]
+    merged["max_batch_ms"] = None if None in maxima else max(maxima)
+    windows = [s["drain_window"] for s in per_instance]
+    merged["drain_s"] = (
+        None if None in windows else round((max(w[1] for w in windows) - min(w[0] for w in windows)).total_seconds(), 3)
+    )
+    totals = [s["totals"] for s in per_instance]
+    merged["totals"] = None if None in totals else {k: sum(t.get(k, 0) for t in totals) for k in totals[0]}
+    return merged
 
 
 def new_run(settings: Settings, kind: str) -> tuple[str, Path]:
@@ -215,7 +246,12 @@ def ledger_totals(settings: Settings, database: str) -> tuple[int | None, int | 
 
 
 def budget_batch_sizes(
-    settings: Settings, sizes: list[int], aggregates: int = 50_000, ads: int = 500, seed: int = 7
+    settings: Settings,
+    sizes: list[int],
+    aggregates: int = 50_000,
+    ads: int = 500,
+    seed: int = 7,
+    instances: int = 1,
 ) -> dict:
     """The budget service alone (``adpipe budget --once``) over one topic of
     ``aggregates`` synthetic aggregates, once per batch size
@@ -223,7 +259,9 @@ def budget_batch_sizes(
     run with its own consumer group, budget-events topic and fresh
     PostgreSQL database: how the batch size trades throughput for the length
     of a transaction (which holds row locks and delays the spend a reader
-    sees). Each run is checked on its own: its ledger has one row per
+    sees). ``instances`` > 1: that many instances of the group side by side
+    (the service scales out by partitions), timed from the first one's first
+    batch to the last one's end. Each run is checked on its own: its ledger has one row per
     distinct record_uuid and their spend equals a plain-Python sum at the
     default prices. A run's database is dropped when it checks out."""
     run_id, work = new_run(settings, "budget")
@@ -243,13 +281,15 @@ def budget_batch_sizes(
         database = database_name(run_id, f"_b{size}")
         _drop_database(settings, database)
         env = budget_env(settings, run_id, f"-b{size}", topic, database, ADPIPE_BUDGET_BATCH_SIZE=str(size))
-        log_path = work / f"budget-b{size}.log"
-        wall_s = timed_command(env, log_path, "budget", "--once", "--timeout", "3600")
-        stats = budget_log_stats(log_path.read_text())
+        log_paths = [work / f"budget-b{size}{f'-{i}' if instances > 1 else ''}.log" for i in range(instances)]
+        wall_s = timed_commands(env, log_paths, "budget", "--once", "--timeout", "3600")
+        per_instance = [budget_log_stats(p.read_text()) for p in log_paths]
+        stats = per_instance[0] if instances == 1 else _side_by_side(per_instance)
         ledger_rows, ledger_spend = ledger_totals(settings, database)
         exact = ledger_rows == distinct and ledger_spend == spend
         row = {
             "batch_size": size,
+            "instances": instances,
             "wall_s": round(wall_s, 1),
             "service_s": stats["service_s"],
             "drain_s": stats["drain_s"],

@@ -29,9 +29,11 @@ def cmd_budget(args: argparse.Namespace, settings: Settings) -> int:
         return _prices(args, settings)
     if action == "prune":
         return _prune(args, settings)
+    from adpipe import pygc
     from adpipe.budget.service import BudgetService
     from adpipe.faults import FaultPlan
 
+    pygc.tune_for_batches()
     return BudgetService(settings, once=args.once, fault=FaultPlan.from_env()).run(once_timeout_s=args.timeout)
 
 

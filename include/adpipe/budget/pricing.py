@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from adpipe.budget.db import SCOPES, insert, pricing
 from adpipe.budget.money import Price
+from adpipe.budget.writes import key_in
 from adpipe.money import parse_micros
 
 PRICE_COLUMNS = ("scope", "key", "campaign_id", "cpm", "cpc", "budget")
@@ -134,13 +135,15 @@ def load_price_book(conn: Connection, ad_ids: Iterable[str] | None = None) -> Pr
     if ad_ids is not None:
         ads = sorted(set(ad_ids))
         ad_rows = [
-            dict(r) for r in conn.execute(query.where(pricing.c.scope == "ad", pricing.c.key.in_(ads))).mappings()
+            dict(r)
+            for r in conn.execute(query.where(pricing.c.scope == "ad", key_in(conn, pricing.c.key, ads))).mappings()
         ]
         campaigns = sorted({r["campaign_id"] for r in ad_rows if r["campaign_id"]})
         other = conn.execute(
             query.where(
                 sa.or_(
-                    pricing.c.scope == "default", sa.and_(pricing.c.scope == "campaign", pricing.c.key.in_(campaigns))
+                    pricing.c.scope == "default",
+                    sa.and_(pricing.c.scope == "campaign", key_in(conn, pricing.c.key, campaigns)),
                 )
             )
         ).mappings()

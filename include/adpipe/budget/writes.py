@@ -54,6 +54,11 @@ def pg_array_literal(values: Iterable[str | int | None]) -> str:
     return "{" + ",".join(items) + "}"
 
 
+def _array_param(name: str | None, values: Iterable[str | int | None], item_type: sa.types.TypeEngine) -> sa.Cast:
+    """One PostgreSQL array parameter, sent as text and cast by the server."""
+    return sa.cast(sa.bindparam(name, pg_array_literal(values), type_=sa.Text), postgresql.ARRAY(item_type))
+
+
 def _rows_select(table: sa.Table, rows: list[dict]) -> tuple[list[str], sa.Select]:
     """PostgreSQL: ``rows`` as a SELECT over ``unnest`` of one array per
     column: one statement and a parameter per column, where a multi-row
@@ -63,15 +68,18 @@ def _rows_select(table: sa.Table, rows: list[dict]) -> tuple[list[str], sa.Selec
     server parses element by element (twice the time of the whole insert)."""
     names = list(rows[0])
     columns = sa.func.unnest(
-        *(
-            sa.cast(
-                sa.bindparam(n, pg_array_literal(map(operator.itemgetter(n), rows)), type_=sa.Text),
-                postgresql.ARRAY(table.c[n].type),
-            )
-            for n in names
-        )
+        *(_array_param(n, map(operator.itemgetter(n), rows), table.c[n].type) for n in names)
     ).table_valued(*names).render_derived(name="new_rows")
     return names, sa.select(columns)
+
+
+def key_in(conn: Connection, column: sa.Column, keys: list[str]) -> sa.ColumnElement[bool]:
+    """``column IN keys``; on PostgreSQL as ``= ANY`` of one text-array
+    parameter (an IN list of a batch's thousands of ads is rendered and
+    bound value by value: a third of the price lookup's time)."""
+    if conn.dialect.name != "postgresql":
+        return column.in_(keys)
+    return column == sa.any_(_array_param(None, keys, column.type))
 
 
 def insert_new(conn: Connection, table: sa.Table, rows: list[dict], key: str) -> set:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from adpipe.budget.aggregate import parse_aggregate
 
 from bench.logs import budget_log_stats
-from bench.stages import expected_spend, synthetic_aggregates
+from bench.stages import _side_by_side, expected_spend, synthetic_aggregates
 
 LOG = """\
 2026-11-24 08:30:00,100 INFO adpipe.budget: budget service: group g reading t (read_committed) into \
@@ -30,6 +30,20 @@ duplicates 2, paused 2, quarantined 0, records 800
 """
 
 
+def test_instances_side_by_side_are_timed_from_the_first_batch_to_the_last_end() -> None:
+    # A second instance whose two batches start 1 s later: 1,000 records in 100 ms each.
+    second = LOG.replace("08:30:03,250", "08:30:04,100").replace("250 ms", "100 ms")
+    second = second.replace("08:30:04,260", "08:30:04,200").replace("150.25 ms", "100 ms")
+    merged = _side_by_side([budget_log_stats(LOG), budget_log_stats(second)])
+    assert merged["batches"] == 4
+    assert merged["batch_s"] == 0.6
+    assert merged["max_batch_ms"] == 250.0
+    assert merged["mean_batch_records"] == 400.0
+    # 03.000 (the first one's first start) to 04.100 - 100 ms + 0.2 s = 04.200
+    assert merged["drain_s"] == 1.2
+    assert merged["totals"]["applied"] == 2 * 798
+
+
 def test_budget_log_stats_reads_batches_start_and_stop() -> None:
     stats = budget_log_stats(LOG)
     assert stats == {
@@ -43,6 +57,7 @@ def test_budget_log_stats_reads_batches_start_and_stop() -> None:
         # from the first batch's start (03.250 - 250 ms) to the last one's end
         # (04.260), less the 0.86 s the last poll waited: 250 + 150.25 ms
         "drain_s": 0.4,
+        "drain_window": (datetime(2026, 11, 24, 8, 30, 3), datetime(2026, 11, 24, 8, 30, 3, 400000)),
         "service_s": 4.5,
         "batch_size_logged": 500,
         "publish_rounds": 1,
@@ -61,6 +76,7 @@ def test_budget_log_stats_reads_batches_start_and_stop() -> None:
 
 def test_budget_log_stats_is_none_where_a_line_is_missing_or_changed() -> None:
     assert budget_log_stats("") == {
+        "drain_window": None,
         "batches": None,
         "records": None,
         "applied": None,
