@@ -15,9 +15,13 @@ was done):
    at-least-once Kafka sink, ``availableNow`` (``bench.spark_rows alo``).
 4. ``adpipe``: ``adpipe stream --available-now``, exactly once, on topics
    and a job id of its own (``settings.isolated_env``).
-5. ``quixstreams``: quixstreams 3.x, ``processing_guarantee="exactly-once"``
+5. ``adpipe_cluster``: the same on a local Spark standalone cluster of
+   ``CLUSTER_WORKERS`` one-core workers (``adpipe spark up``), started for
+   the row and stopped after it; the workers' executors are measured with
+   the driver.
+6. ``quixstreams``: quixstreams 3.x, ``processing_guarantee="exactly-once"``
    (``peers/quix_peer.py``, in ``.cache/bench/quixstreams``).
-6. ``pyflink``: PyFlink 2.x SQL with an exactly-once Kafka sink
+7. ``pyflink``: PyFlink 2.x SQL with an exactly-once Kafka sink
    (``peers/flink_peer.py``, in ``.cache/bench/pyflink``, with the Kafka SQL
    connector jar from Maven Central).
 
@@ -33,14 +37,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from adpipe import kafka_io
 from adpipe.settings import Settings
 from adpipe.tools import produce
 
-from bench.engines import ENGINES, STREAMING, Context, launch, timeout_for, topic_name
+from bench.engines import CLUSTER_WORKERS, ENGINES, STREAMING, Context, launch, timeout_for, topic_name
 from bench.install import ensure_peers
 from bench.latency import latency_row
 from bench.logs import adpipe_processing_s
@@ -51,9 +56,12 @@ from bench.results import add_ratios, cell, judge, make_row, read_dlq, read_valu
 def run_row(ctx: Context, engine: str, source: str, summary: dict, messages: int, before: str) -> dict:
     """One engine over the whole topic, its output judged."""
     how = launch(ctx, engine, source, messages)
-    measured = Running(how.cmd, how.env, ctx.work / f"{engine}.log").finish(timeout_for(messages))
+    with _cluster_for(ctx, engine) as workers:
+        measured = Running(how.cmd, how.env, ctx.work / f"{engine}.log", serving=workers).finish(
+            timeout_for(messages)
+        )
     processing = (measured.report or {}).get("processing_s")
-    if engine == "adpipe":
+    if engine in ("adpipe", "adpipe_cluster"):
         processing = adpipe_processing_s(measured.log.read_text(errors="replace"))
     check = None
     if measured.returncode == 0:
@@ -64,6 +72,24 @@ def run_row(ctx: Context, engine: str, source: str, summary: dict, messages: int
             values = read_values(ctx.settings, how.aggregates)
             check = judge(summary, values, read_dlq(ctx.settings, how.dlq) if how.dlq else None, before)
     return make_row(engine, messages, measured, processing, check)
+
+
+@contextmanager
+def _cluster_for(ctx: Context, engine: str) -> Iterator[list[int]]:
+    """For the adpipe_cluster row, a local standalone cluster of
+    CLUSTER_WORKERS workers under the bench's home, up for the row only:
+    yields the workers' pids (their executors are measured with the
+    driver). Nothing for the other rows."""
+    if engine != "adpipe_cluster":
+        yield []
+        return
+    from adpipe.local import spark_cluster
+
+    spark_cluster.up(ctx.settings, workers=CLUSTER_WORKERS)
+    try:
+        yield list(spark_cluster.worker_pids(ctx.settings).values())
+    finally:
+        spark_cluster.down(ctx.settings)
 
 
 def _iso(ts: datetime) -> str:

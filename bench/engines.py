@@ -16,7 +16,10 @@ from adpipe.tools import demo
 
 from bench.peers.peer_common import READY_LINE
 
-ENGINES = ("io_floor", "spark_batch", "spark_alo", "adpipe", "quixstreams", "pyflink")
+ENGINES = ("io_floor", "spark_batch", "spark_alo", "adpipe", "adpipe_cluster", "quixstreams", "pyflink")
+# adpipe on a local Spark standalone cluster of this many one-core workers
+# (bench.comparison starts it for the row and stops it after).
+CLUSTER_WORKERS = 2
 STREAMING = ("adpipe", "spark_alo", "quixstreams", "pyflink")  # the rows of --latency
 BASELINE = "spark_batch"
 PEERS_DIR = Path(__file__).parent / "peers"
@@ -84,8 +87,12 @@ def launch(ctx: Context, engine: str, source: str, messages: int, continuous: bo
     common = ["--bootstrap", settings.kafka_bootstrap, "--input", source, "--aggregates", aggregates, "--dlq", dlq]
     common += ["--job-id", job_id, "--work", str(folder)]
     bounded = ["--messages", "0" if continuous else str(messages), "--lateness-s", str(settings.lateness_ms // 1000)]
-    if engine == "adpipe":
+    if engine in ("adpipe", "adpipe_cluster"):
         env = {**demo.demo_env(settings, f"{ctx.run_id}-{name}"), "ADPIPE_TOPIC_EVENTS": source}
+        if engine == "adpipe_cluster":
+            from adpipe.local import spark_cluster
+
+            env["ADPIPE_SPARK_MASTER"] = spark_cluster.master_url(settings)
         own = load_settings(env)
         args = ["stream"] if continuous else ["stream", "--available-now"]
         return Launch(

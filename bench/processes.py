@@ -79,18 +79,33 @@ class TreeSampler:
     interval_s: float = 0.25
     peak_rss: int = 0
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
+    # Processes that serve the root without being its children (a Spark
+    # standalone cluster's workers, whose executors are theirs): their trees
+    # count too, less the CPU time they had used before (``baseline``).
+    extra_roots: tuple[int, ...] = ()
+    proc_dir: Path = Path("/proc")
     _stop: threading.Event = field(default_factory=threading.Event)
 
+    def __post_init__(self) -> None:
+        table = proc_table(self.proc_dir)
+        self.baseline = {pid: table[pid][1] for pid in self._pids(table) if pid != self.root}
+
+    def _pids(self, table: dict[int, tuple[int, float, int]]) -> set[int]:
+        pids = set()
+        for root in (self.root, *self.extra_roots):
+            pids |= tree_of(table, root)
+        return pids & table.keys()
+
     def sample(self) -> None:
-        table = proc_table()
-        pids = tree_of(table, self.root) & table.keys()
+        table = proc_table(self.proc_dir)
+        pids = self._pids(table)
         memory = 0
         for pid in pids:
-            pss = proportional_bytes(pid)
+            pss = proportional_bytes(pid, self.proc_dir)
             memory += table[pid][2] if pss is None else pss
         self.peak_rss = max(self.peak_rss, memory)
         for pid in pids:
-            self.cpu_by_pid[pid] = table[pid][1]
+            self.cpu_by_pid[pid] = table[pid][1] - self.baseline.get(pid, 0.0)
 
     def run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -129,12 +144,19 @@ def _children_cpu() -> float:
 class Running:
     """A process of the bench, its output going to ``log``, its tree sampled."""
 
-    def __init__(self, cmd: Sequence[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        env: dict[str, str],
+        log: Path,
+        cwd: Path | None = None,
+        serving: Sequence[int] = (),
+    ) -> None:
         self.log = log
         self.cpu_before = _children_cpu()
         self.started = time.monotonic()
         self.proc = start_detached(cmd, log, env=env, cwd=cwd, append=False)
-        self.sampler = TreeSampler(self.proc.pid)
+        self.sampler = TreeSampler(self.proc.pid, extra_roots=tuple(serving))
         self._thread = threading.Thread(target=self.sampler.run, daemon=True)
         self._thread.start()
 

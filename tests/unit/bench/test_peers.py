@@ -169,6 +169,22 @@ def test_tree_of_and_proc_table(tmp_path: Path) -> None:
     assert processes.tree_of(table, 10) == {10, 11, 12}
 
 
+def test_a_tree_sampler_counts_the_serving_trees_from_their_cpu_at_its_start(tmp_path: Path) -> None:
+    def stat(pid: int, ppid: int, ticks: int) -> None:
+        (tmp_path / str(pid)).mkdir(exist_ok=True)
+        fields = ["S", str(ppid), *["0"] * 9, str(ticks), "0", *["0"] * 8, "1"]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (p) " + " ".join(fields) + " 0 0\n")
+
+    # The driver (10) just started; a worker (20) has run for a while, and so has a stranger (30).
+    stat(10, 1, 0), stat(20, 1, 500), stat(30, 1, 900)
+    sampler = processes.TreeSampler(10, extra_roots=(20,), proc_dir=tmp_path)
+    # Then the driver works, the worker starts an executor (21) and both work.
+    stat(10, 1, 100), stat(20, 1, 600), stat(21, 20, 300), stat(30, 1, 5000)
+    sampler.sample()
+    assert sum(sampler.cpu_by_pid.values()) == pytest.approx((100 + 100 + 300) / processes._TICK)
+    assert 30 not in sampler.cpu_by_pid
+
+
 @pytest.mark.parametrize("kind", produce.MALFORMED_KINDS)
 def test_the_peers_reading_of_a_malformed_kind_agrees_with_verify(kind: str) -> None:
     spec = produce.ProduceSpec(events=10, seed=3)
