@@ -47,6 +47,7 @@ LONGEST_FIRST = (
     "test_spark_cluster",  # 250 s
     "test_demo_secrets",  # 220 s
     "test_metrics",  # 200 s
+    "test_hdfs",  # 140 s
     "test_late_dedupe",  # 110 s
     "test_budget",  # 110 s
     "test_budget_faults",  # 105 s
