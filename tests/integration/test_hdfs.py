@@ -11,7 +11,9 @@ NameNode's WebHDFS REST API, not through Spark or adpipe."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import shutil
 import urllib.error
 import urllib.request
@@ -57,9 +59,36 @@ def cluster(broker: Settings) -> Iterator[Settings]:
     status = hdfs.up(settings, env=HDFS_ENV)
     assert status.running and status.answering, status.describe()
     assert status.uri == f"hdfs://127.0.0.1:{HDFS_PORT}"
+    listening = listening_addresses([pid for pid in status.pids.values() if pid])
+    assert {f"127.0.0.1:{HDFS_PORT + k}" for k in range(5)} <= set(listening)
+    assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # loopback only
     yield settings
     assert hdfs.down(settings)
     assert not hdfs.status(settings).running
+
+
+def listening_addresses(pids: list[int]) -> list[str]:
+    """host:port of every TCP socket the processes ``pids`` listen on (from
+    /proc: their socket inodes matched with the kernel's tables; an IPv4
+    address mapped into IPv6 is shown as IPv4)."""
+    inodes = {
+        link[8:-1]
+        for pid in pids
+        for link in (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir())
+        if link.startswith("socket:[")
+    }
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                host, port = fields[1].split(":")
+                raw = bytes.fromhex(host)
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                address = ipaddress.ip_address(words)
+                mapped = getattr(address, "ipv4_mapped", None)
+                found.append(f"{mapped or address}:{int(port, 16)}")
+    return found
 
 
 def webhdfs_names(path: str) -> list[str]:
