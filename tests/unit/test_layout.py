@@ -41,6 +41,7 @@ SHARED = {
     "adpipe.money",
     "adpipe.pg",
     "adpipe.processes",
+    "adpipe.pygc",
     "adpipe.raw_events",
     "adpipe.schemas",
     "adpipe.setting_values",
