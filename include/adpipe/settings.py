@@ -167,15 +167,14 @@ class Settings(_Locations):
     # _PASSWORD_FILE or _PASSWORD, _CA_FILE); clients use self.kafka.
     kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
     kafka_controller_port: int = 9093
-    # Lines added to (and overriding) the server.properties of the brokers
-    # `adpipe kafka up` starts (ADPIPE_KAFKA_BROKER_PROPERTIES, "key=value"
-    # entries separated by ";" or new lines).
+    # Lines added to (and overriding) the server.properties of `adpipe kafka up`'s
+    # brokers (ADPIPE_KAFKA_BROKER_PROPERTIES, "key=value" separated by ";" or lines).
     kafka_broker_properties: tuple[str, ...] = ()
     spark_master: str = "local[2]"
     # Extra options for the JVMs adpipe starts (Spark driver, Kafka broker).
-    # The tests use -XX:TieredStopAtLevel=1: short JVMs on few cores spend
-    # less CPU compiling (measured: a third less per stream run).
     jvm_options: tuple[str, ...] = ()
+    # The Spark JVMs' JIT (ADPIPE_SPARK_JIT, adpipe.spark.jit_options): quick, full or auto.
+    spark_jit: str = "auto"
     # The Spark driver's heap, and its log level (Spark's own lines).
     spark_driver_memory: str = "2g"
     spark_log_level: str = "WARN"
@@ -521,6 +520,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         kafka_broker_properties=broker_properties(env, "ADPIPE_KAFKA_BROKER_PROPERTIES"),
         spark_master=master,
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
+        spark_jit=choice(env, "ADPIPE_SPARK_JIT", ("auto", "quick", "full")),
         spark_driver_memory=jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
         jvm_logs=choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),

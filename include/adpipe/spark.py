@@ -70,6 +70,25 @@ def driver_log_options(settings: Settings, app_name: str) -> list[str]:
     ]
 
 
+# ADPIPE_SPARK_JIT=quick: the JIT's first tier only (C1). On two cores a
+# Spark JVM's C2 compiler threads took as much CPU as its tasks for the first
+# minutes (17 of 39 CPU s of `adpipe stream --available-now` over make
+# bench's 1M topic), just when a start, a failover or a backlog needs the
+# cores; C1's code is a little slower (tasks 16 s against 14 s) but compiles
+# in a tenth of the time. full: the JVM's default tiers, for long-lived
+# drivers on hosts with cores to spare; auto: quick on QUICK_JIT_MAX_CORES or fewer.
+QUICK_JIT = ("-XX:TieredStopAtLevel=1",)
+QUICK_JIT_MAX_CORES = 4
+
+
+def jit_options(settings: Settings) -> list[str]:
+    """The Spark JVMs' JIT options (ADPIPE_SPARK_JIT)."""
+    mode = settings.spark_jit
+    if mode == "auto":
+        mode = "quick" if len(os.sched_getaffinity(0)) <= QUICK_JIT_MAX_CORES else "full"
+    return list(QUICK_JIT) if mode == "quick" else []
+
+
 def cluster_conf(settings: Settings) -> dict[str, str]:
     """What executors of a ``spark://`` master need (empty for ``local[N]``)."""
     if not on_cluster(settings):
@@ -80,7 +99,7 @@ def cluster_conf(settings: Settings) -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.executor.memory": settings.spark_executor_memory,
-        "spark.executor.extraJavaOptions": shlex.join(settings.jvm_options),
+        "spark.executor.extraJavaOptions": shlex.join([*jit_options(settings), *settings.jvm_options]),
     }
     if settings.spark_cores_max:
         conf["spark.cores.max"] = str(settings.spark_cores_max)
@@ -127,6 +146,7 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
             [
                 f"-Dderby.system.home={settings.home / 'derby'}",
                 *driver_log_options(settings, app_name),
+                *jit_options(settings),
                 *settings.jvm_options,
             ]
         ),

@@ -143,7 +143,11 @@ def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> No
     from adpipe.spark import LOG4J2_FILE_CONFIG, spark_conf
 
     settings = load_settings(
-        {"ADPIPE_HOME": str(tmp_path / "my home"), "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='a b'"}
+        {
+            "ADPIPE_HOME": str(tmp_path / "my home"),
+            "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='a b'",
+            "ADPIPE_SPARK_JIT": "full",  # the JVM's own tiers: no option of adpipe's
+        }
     )
     assert settings.jvm_options == ("-XX:TieredStopAtLevel=1", "-Dx=a b")
     options = spark_conf(settings, "t")["spark.driver.extraJavaOptions"]

@@ -4,6 +4,7 @@ a spark:// master are told, and a conf that never prints a secret."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -89,6 +90,7 @@ def test_a_spark_master_tells_executors_the_python_heap_driver_address_and_jvm_o
         "ADPIPE_SPARK_MASTER": "spark://127.0.0.1:17077",
         "ADPIPE_SPARK_EXECUTOR_MEMORY": "768m",
         "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1",
+        "ADPIPE_SPARK_JIT": "full",
     }
     conf = spark_conf(load_settings(env), "t")
     assert conf["spark.master"] == "spark://127.0.0.1:17077"
@@ -205,3 +207,23 @@ def test_in_threads_runs_calls_at_once_and_raises_a_failure_after_all_ended() ->
     with pytest.raises(ValueError, match="fails failed"):
         in_threads(calls)
     assert sorted(finished) == ["fails", "other", "slow"]
+
+
+@pytest.mark.parametrize(
+    ("jit", "cores", "expected"),
+    [("quick", 64, ["-XX:TieredStopAtLevel=1"]), ("full", 2, []), ("auto", 2, ["-XX:TieredStopAtLevel=1"]),
+     ("auto", 4, ["-XX:TieredStopAtLevel=1"]), ("auto", 8, [])],
+)
+def test_the_jit_of_the_spark_jvms_is_quick_on_few_cores_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jit: str, cores: int, expected: list[str]
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_JIT": jit, "ADPIPE_SPARK_MASTER": "spark://h:7077"})
+    conf = spark_conf(settings, "t")
+    for name in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert ("-XX:TieredStopAtLevel=1" in conf[name].split()) == bool(expected), name
+
+
+def test_an_unknown_jit_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="ADPIPE_SPARK_JIT"):
+        load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_JIT": "c2"})
