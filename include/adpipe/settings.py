@@ -171,12 +171,11 @@ class Settings(_Locations):
     # brokers (ADPIPE_KAFKA_BROKER_PROPERTIES, "key=value" separated by ";" or lines).
     kafka_broker_properties: tuple[str, ...] = ()
     spark_master: str = "local[2]"
-    # Extra options for the JVMs adpipe starts (Spark driver, Kafka broker).
-    jvm_options: tuple[str, ...] = ()
-    # The Spark JVMs' JIT (ADPIPE_SPARK_JIT, adpipe.spark.jit_options): quick, full or auto.
-    spark_jit: str = "auto"
-    # The Spark driver's heap, and its log level (Spark's own lines).
+    jvm_options: tuple[str, ...] = ()  # for every JVM adpipe starts (Spark, Kafka, HDFS)
+    spark_jit: str = "auto"  # ADPIPE_SPARK_JIT: quick, full or auto (adpipe.spark.jit_options)
+    # The Spark drivers' heap (the stream job has its own: 1g peaks lower, runs slower), log level.
     spark_driver_memory: str = "2g"
+    stream_driver_memory: str = "2g"
     spark_log_level: str = "WARN"
     # Where the Spark driver's own log4j lines go (ADPIPE_JVM_LOGS): "file",
     # a file per application under log_dir with only errors also on stderr,
@@ -522,6 +521,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
         spark_jit=choice(env, "ADPIPE_SPARK_JIT", ("auto", "quick", "full")),
         spark_driver_memory=jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
+        stream_driver_memory=jvm_memory(env, "ADPIPE_STREAM_DRIVER_MEMORY", Settings.stream_driver_memory),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
         jvm_logs=choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),
         spark_executor_memory=jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", Settings.spark_executor_memory),

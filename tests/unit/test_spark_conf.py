@@ -227,3 +227,18 @@ def test_the_jit_of_the_spark_jvms_is_quick_on_few_cores_unless_told(
 def test_an_unknown_jit_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="ADPIPE_SPARK_JIT"):
         load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_JIT": "c2"})
+
+
+def test_the_stream_job_has_a_heap_of_its_own_and_preloads_its_operator(tmp_path: Path) -> None:
+    import importlib.util
+
+    from adpipe.spark import STREAM_OPERATOR_MODULE, stream_job_conf
+
+    assert importlib.util.find_spec(STREAM_OPERATOR_MODULE) is not None
+    assert stream_job_conf(load_settings({"ADPIPE_HOME": str(tmp_path)}))["spark.driver.memory"] == "2g"
+    own = load_settings(
+        {"ADPIPE_HOME": str(tmp_path), "ADPIPE_STREAM_DRIVER_MEMORY": "1g", "ADPIPE_SPARK_DRIVER_MEMORY": "3g"}
+    )
+    assert stream_job_conf(own)["spark.driver.memory"] == "1g"
+    assert spark_conf(own, "t", stream_job_conf(own))["spark.driver.memory"] == "1g"
+    assert spark_conf(own, "t")["spark.driver.memory"] == "3g"  # the other jobs'

@@ -308,7 +308,9 @@ class StreamSubmitOperator(SparkSubmitOperator):
         tests/unit/orchestration/test_stream_submit.py against the pinned
         provider version, so an upgrade that changes them fails there."""
         app_name = f"adpipe-stream-{settings.job_id}"
-        self.conf, self.jars = submit_conf(settings, app_name)
+        from adpipe.spark import stream_job_conf
+
+        self.conf, self.jars = submit_conf(settings, app_name, stream_job_conf(settings))
         self.name = app_name
         self._spark_binary = self._spark_binary or spark_submit_binary()
         hook = self._get_hook()

@@ -22,8 +22,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from adpipe import kafka_io, metrics, raw_events
 from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
-from adpipe.spark import build_spark, worker_imports_conf
-from adpipe.stream import minute_state
+from adpipe.spark import build_spark, stream_job_conf
 from adpipe.stream import transforms as T
 from adpipe.stream.checkpoint_lock import STANDBY_WARM_LINE, checkpoint_lock
 from adpipe.stream.job import RECORD_OVERHEAD_BYTES, BatchHandler, Takeover, transactional_id, value_limits
@@ -211,8 +210,8 @@ def run(
 
 
 def _session(settings: Settings, name: str) -> SparkSession:
-    """The job's session; its Python workers fork with the stateful operator's module loaded."""
-    return build_spark(settings, name, worker_imports_conf(minute_state.__name__))
+    """The job's session (adpipe.spark.stream_job_conf)."""
+    return build_spark(settings, name, stream_job_conf(settings))
 
 
 # A standby's warm-up reads at most this many of the raw topic's last records per partition.

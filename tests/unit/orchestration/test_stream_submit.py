@@ -23,8 +23,11 @@ def test_the_provider_builds_the_stream_jobs_command_from_its_connection(
     assert command[command.index("--master") + 1] == "local[2]"
     assert command[command.index("--name") + 1] == "adpipe-stream-j1"
     assert command[-1] == str(STREAM_APPLICATION)
-    confs = {command[i + 1].split("=", 1)[0] for i, arg in enumerate(command) if arg == "--conf"}
-    assert {"spark.pyspark.python", "spark.sql.shuffle.partitions"} <= confs
+    confs = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    assert {"spark.pyspark.python", "spark.sql.shuffle.partitions"} <= confs.keys()
+    # The stream job's own heap and its workers' preloaded operator, as when pyspark starts it.
+    assert confs["spark.driver.memory"] == "2g"
+    assert confs["spark.executorEnv.ADPIPE_WORKER_IMPORTS"] == "adpipe.stream.minute_state"
     assert "--jars" in command and "spark-sql-kafka" in command[command.index("--jars") + 1]
     # A connection to another master than the settings' is refused.
     monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_SPARK", json.dumps({"conn_type": "spark", "host": "spark://elsewhere:7077"}))
