@@ -112,12 +112,12 @@ def render_table(result: dict) -> str:
         f"{result['ads']:,} ads and {result['minutes']} minutes, {result['duplicates']:,} retries, "
         f"{result['malformed']:,} malformed), {os.cpu_count()} cores",
         "",
-        f"{'engine':<13}{'events/s':>10}{'x batch':>9}{'start-up s':>12}{'wall s':>9}"
+        f"{'engine':<15}{'events/s':>10}{'x batch':>9}{'start-up s':>12}{'wall s':>9}"
         f"{'CPU s/M':>9}{'peak MB':>9}  counts",
     ]
     for row in result["rows"]:
         lines.append(
-            f"{row['engine']:<13}{cell(row['events_per_s'], ','):>10}{cell(row['ratio_to_batch'], '.2f'):>9}"
+            f"{row['engine']:<15}{cell(row['events_per_s'], ','):>10}{cell(row['ratio_to_batch'], '.2f'):>9}"
             f"{cell(row['startup_s'], '.1f'):>12}{cell(row['wall_s'], '.1f'):>9}"
             f"{cell(row['cpu_s_per_million'], '.0f'):>9}{cell(row['peak_rss_mb'], '.0f'):>9}  {row['counts']}"
         )

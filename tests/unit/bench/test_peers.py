@@ -131,7 +131,7 @@ def test_rows_ratios_and_table() -> None:
         "latency_duration_s": 300.0,
     }
     table = results.render_table(result)
-    assert "adpipe           20,000     0.40" in table
+    assert "adpipe             20,000     0.40" in table
     assert "quixstreams counts WRONG (not ranked): window lost" in table
     assert "adpipe             200      6.0      9.5     10.0       12.5" in table
 
