@@ -34,3 +34,13 @@ def start_detached(
             cwd=cwd,
             start_new_session=True,
         )
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a child its parent has not
+    reaped yet still has a /proc entry)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -36,7 +36,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from adpipe.jars import ensure_classpath
-from adpipe.processes import start_detached
+from adpipe.processes import alive, start_detached
 from adpipe.setting_values import integer
 from adpipe.settings import Settings
 
@@ -383,14 +383,6 @@ def up(settings: Settings, timeout_s: float = 120.0, env: Mapping[str, str] | No
         time.sleep(0.5)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
 def down(settings: Settings, timeout_s: float = 30.0) -> bool:
     """Stop the daemons we started (the DataNode first), never another
     HDFS; SIGKILL one that outlives ``timeout_s``. True if one ran."""
@@ -400,12 +392,12 @@ def down(settings: Settings, timeout_s: float = 30.0) -> bool:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if _alive(pid):
+            if alive(pid):
                 log.warning("the HDFS %s (pid %d) ignored SIGTERM for %.0f s; killing it", daemon, pid, timeout_s)
                 os.kill(pid, signal.SIGKILL)
-                while _alive(pid):
+                while alive(pid):
                     time.sleep(0.2)
             stopped = True
         _pid_file(settings, daemon).unlink(missing_ok=True)

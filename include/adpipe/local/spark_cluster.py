@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from adpipe.processes import start_detached
+from adpipe.processes import alive, start_detached
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -257,15 +257,6 @@ def executor_pids(settings: Settings, index: int) -> list[int]:
     return [p for p in descendants(pid) if EXECUTOR_CLASS in _cmdline(p)]
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -276,10 +267,10 @@ def _signal(pid: int, sig: int) -> None:
 def _wait_gone(pids: list[int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return True
         time.sleep(0.2)
-    return not any(_alive(p) for p in pids)
+    return not any(alive(p) for p in pids)
 
 
 def master_state(settings: Settings, timeout_s: float = 2.0) -> dict | None:
@@ -544,7 +535,7 @@ def _finish_stop(pid: int, below: list[int], what: str, timeout_s: float) -> Non
         log.warning("Spark %s (pid %d) ignored SIGTERM for %.0fs; killing it", what, pid, timeout_s)
         _signal(pid, signal.SIGKILL)
         _wait_gone([pid], 10.0)
-    leftovers = [p for p in below if _alive(p)]
+    leftovers = [p for p in below if alive(p)]
     if leftovers and not _wait_gone(leftovers, LEFTOVER_WAIT_S):
         for p in leftovers:
             _signal(p, signal.SIGKILL)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from adpipe.cli import build_parser, main
 from adpipe.local import spark_cluster as sc
+from adpipe.processes import alive
 from adpipe.settings import Settings, load_settings
 
 
@@ -137,7 +138,7 @@ def test_kill_worker_kills_it_with_its_executor_as_a_machine_dying(
     assert sc.kill_worker(settings, 1) == [fake_worker.pid, executor]
     fake_worker.wait(timeout=10)
     assert sc.worker_pids(settings) == {}
-    assert not Path(f"/proc/{executor}").exists() or not sc._alive(executor)
+    assert not Path(f"/proc/{executor}").exists() or not alive(executor)
     assert sc.kill_worker(settings, 1) == []  # nothing of ours runs any more
 
 
@@ -160,7 +161,7 @@ def test_stop_worker_terminates_it_and_what_it_left_behind(
     [executor] = sc.executor_pids(settings, 1)
     assert sc.stop_worker(settings, 1, timeout_s=10) is True
     assert fake_worker.wait(timeout=10) == -15
-    assert not sc._alive(executor)  # the fake worker does not stop it: stop_worker does
+    assert not alive(executor)  # the fake worker does not stop it: stop_worker does
     assert not (settings.home / "spark-cluster" / "worker-1.pid").exists()
 
 
