@@ -56,7 +56,7 @@ def _side_by_side(per_instance: list[dict]) -> dict:
     """Budget log stats of instances run side by side, as one: batches and
     totals summed, the drain from the first batch's start to the last end."""
     merged = dict(per_instance[0])
-    for name in ("batches", "batch_s", "publish_rounds"):
+    for name in ("batches", "records", "applied", "batch_s", "publish_rounds"):
         values = [s[name] for s in per_instance]
         merged[name] = None if None in values else round(sum(values), 3)
     batches = [(s["batches"], s["mean_batch_records"], s["mean_batch_ms"]) for s in per_instance]
@@ -330,6 +330,25 @@ def budget_batch_sizes(
     return result
 
 
+def _budget_two_instances(settings: Settings, run_id: str, work: Path, topic: str) -> dict:
+    """The budget service again over the same aggregates, as two instances
+    of a group of its own side by side (a fresh database): how the service
+    scales out on this host. Its ledger must hold what one instance's did."""
+    database = database_name(run_id, "_x2")
+    _drop_database(settings, database)
+    env = budget_env(settings, run_id, "-x2", topic, database)
+    logs = [work / f"budget-x2-{i}.log" for i in range(2)]
+    timed_commands(env, logs, "budget", "--once")
+    stats = _side_by_side([budget_log_stats(p.read_text()) for p in logs])
+    rows, spend = ledger_totals(settings, database)
+    _drop_database(settings, database)
+    return {
+        "budget_two_instances_aggregates_per_s": _rate(stats["records"] or 0, stats["drain_s"]),
+        "budget_two_instances_ledger_rows": rows,
+        "budget_two_instances_spend_micros": spend,
+    }
+
+
 def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, minutes: int = 30) -> dict:
     """Each stage as the real command over ``events`` events of ``ads`` ads
     spread over ``minutes`` minutes (2 % retries, 1 % malformed), timed from
@@ -337,6 +356,11 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
     validate."""
     run_id, work = new_run(settings, "bench")
     env = demo.demo_env(settings, run_id)
+    # A warehouse and a metastore of the run's own: the load of "a fresh
+    # metastore", and no earlier run's rows of the same hour (another
+    # region's, to this run's gate).
+    env["ADPIPE_WAREHOUSE_URI"] = (work / "warehouse").as_uri()
+    env["ADPIPE_METASTORE_DATABASE"] = database_name(run_id, "_metastore")
     bench_settings = load_settings(env)
     kafka_broker.up(settings)
     postgres.up(settings)
@@ -376,13 +400,15 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
             "budget_aggregates": budget["records"],
             "budget_batches": budget["batches"],
             "budget_aggregates_per_s": _rate(budget["records"] or 0, budget["drain_s"]),
-            "budget_ledger_rows": ledger_totals(settings, budget_database)[0],
         }
     )
+    result["budget_ledger_rows"], result["budget_spend_micros"] = ledger_totals(settings, budget_database)
+    result.update(_budget_two_instances(settings, run_id, work, bench_settings.topics.aggregates))
     _drop_database(settings, budget_database)
     result["load_hour_s"] = round(timed_command(env, work / "load.log", "load", "--hour", hour), 1)
     result["load_rerun_s"] = round(timed_command(env, work / "load-rerun.log", "load", "--hour", hour), 1)
     result["validate_s"] = round(timed_command(env, work / "validate.log", "validate", "--hour", hour), 1)
+    _drop_database(settings, env["ADPIPE_METASTORE_DATABASE"])  # the tables' files stay in the run's folder
     result["stream_events_per_s"] = round(result["messages"] / result["stream_available_now_s"])
     (work / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     result["files"] = str(work)

@@ -36,6 +36,7 @@ def test_instances_side_by_side_are_timed_from_the_first_batch_to_the_last_end()
     second = second.replace("08:30:04,260", "08:30:04,200").replace("150.25 ms", "100 ms")
     merged = _side_by_side([budget_log_stats(LOG), budget_log_stats(second)])
     assert merged["batches"] == 4
+    assert merged["records"] == 1600 and merged["applied"] == 2 * 798
     assert merged["batch_s"] == 0.6
     assert merged["max_batch_ms"] == 250.0
     assert merged["mean_batch_records"] == 400.0
