@@ -77,7 +77,10 @@ def driver_log_options(settings: Settings, app_name: str) -> list[str]:
 # cores; C1's code is a little slower (tasks 16 s against 14 s) but compiles
 # in a tenth of the time. full: the JVM's default tiers, for long-lived
 # drivers on hosts with cores to spare; auto: quick on QUICK_JIT_MAX_CORES or fewer.
-QUICK_JIT = ("-XX:TieredStopAtLevel=1",)
+# C1 alone reserves a smaller code cache (48 MB), which a load's driver
+# running the gate's many Spark jobs filled ("Out of space in CodeCache"):
+# the tiered default's size, as the tests run.
+QUICK_JIT = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=256m")
 QUICK_JIT_MAX_CORES = 4
 
 
