@@ -45,7 +45,7 @@ from adpipe import kafka_io
 from adpipe.settings import Settings
 from adpipe.tools import produce
 
-from bench.engines import CLUSTER_WORKERS, ENGINES, STREAMING, Context, launch, timeout_for, topic_name
+from bench.engines import ADPIPE_ROWS, CLUSTER_WORKERS, ENGINES, STREAMING, Context, launch, timeout_for, topic_name
 from bench.install import ensure_peers
 from bench.latency import latency_row
 from bench.logs import adpipe_processing_s
@@ -61,7 +61,7 @@ def run_row(ctx: Context, engine: str, source: str, summary: dict, messages: int
             timeout_for(messages)
         )
     processing = (measured.report or {}).get("processing_s")
-    if engine in ("adpipe", "adpipe_cluster"):
+    if engine in ADPIPE_ROWS:
         processing = adpipe_processing_s(measured.log.read_text(errors="replace"))
     check = None
     if measured.returncode == 0:

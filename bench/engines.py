@@ -17,6 +17,8 @@ from adpipe.tools import demo
 from bench.peers.peer_common import READY_LINE
 
 ENGINES = ("io_floor", "spark_batch", "spark_alo", "adpipe", "adpipe_cluster", "quixstreams", "pyflink")
+# The rows that run `adpipe stream` itself (its log says when it processed).
+ADPIPE_ROWS = ("adpipe", "adpipe_cluster")
 # adpipe on a local Spark standalone cluster of this many one-core workers
 # (bench.comparison starts it for the row and stops it after).
 CLUSTER_WORKERS = 2
@@ -87,7 +89,7 @@ def launch(ctx: Context, engine: str, source: str, messages: int, continuous: bo
     common = ["--bootstrap", settings.kafka_bootstrap, "--input", source, "--aggregates", aggregates, "--dlq", dlq]
     common += ["--job-id", job_id, "--work", str(folder)]
     bounded = ["--messages", "0" if continuous else str(messages), "--lateness-s", str(settings.lateness_ms // 1000)]
-    if engine in ("adpipe", "adpipe_cluster"):
+    if engine in ADPIPE_ROWS:
         env = {**demo.demo_env(settings, f"{ctx.run_id}-{name}"), "ADPIPE_TOPIC_EVENTS": source}
         if engine == "adpipe_cluster":
             from adpipe.local import spark_cluster
