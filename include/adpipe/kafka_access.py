@@ -11,7 +11,8 @@ source configure their clients from them. No other adpipe module sets
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from adpipe.setting_values import SettingsError
@@ -179,3 +180,76 @@ class Region:
     @property
     def kafka(self) -> KafkaAccess:
         return KafkaAccess(self.kafka_bootstrap, self.kafka_credentials)
+
+
+def kafka_credentials(
+    home: Path,
+    security: str,
+    username: str,
+    password: str,
+    password_file: str,
+    ca_file: str,
+    names: tuple[str, str] = ("ADPIPE_KAFKA_SECURITY", "ADPIPE_KAFKA_USERNAME"),
+) -> KafkaCredentials:
+    """Credentials with the local defaults: the password file of
+    ``adpipe kafka up --secure`` for the user, and its CA when it exists."""
+    if security not in KAFKA_SECURITY:
+        raise SettingsError(f"{names[0]}={security!r} must be one of {', '.join(KAFKA_SECURITY)}")
+    if security == "plaintext":
+        return KafkaCredentials()
+    if not username:
+        raise SettingsError(f"{names[0]}=sasl_ssl needs {names[1]}")
+    if not password and not password_file:
+        password_file = str(local_kafka_password_file(home, username))
+    if not ca_file and local_kafka_ca_file(home).exists():
+        ca_file = str(local_kafka_ca_file(home))
+    return KafkaCredentials(security, username, password, password_file, ca_file)
+
+
+def regions_of(
+    raw: str, bootstrap: str, topics: Topics, credentials: KafkaCredentials, home: Path
+) -> tuple[Region, ...]:
+    """``ADPIPE_REGIONS``: a JSON list (or ``@file`` holding one) of objects
+    with ``job_id`` and optionally ``kafka_bootstrap``, ``events``,
+    ``aggregates``, ``dlq``, ``late``, and the credentials on that region's
+    broker: ``kafka_security``, ``kafka_username``, ``kafka_password_file``,
+    ``kafka_ca_file`` (defaults: this process's values; a password only in a
+    file)."""
+    if not raw.strip():
+        return ()
+    try:
+        text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+        items = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"ADPIPE_REGIONS is not a JSON list or @file of one: {exc}") from exc
+    if not isinstance(items, list) or not all(isinstance(i, dict) and i.get("job_id") for i in items):
+        raise SettingsError('ADPIPE_REGIONS must be a list of objects, each with a "job_id"')
+    security_keys = {"kafka_security", "kafka_username", "kafka_password_file", "kafka_ca_file"}
+    known = {"job_id", "kafka_bootstrap", "events", "aggregates", "dlq", "late"} | security_keys
+    regions = []
+    for item in items:
+        unknown = set(item) - known
+        if unknown:
+            raise SettingsError(f"ADPIPE_REGIONS: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        region_topics = replace(topics, **{k: item[k] for k in ("events", "aggregates", "dlq", "late") if k in item})
+        region_credentials = credentials
+        if security_keys & set(item):
+            # Another user on that broker: its own password file (never an
+            # inline password in the list); the same user: the same password.
+            username = item.get("kafka_username", credentials.username)
+            same_user = username == credentials.username and "kafka_password_file" not in item
+            region_credentials = kafka_credentials(
+                home,
+                item.get("kafka_security", credentials.security),
+                username,
+                credentials.password if same_user else "",
+                item.get("kafka_password_file", credentials.password_file if same_user else ""),
+                item.get("kafka_ca_file", credentials.ca_file),
+                ("ADPIPE_REGIONS: kafka_security", "kafka_username"),
+            )
+        regions.append(
+            Region(str(item["job_id"]), item.get("kafka_bootstrap", bootstrap), region_topics, region_credentials)
+        )
+    if len({r.job_id for r in regions}) != len(regions):
+        raise SettingsError("ADPIPE_REGIONS: job_id values must be distinct")
+    return tuple(regions)

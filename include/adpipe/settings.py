@@ -10,7 +10,6 @@ Their names are importable from here too, as they always were."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -25,8 +24,10 @@ from adpipe.kafka_access import (
     KafkaCredentials,
     Region,
     Topics,
+    kafka_credentials,
     local_kafka_ca_file,
     local_kafka_password_file,
+    regions_of,
 )
 from adpipe.setting_values import (
     HOST_PORT,
@@ -198,6 +199,7 @@ class Settings(_Locations):
     spark_master_ui_port: int = 8091
     spark_worker_cores: int = 1
     spark_worker_memory: str = "2g"
+    hdfs_port: int = 9820  # the local HDFS's NameNode (adpipe.local.hdfs; +1..+4 its other ports)
     # A URL that may hold a password: kept out of repr() (as the other
     # secrets below: pg_password, alert_webhook, the Kafka password).
     budget_db: str = field(default="", repr=False)
@@ -396,30 +398,6 @@ class Settings(_Locations):
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def _kafka_credentials(
-    home: Path,
-    security: str,
-    username: str,
-    password: str,
-    password_file: str,
-    ca_file: str,
-    names: tuple[str, str] = ("ADPIPE_KAFKA_SECURITY", "ADPIPE_KAFKA_USERNAME"),
-) -> KafkaCredentials:
-    """Credentials with the local defaults: the password file of
-    ``adpipe kafka up --secure`` for the user, and its CA when it exists."""
-    if security not in KAFKA_SECURITY:
-        raise SettingsError(f"{names[0]}={security!r} must be one of {', '.join(KAFKA_SECURITY)}")
-    if security == "plaintext":
-        return KafkaCredentials()
-    if not username:
-        raise SettingsError(f"{names[0]}=sasl_ssl needs {names[1]}")
-    if not password and not password_file:
-        password_file = str(local_kafka_password_file(home, username))
-    if not ca_file and local_kafka_ca_file(home).exists():
-        ca_file = str(local_kafka_ca_file(home))
-    return KafkaCredentials(security, username, password, password_file, ca_file)
-
-
 def isolated_env(prefix: str) -> dict[str, str]:
     """The variables that give one run (a demo, a chaos run, a test) topics
     and a job id of its own, all named ``<prefix>-...``: runs side by side on
@@ -432,53 +410,6 @@ def isolated_env(prefix: str) -> dict[str, str]:
         "ADPIPE_TOPIC_BUDGET_EVENTS": f"{prefix}-{Topics.budget_events}",
         "ADPIPE_JOB_ID": prefix,
     }
-
-
-def _regions(raw: str, bootstrap: str, topics: Topics, credentials: KafkaCredentials, home: Path) -> tuple[Region, ...]:
-    """``ADPIPE_REGIONS``: a JSON list (or ``@file`` holding one) of objects
-    with ``job_id`` and optionally ``kafka_bootstrap``, ``events``,
-    ``aggregates``, ``dlq``, ``late``, and the credentials on that region's
-    broker: ``kafka_security``, ``kafka_username``, ``kafka_password_file``,
-    ``kafka_ca_file`` (defaults: this process's values; a password only in a
-    file)."""
-    if not raw.strip():
-        return ()
-    try:
-        text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
-        items = json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise SettingsError(f"ADPIPE_REGIONS is not a JSON list or @file of one: {exc}") from exc
-    if not isinstance(items, list) or not all(isinstance(i, dict) and i.get("job_id") for i in items):
-        raise SettingsError('ADPIPE_REGIONS must be a list of objects, each with a "job_id"')
-    security_keys = {"kafka_security", "kafka_username", "kafka_password_file", "kafka_ca_file"}
-    known = {"job_id", "kafka_bootstrap", "events", "aggregates", "dlq", "late"} | security_keys
-    regions = []
-    for item in items:
-        unknown = set(item) - known
-        if unknown:
-            raise SettingsError(f"ADPIPE_REGIONS: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        region_topics = replace(topics, **{k: item[k] for k in ("events", "aggregates", "dlq", "late") if k in item})
-        region_credentials = credentials
-        if security_keys & set(item):
-            # Another user on that broker: its own password file (never an
-            # inline password in the list); the same user: the same password.
-            username = item.get("kafka_username", credentials.username)
-            same_user = username == credentials.username and "kafka_password_file" not in item
-            region_credentials = _kafka_credentials(
-                home,
-                item.get("kafka_security", credentials.security),
-                username,
-                credentials.password if same_user else "",
-                item.get("kafka_password_file", credentials.password_file if same_user else ""),
-                item.get("kafka_ca_file", credentials.ca_file),
-                ("ADPIPE_REGIONS: kafka_security", "kafka_username"),
-            )
-        regions.append(
-            Region(str(item["job_id"]), item.get("kafka_bootstrap", bootstrap), region_topics, region_credentials)
-        )
-    if len({r.job_id for r in regions}) != len(regions):
-        raise SettingsError("ADPIPE_REGIONS: job_id values must be distinct")
-    return tuple(regions)
 
 
 def load_settings(env: dict[str, str] | None = None) -> Settings:
@@ -497,7 +428,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     slots = spark_task_slots(master, cores_max)
     if not all(HOST_PORT.match(part.strip()) for part in bootstrap.split(",")):
         raise SettingsError(f"ADPIPE_KAFKA_BOOTSTRAP={bootstrap!r} must be host:port[,host:port]")
-    credentials = _kafka_credentials(
+    credentials = kafka_credentials(
         home,
         env.get("ADPIPE_KAFKA_SECURITY") or "plaintext",
         env.get("ADPIPE_KAFKA_USERNAME", ""),
@@ -531,6 +462,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         spark_master_ui_port=integer(env, "ADPIPE_SPARK_MASTER_UI_PORT", Settings.spark_master_ui_port, 1),
         spark_worker_cores=integer(env, "ADPIPE_SPARK_WORKER_CORES", Settings.spark_worker_cores, 1),
         spark_worker_memory=jvm_memory(env, "ADPIPE_SPARK_WORKER_MEMORY", Settings.spark_worker_memory),
+        hdfs_port=integer(env, "ADPIPE_HDFS_PORT", Settings.hdfs_port, 1),
         budget_db=env.get("ADPIPE_BUDGET_DB", f"sqlite:///{home / 'budget.db'}"),
         topics=topics,
         topic_partitions=integer(env, "ADPIPE_TOPIC_PARTITIONS", Settings.topic_partitions, 1),
@@ -576,7 +508,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         budget_ledger_margin_h=integer(env, "ADPIPE_BUDGET_LEDGER_MARGIN_H", Settings.budget_ledger_margin_h, 0),
         metastore=metastore,
         metastore_database=metastore_database,
-        extra_regions=_regions(env.get("ADPIPE_REGIONS", ""), bootstrap, topics, credentials, home),
+        extra_regions=regions_of(env.get("ADPIPE_REGIONS", ""), bootstrap, topics, credentials, home),
         alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
         alert_webhook_timeout_s=integer(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", Settings.alert_webhook_timeout_s, 1),
         stream_max_restarts=integer(env, "ADPIPE_STREAM_MAX_RESTARTS", Settings.stream_max_restarts),

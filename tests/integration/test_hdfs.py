@@ -56,7 +56,7 @@ def cluster(broker: Settings) -> Iterator[Settings]:
     settings = load_settings({**BROKER_ENV, **HDFS_ENV})
     hdfs.down(settings)
     shutil.rmtree(hdfs.hdfs_dir(settings), ignore_errors=True)
-    status = hdfs.up(settings, env=HDFS_ENV)
+    status = hdfs.up(settings)
     assert status.running and status.answering, status.describe()
     assert status.uri == f"hdfs://127.0.0.1:{HDFS_PORT}"
     listening = listening_addresses([pid for pid in status.pids.values() if pid])

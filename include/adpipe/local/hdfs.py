@@ -37,13 +37,11 @@ from xml.sax.saxutils import escape
 
 from adpipe.jars import ensure_classpath
 from adpipe.processes import alive, start_detached
-from adpipe.setting_values import integer
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-DEFAULT_PORT = 9820
 PORT_VARIABLE = "ADPIPE_HDFS_PORT"
 NAMENODE_CLASS = "org.apache.hadoop.hdfs.server.namenode.NameNode"
 DATANODE_CLASS = "org.apache.hadoop.hdfs.server.datanode.DataNode"
@@ -87,11 +85,6 @@ class Ports:
         return f"hdfs://{HOST}:{self.rpc}"
 
 
-def configured_port(env: Mapping[str, str] | None = None) -> int:
-    """``ADPIPE_HDFS_PORT`` of ``env`` (default: this process's environment)."""
-    return integer(os.environ if env is None else env, PORT_VARIABLE, DEFAULT_PORT, 1)
-
-
 def hdfs_dir(settings: Settings) -> Path:
     return settings.home / "hdfs"
 
@@ -124,13 +117,13 @@ def _cluster_file(settings: Settings) -> Path:
     return hdfs_dir(settings) / "cluster.json"
 
 
-def ports(settings: Settings, env: Mapping[str, str] | None = None) -> Ports:
+def ports(settings: Settings) -> Ports:
     """The ports of the HDFS under this home: as it was last started with,
     else as ``ADPIPE_HDFS_PORT`` says."""
     try:
         return Ports(int(json.loads(_cluster_file(settings).read_text())["port"]))
     except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return Ports(configured_port(env))
+        return Ports(settings.hdfs_port)
 
 
 def site_xml(properties: Mapping[str, str]) -> str:
@@ -351,12 +344,12 @@ def _format(settings: Settings) -> None:
         )
 
 
-def up(settings: Settings, timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> HdfsStatus:
+def up(settings: Settings, timeout_s: float = 120.0) -> HdfsStatus:
     """Start whichever daemon of ours does not run yet (formatting the
-    NameNode on first use) on ``ADPIPE_HDFS_PORT`` of ``env``; wait until
+    NameNode on first use) on ``ADPIPE_HDFS_PORT``; wait until
     the NameNode is out of safe mode with the DataNode live."""
     running = {d: _read_pid(settings, d) for d in DAEMONS}
-    p = ports(settings, env) if any(running.values()) else Ports(configured_port(env))
+    p = ports(settings) if any(running.values()) else Ports(settings.hdfs_port)
     if not any(running.values()) and (_port_open(p.rpc) or _port_open(p.http)):
         raise HdfsError(f"something else already listens on {HOST}:{p.rpc} or {p.http}; stop it or set {PORT_VARIABLE}")
     hdfs_dir(settings).mkdir(parents=True, exist_ok=True)

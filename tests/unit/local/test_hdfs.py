@@ -26,20 +26,21 @@ def settings(tmp_path: Path) -> Settings:
     return load_settings({"ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1"})
 
 
-def test_the_port_comes_from_adpipe_hdfs_port_and_the_others_follow_it() -> None:
-    assert hdfs.configured_port({}) == 9820
-    p = hdfs.Ports(hdfs.configured_port({"ADPIPE_HDFS_PORT": "29880"}))
+def test_the_port_comes_from_adpipe_hdfs_port_and_the_others_follow_it(tmp_path: Path) -> None:
+    assert load_settings({"ADPIPE_HOME": str(tmp_path)}).hdfs_port == 9820
+    p = hdfs.Ports(load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_HDFS_PORT": "29880"}).hdfs_port)
     assert (p.rpc, p.http, p.data, p.data_http, p.data_ipc) == (29880, 29881, 29882, 29883, 29884)
     assert p.uri == "hdfs://127.0.0.1:29880"
     with pytest.raises(SettingsError, match="ADPIPE_HDFS_PORT"):
-        hdfs.configured_port({"ADPIPE_HDFS_PORT": "http"})
+        load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_HDFS_PORT": "http"})
 
 
 def test_a_running_home_keeps_the_port_it_was_started_with(settings: Settings) -> None:
-    assert hdfs.ports(settings, {"ADPIPE_HDFS_PORT": "30000"}).rpc == 30000  # never started: the variable
+    settings = settings.with_overrides(hdfs_port=30000)
+    assert hdfs.ports(settings).rpc == 30000  # never started: the setting
     hdfs.hdfs_dir(settings).mkdir(parents=True)
     (hdfs.hdfs_dir(settings) / "cluster.json").write_text('{"port": 31000}\n')
-    assert hdfs.ports(settings, {"ADPIPE_HDFS_PORT": "30000"}).rpc == 31000
+    assert hdfs.ports(settings).rpc == 31000
 
 
 def _parsed(xml: str) -> dict[str, str]:
