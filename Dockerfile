@@ -13,7 +13,7 @@ USER root
 # Java for Spark and Maven for the jars: the Makefile's JVM_DEBIAN_PACKAGES;
 # make to run its install step. The image's Debian is bookworm, which has Java 17.
 RUN apt-get update -q \
-    && apt-get install -y -q --no-install-recommends openjdk-17-jre-headless maven make \
+    && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless maven make \
     && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
 # The project, ADPIPE_HOME and Airflow's config and logs folders: the last
 # three are named volumes in the compose file, which Docker makes from these

@@ -9,12 +9,13 @@ STAMP  := $(VENV)/.installed
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-# Java for Spark and Maven for the jars (the Dockerfile installs these too),
+# Java for Spark (a JDK: javac builds adpipe's own Spark functions) and Maven
+# for the jars (the Dockerfile installs these too),
 # and the PostgreSQL server of the embedded default.
-JVM_DEBIAN_PACKAGES := openjdk-17-jre-headless maven
+JVM_DEBIAN_PACKAGES := openjdk-17-jdk-headless maven
 
 deps: ## system packages (Java 17+, Maven, PostgreSQL server) if missing; needs root or sudo
-	@command -v java >/dev/null && command -v mvn >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	@command -v java >/dev/null && command -v javac >/dev/null && command -v mvn >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $(JVM_DEBIAN_PACKAGES) postgresql; }
 

@@ -4,21 +4,29 @@ Three classpaths are needed: the Apache Kafka broker (run from its jars),
 the extra jars of the pip-installed Spark (the Kafka source and Delta Lake)
 and the HDFS NameNode and DataNode of ``adpipe hdfs up``. Each is resolved
 by Maven from the poms beside this module, once; afterwards the cache
-under ``.cache/jvm`` is used and no network is needed."""
+under ``.cache/jvm`` is used and no network is needed.
+
+One jar is adpipe's own (:func:`adpipe_spark_jar`): the Spark functions
+under ``jvm/src``, compiled by the JDK's ``javac`` against pyspark's jars,
+once per source and Spark version, into the same cache."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 POM_DIR = Path(__file__).parent / "jvm"
+JAVA_SOURCES = POM_DIR / "src"
+JAVA_RELEASE = "17"  # Spark 4's own
 CLASSPATHS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "hdfs": "hdfs.pom.xml"}
 _DOTTED = re.compile(r"\d+\.\d+")
 
@@ -115,3 +123,51 @@ def _fetch(cache: Path, name: str, target: Path) -> None:
 def postgres_jdbc_jar(cache: Path) -> Path:
     """The PostgreSQL JDBC driver among the Spark extras (the Hive metastore's)."""
     return next(j for j in ensure_classpath(cache, "spark") if j.name.startswith("postgresql-"))
+
+
+def _javac() -> str:
+    home = os.environ.get("JAVA_HOME")
+    javac = Path(home) / "bin" / "javac" if home else None
+    found = str(javac) if javac and javac.is_file() else shutil.which("javac")
+    if found is None:
+        raise JarFetchError(
+            "a JDK's javac is needed once to build adpipe's Spark functions (include/adpipe/jvm/src); "
+            "install one (apt-get install openjdk-17-jdk-headless, or make deps)"
+        )
+    return found
+
+
+def adpipe_spark_jar(cache: Path) -> Path:
+    """adpipe's own Spark functions (``jvm/src``) as a jar, built on first
+    use; named by a digest of the sources and pyspark's version, so a change
+    of either builds a new one (older ones are removed)."""
+    import pyspark
+
+    sources = sorted(JAVA_SOURCES.rglob("*.java"))
+    digest = hashlib.sha256(f"{pyspark.__version__} {JAVA_RELEASE}".encode())
+    for source in sources:
+        digest.update(str(source.relative_to(JAVA_SOURCES)).encode() + b"\0" + source.read_bytes())
+    folder = cache.resolve() / "adpipe"
+    jar = folder / f"adpipe-spark-{digest.hexdigest()[:16]}.jar"
+    if jar.is_file():
+        return jar
+    folder.mkdir(parents=True, exist_ok=True)
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        classes = Path(tmp) / "classes"
+        cmd = [_javac(), "--release", JAVA_RELEASE, "-nowarn", "-d", str(classes), "-cp", f"{spark_jars}/*"]
+        proc = subprocess.run([*cmd, *map(str, sources)], capture_output=True, text=True, check=False)  # noqa: S603
+        if proc.returncode != 0:
+            raise JarFetchError(f"javac failed for {JAVA_SOURCES}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        built = Path(tmp) / jar.name
+        with zipfile.ZipFile(built, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: adpipe\n\n")
+            for path in sorted(classes.rglob("*.class")):
+                archive.write(path, path.relative_to(classes).as_posix())
+        # Atomic: a second process building the same jar at once replaces it with its equal.
+        os.replace(built, jar)
+    for stale in folder.glob("adpipe-spark-*.jar"):
+        if stale != jar:
+            stale.unlink(missing_ok=True)
+    log.info("built %s from %d Java sources", jar, len(sources))
+    return jar

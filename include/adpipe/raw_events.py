@@ -8,7 +8,7 @@ tests hold the two to the same verdicts, edge cases included."""
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import schemas as S
@@ -47,88 +47,53 @@ def _nothing_after_the_value(value: Column) -> Column:
 
 
 # The fast path: an event in the contract's own shape (the shape of
-# ``adpipe produce`` and of the contract's example) is recognised by one
-# regular expression and its fields read by splitting its text at its
-# quotes, not by the variant route, which costs several times more (a
-# variant per field for its type, a second JSON parse for the trailing-text
-# check), nor by ``from_json`` (Jackson's parser, set up per row, was a fifth
-# of the stream job's JVM time: JFR). The pattern only admits text that the
-# variant route reads as a valid event or rejects for its event_time alone:
-# a flat object whose keys come in the contract's order (so none is
-# repeated), string values without escapes, quotes or control characters
-# (so the text between two quotes is the value), non-empty ids, a known
-# event_type, event_time a string or at most 15 digits of milliseconds,
-# JSON whitespace only, nothing after it. Every other record (extra fields,
-# another key order, escapes) takes the variant route, with the same
-# verdicts: tests hold the two routes to each other.
-_WS = r"[ \t\n\r]*"
-_TEXT = r'"[^"\\\x00-\x1f]*"'
-_NON_EMPTY_TEXT = r'"[^"\\\x00-\x1f]+"'
-_MS_TIME = r"(?:0|[1-9][0-9]{0,14})"
+# ``adpipe produce`` and of the contract's example) is read by adpipe's own
+# JVM function (jvm/src/adpipe/spark/CanonicalEvent.java, built by
+# adpipe.jars), one pass over the record's bytes, not by the variant route,
+# which costs several times more (a variant per field for its type, a second
+# JSON parse for the trailing-text check). Before it, a regular expression
+# and a split at the quotes did the same in Spark's own functions, decoding
+# the bytes to Java text and back for each (JFR: a third of the stream job's
+# JVM time); before that, from_json (Jackson, set up per row). It only admits
+# text that the variant route reads as a valid event or rejects for its
+# event_time alone: a flat object whose keys come in the contract's order (so
+# none is repeated), string values without escapes, quotes or control
+# characters (so the bytes between two quotes are the value), non-empty ids,
+# event_time a string or at most 15 digits of milliseconds, JSON whitespace
+# only, nothing after it, valid UTF-8; and here, a known event_type. Every
+# other record (extra fields, another key order, escapes) takes the variant
+# route, with the same verdicts: tests hold the two routes to each other.
+FAST_PATH_FUNCTION = "adpipe_canonical_event"
+_FAST_PATH_CLASS = "adpipe.spark.CanonicalEvent"
+_FAST_PATH_TYPE = (
+    "struct<kind:string,event_id:string,ad_id:string,campaign_id:string,event_type:string,event_time:string>"
+)
 
 
-def _canonical_event(time_value: str) -> str:
-    def member(name: str, value: str) -> str:
-        return f'{_WS}"{name}"{_WS}:{_WS}{value}{_WS}'
-
-    event_types = "|".join(S.EVENT_TYPES)
-    members = ",".join(
-        [
-            member("event_id", _NON_EMPTY_TEXT),
-            member("ad_id", _NON_EMPTY_TEXT) + f"(?:,{member('campaign_id', _TEXT)})?",
-            member("event_type", f'"(?:{event_types})"'),
-            member("event_time", time_value),
-        ]
-    )
-    return rf"^{_WS}\{{{members}\}}{_WS}(?![\s\S])"
+def register_functions(spark: SparkSession) -> None:
+    """Make the fast path's JVM function known to ``spark`` (idempotent; its
+    jar is on every adpipe session's classpath: adpipe.spark)."""
+    spark.udf.registerJavaFunction(FAST_PATH_FUNCTION, _FAST_PATH_CLASS, _FAST_PATH_TYPE)
 
 
-CANONICAL_EVENT = _canonical_event(f"(?:{_NON_EMPTY_TEXT}|{_MS_TIME})")
-# The text of a canonical event split at its quotes has 4 parts per key and
-# string value pair, 2 per key and number pair, and one more: by count,
-# whether campaign_id is there and whether event_time is a string.
-_PARTS_TIME_TYPE = {15: "BIGINT", 17: "STRING", 19: "BIGINT", 21: "STRING"}
-_PARTS_WITH_CAMPAIGN = (19, 21)
+def _canonical_event(value: Column) -> Column:
+    """The fields of a record's bytes when they are an event in the
+    contract's own shape; null when it takes the variant route."""
+    return F.call_function(FAST_PATH_FUNCTION, value)
 
 
-def _canonical_parts(text: Column) -> Column:
-    """The text split at its quotes when it is in the contract's own shape
-    and takes the fast path; null when it takes the variant route. Invalid
-    UTF-8 is not JSON (a cast alone would turn it into U+FFFD)."""
-    return F.when(F.is_valid_utf8(text) & text.rlike(CANONICAL_EVENT), F.split(text, '"', -1))
+def _kind(canonical: Column) -> Column:
+    """``STRING`` or ``BIGINT`` (the JSON type of its event_time) for an
+    event that takes the fast path, else null."""
+    return F.when(canonical["event_type"].isin(*S.EVENT_TYPES), canonical["kind"])
 
 
-def _time_type_of_parts(parts: Column) -> Column:
-    """``STRING`` or ``BIGINT``: the JSON type of a canonical event's
-    event_time, from its parts (:func:`_canonical_parts`)."""
-    size = F.size(parts)
-    kind = F.lit(None).cast("string")
-    for count, name in _PARTS_TIME_TYPE.items():
-        kind = F.when(size == count, F.lit(name)).otherwise(kind)
-    return kind
-
-
-def _canonical_fields(parts: Column) -> dict[str, Column]:
-    """A canonical event's fields from its parts: a value sits between the
-    quotes after its key's (event_time, a number, in the last part)."""
-    with_campaign = F.size(parts).isin(*_PARTS_WITH_CAMPAIGN)
-    string_time = _time_type_of_parts(parts) == "STRING"
-    return {
-        "event_id": parts.getItem(3),
-        "ad_id": parts.getItem(7),
-        "campaign_id": F.when(with_campaign, parts.getItem(11)),
-        "event_type": F.when(with_campaign, parts.getItem(15)).otherwise(parts.getItem(11)),
-        "event_time": F.when(string_time, F.element_at(parts, -2)).otherwise(
-            F.regexp_extract(F.element_at(parts, -1), "[0-9]+", 0)
-        ),
-    }
-
-
-def fast_path_kind(text: Column) -> Column:
-    """For a record's text: ``STRING`` or ``BIGINT`` (the JSON type of its
+def fast_path_kind(value: Column) -> Column:
+    """For a record's bytes: ``STRING`` or ``BIGINT`` (the JSON type of its
     event_time) when it is in the contract's own shape and takes the fast
-    path, null when it takes the variant route."""
-    return _time_type_of_parts(_canonical_parts(text))
+    path, null when it takes the variant route (:func:`register_functions`
+    first)."""
+    return _kind(_canonical_event(value))
 
 
 def _event_time(time_type: Column, time_text: Column, time_millis: Column) -> Column:
@@ -163,7 +128,9 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
     compare the two)."""
     text = F.col("value").cast("string")
     v, fast = F.col("__v"), F.col("__fast")
-    canonical = _canonical_fields(F.col("__parts"))
+    # An event of an unknown event_type has its fields read (null __fast):
+    # each is the text the variant route reads, which decides its verdict.
+    canonical = F.col("__canonical")
     time_type = F.coalesce(fast, _field_type(v, "event_time"))
     time_text = F.coalesce(canonical["event_time"], F.try_variant_get(v, "$.event_time", "string"))
     # Cast only what the pattern read as digits: try_cast on other text
@@ -176,9 +143,8 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
     event_id = F.coalesce(canonical["event_id"], F.try_variant_get(v, "$.event_id", "string"))
     ad_id = F.coalesce(canonical["ad_id"], F.try_variant_get(v, "$.ad_id", "string"))
     valid_campaign = _true(_field_type(v, "campaign_id") == "STRING")
-    campaign_id = (
-        F.when(fast.isNotNull(), canonical["campaign_id"])
-        .when(valid_campaign, F.try_variant_get(v, "$.campaign_id", "string"))
+    campaign_id = F.when(fast.isNotNull(), canonical["campaign_id"]).when(
+        valid_campaign, F.try_variant_get(v, "$.campaign_id", "string")
     )
     # Checked before the time: an id over the limit never becomes a key or a
     # header of any record the job writes (adpipe.schemas.MAX_FIELD_CHARS).
@@ -207,7 +173,8 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         )
         .otherwise(time_reason)
     )
-    parts = _canonical_parts(text) if fast_path else F.lit(None).cast("array<string>")
+    register_functions(kafka_df.sparkSession)
+    fields = _canonical_event(F.col("value")) if fast_path else F.lit(None).cast(_FAST_PATH_TYPE)
     return (
         kafka_df.select(
             # Kept as received: the DLQ and late topics carry the raw bytes.
@@ -218,8 +185,8 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
             F.col("offset").cast("long").alias("offset"),
             "timestamp",
         )
-        .withColumn("__parts", parts)
-        .withColumn("__fast", _time_type_of_parts(F.col("__parts")))
+        .withColumn("__canonical", fields)
+        .withColumn("__fast", _kind(F.col("__canonical")))
         # A JSON value followed by more than whitespace is not JSON either.
         .withColumn(
             "__v",

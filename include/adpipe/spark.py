@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from pyspark.sql import SparkSession
 
 from adpipe import class_archive
-from adpipe.jars import ensure_classpath
+from adpipe.jars import adpipe_spark_jar, ensure_classpath
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def cluster_conf(settings: Settings) -> dict[str, str]:
 def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | None = None) -> dict[str, str]:
     """Every Spark setting adpipe relies on, in one place; ``extra_conf`` is a
     part's own (the lakehouse's Hive catalog, adpipe.lakehouse.metastore)."""
-    jars = ensure_classpath(settings.jar_cache, "spark")
+    jars = [*ensure_classpath(settings.jar_cache, "spark"), adpipe_spark_jar(settings.jar_cache)]
     conf = {
         "spark.app.name": app_name,
         "spark.master": settings.spark_master,

@@ -1,8 +1,12 @@
-"""Fault plans (named crash points) and JVM jar names."""
+"""Fault plans (named crash points), JVM jar names and adpipe's own jar."""
 
 from __future__ import annotations
 
+import zipfile
+from pathlib import Path
+
 import pytest
+from adpipe import jars
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT, FaultPlan
 from adpipe.jars import artifact_name
 
@@ -99,3 +103,37 @@ def test_wait_group_gone_waits_for_a_killed_group_and_kills_a_lingering_one() ->
     os.killpg(quick.pid, signal.SIGKILL)
     quick.wait()
     wait_group_gone(quick.pid, timeout_s=5.0)  # returns at once: nothing left
+
+
+def test_adpipe_spark_jar_is_built_once_per_source_and_a_changed_source_builds_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = tmp_path / "src"
+    source = (jars.JAVA_SOURCES / "adpipe" / "spark" / "CanonicalEvent.java").read_text()
+    (sources / "adpipe" / "spark").mkdir(parents=True)
+    (sources / "adpipe" / "spark" / "CanonicalEvent.java").write_text(source)
+    monkeypatch.setattr(jars, "JAVA_SOURCES", sources)
+    first = jars.adpipe_spark_jar(tmp_path / "cache")
+    with zipfile.ZipFile(first) as archive:
+        assert "adpipe/spark/CanonicalEvent.class" in archive.namelist()
+    mtime = first.stat().st_mtime_ns
+    assert jars.adpipe_spark_jar(tmp_path / "cache") == first and first.stat().st_mtime_ns == mtime
+    (sources / "adpipe" / "spark" / "CanonicalEvent.java").write_text(source + "\n// changed\n")
+    second = jars.adpipe_spark_jar(tmp_path / "cache")
+    assert second != first and second.is_file() and not first.exists()  # the stale one is removed
+
+
+def test_a_source_that_does_not_compile_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "src" / "x").mkdir(parents=True)
+    (tmp_path / "src" / "x" / "Broken.java").write_text("package x; class Broken { int f() { return ; } }")
+    monkeypatch.setattr(jars, "JAVA_SOURCES", tmp_path / "src")
+    with pytest.raises(jars.JarFetchError, match="javac failed"):
+        jars.adpipe_spark_jar(tmp_path / "cache")
+    assert list((tmp_path / "cache" / "adpipe").glob("*.jar")) == []
+
+
+def test_without_a_jdk_the_error_says_which_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    monkeypatch.setattr(jars.shutil, "which", lambda _name: None)
+    with pytest.raises(jars.JarFetchError, match="openjdk-17-jdk-headless"):
+        jars.adpipe_spark_jar(tmp_path / "cache")

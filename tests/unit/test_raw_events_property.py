@@ -178,3 +178,40 @@ def test_the_fast_path_decides_as_the_variant_route_and_as_python(spark: SparkSe
     python = list(map(python_verdict, values))
     assert [(v, f, r) for v, f, r in zip(values, fast, variant) if f != r] == []
     assert [(v, f, p) for v, f, p in zip(values, fast, python) if f != p] == []
+
+
+# Bytes the JVM reader of the fast path sees before any decoding: invalid
+# UTF-8 (a lone continuation byte, an overlong slash, a surrogate, a cut
+# sequence) inside an otherwise canonical event, multi-byte text that is
+# valid, a NUL and a DEL in a value, a 16-digit time and one at 15 digits.
+def _canonical(ad_id: bytes, event_time: bytes = b"1795348800000") -> bytes:
+    return b'{"event_id":"e1","ad_id":"' + ad_id + b'","event_type":"click","event_time":' + event_time + b"}"
+
+
+BYTE_EDGES = [
+    _canonical(b"a\x80b"),
+    _canonical(b"a\xc0\xafb"),
+    _canonical(b"a\xed\xa0\x80b"),
+    _canonical(b"a\xe2\x82"),
+    _canonical("ad-ü-€-😀".encode()),
+    _canonical(b"a\x00b"),
+    _canonical(b"a\x7fb"),
+    _canonical(b"a", b"1234567890123456"),
+    _canonical(b"a", b"123456789012345"),
+    _canonical(b"a", b'"2026-11-22T12:00:00Z"'),
+    _canonical(b"a", b"0"),
+    _canonical(b"a", b"01"),
+    _canonical(b"a", b""),
+    _canonical(b"a")[:-1],
+    _canonical(b"a") + b"\x00",
+]
+
+
+def test_the_fast_path_reads_bytes_as_the_variant_route_and_python_do(spark: SparkSession) -> None:
+    fast, variant = spark_verdicts(spark, BYTE_EDGES), spark_verdicts(spark, BYTE_EDGES, fast_path=False)
+    python = list(map(python_verdict, BYTE_EDGES))
+    assert [(v, f, r) for v, f, r in zip(BYTE_EDGES, fast, variant) if f != r] == []
+    assert [(v, f, p) for v, f, p in zip(BYTE_EDGES, fast, python) if f != p] == []
+    # Not all of them rejected: the valid multi-byte ad_id and the times read.
+    assert fast[4] == ("e1", "ad-ü-€-😀", "click", 1795348800000)
+    assert sum(isinstance(f, tuple) for f in fast) >= 4

@@ -79,13 +79,14 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
     from adpipe import class_archive
-    from adpipe.jars import ensure_classpath
+    from adpipe.jars import adpipe_spark_jar, ensure_classpath
     from adpipe.spark import in_threads
     from adpipe.tools import class_archive_training
 
     for name in ("kafka", "spark", "hdfs"):
         jars = ensure_classpath(settings.jar_cache, name)
         print(f"{name}: {len(jars)} jars in {settings.jar_cache / name}")
+    print(f"adpipe's own Spark functions: {adpipe_spark_jar(settings.jar_cache)}")
     if class_archive.missing(settings):
         print("training the Spark drivers' class archives (once; a minute or two)", flush=True)
     trained = in_threads({layout: functools.partial(class_archive_training.train, settings, layout)
