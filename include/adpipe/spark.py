@@ -158,6 +158,11 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
         # A MERGE that inserts nothing writes no table version (Delta's
         # default, relied on by adpipe.lakehouse.merge: a rerun changes nothing).
         "spark.databricks.delta.skipRecordingEmptyCommits": "true",
+        # A MERGE's inserts are written by the tasks that found them, not
+        # first shuffled by the partition column: a load's rows are mostly of
+        # one event_hour, and one task then wrote the hour's whole file (and
+        # one task read it back). A 10,000-ad hour: 125 -> 116 s here.
+        "spark.databricks.delta.merge.repartitionBeforeWrite.enabled": "false",
         # Secrets stay out of Spark's UI, event log and plans (a Kafka
         # source's JAAS option included), as out of ours (redacted()).
         "spark.redaction.regex": SPARK_REDACTION_REGEX,
