@@ -185,6 +185,26 @@ def test_a_tree_sampler_counts_the_serving_trees_from_their_cpu_at_its_start(tmp
     assert 30 not in sampler.cpu_by_pid
 
 
+def test_a_tree_sampler_counts_a_process_s_memory_from_its_second_sample(tmp_path: Path) -> None:
+    def stat(pid: int, ppid: int, pages: int) -> None:
+        (tmp_path / str(pid)).mkdir(exist_ok=True)
+        fields = ["S", str(ppid), *["0"] * 9, "0", "0", *["0"] * 8, str(pages)]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (p) " + " ".join(fields) + " 0 0\n")
+
+    stat(10, 1, 1000)  # a JVM
+    sampler = processes.TreeSampler(10, proc_dir=tmp_path)
+    sampler.sample()
+    assert sampler.peak_rss == 1000 * processes._PAGE
+    # It spawns a command: the child shares its memory until it execs.
+    stat(11, 10, 1000)
+    sampler.sample()
+    assert sampler.peak_rss == 1000 * processes._PAGE
+    # A child still there at the next sample is a process of its own.
+    stat(11, 10, 300)
+    sampler.sample()
+    assert sampler.peak_rss == 1300 * processes._PAGE
+
+
 @pytest.mark.parametrize("kind", produce.MALFORMED_KINDS)
 def test_the_peers_reading_of_a_malformed_kind_agrees_with_verify(kind: str) -> None:
     spec = produce.ProduceSpec(events=10, seed=3)
