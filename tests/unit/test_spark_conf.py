@@ -243,3 +243,5 @@ def test_the_stream_job_has_a_heap_of_its_own_and_preloads_its_operator(tmp_path
     assert stream_job_conf(own)["spark.driver.memory"] == "1g"
     assert spark_conf(own, "t", stream_job_conf(own))["spark.driver.memory"] == "1g"
     assert spark_conf(own, "t")["spark.driver.memory"] == "3g"  # the other jobs'
+    # One Python worker daemon for the stream's workers (see stream_job_conf).
+    assert stream_job_conf(own)["spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"] == "false"
