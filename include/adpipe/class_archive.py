@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
-from adpipe.jars import postgres_jdbc_jar
+from adpipe.jars import java_home, postgres_jdbc_jar, pyspark_jars
 from adpipe.settings import Settings
 
 QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
@@ -32,27 +31,13 @@ LAYOUTS = ("plain", "metastore")
 WORKLOAD_VERSION = 2
 
 
-def _java_home() -> Path | None:
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        return Path(home)
-    java = shutil.which("java")
-    return Path(os.path.realpath(java)).parents[1] if java else None
-
-
-def _pyspark_jars() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
-
-
 def archive_path(settings: Settings, extra_class_path: str) -> Path | None:
     """The archive for a driver whose classpath starts with
     ``extra_class_path`` (Spark's ``spark.driver.extraClassPath``), named by
     what it depends on: the JVM build, that prefix, Spark's own jars and
     adpipe's extra ones.
     None when the JVM's library cannot be found."""
-    home = _java_home()
+    home = java_home()
     libjvm = home / "lib" / "server" / "libjvm.so" if home else None
     if libjvm is None or not libjvm.is_file():
         return None
@@ -60,7 +45,7 @@ def archive_path(settings: Settings, extra_class_path: str) -> Path | None:
     stat = libjvm.stat()
     digest.update(f"{libjvm.resolve()}:{stat.st_size}:{stat.st_mtime_ns}\n{extra_class_path}\n".encode())
     digest.update(f"workload {WORKLOAD_VERSION}\n".encode())
-    for jars in (_pyspark_jars(), settings.jar_cache / "spark"):  # Spark's own, then spark.jars
+    for jars in (pyspark_jars(), settings.jar_cache / "spark"):  # Spark's own, then spark.jars
         for name in sorted(os.listdir(jars)) if jars.is_dir() else []:
             digest.update(f"{name}:{(jars / name).stat().st_size}\n".encode())
     return settings.jar_cache / "cds" / f"driver-{digest.hexdigest()[:16]}.jsa"

@@ -49,11 +49,28 @@ def artifact_name(jar_name: str) -> str:
     return "-".join(parts)
 
 
-def _pyspark_jar_artifacts() -> set[str]:
+def pyspark_jars() -> Path:
+    """Spark's jars: under spark-submit pyspark is imported from a zip, but
+    SPARK_HOME is set; otherwise they ship inside the pyspark package."""
+    home = os.environ.get("SPARK_HOME")
+    if home and (Path(home) / "jars").is_dir():
+        return Path(home) / "jars"
     import pyspark
 
-    jars = Path(pyspark.__file__).parent / "jars"
-    return {artifact_name(p.name) for p in jars.glob("*.jar")}
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def java_home() -> Path | None:
+    """The JVM's home: JAVA_HOME, else the one of ``java`` on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        return Path(home)
+    java = shutil.which("java")
+    return Path(os.path.realpath(java)).parents[1] if java else None
+
+
+def _pyspark_jar_artifacts() -> set[str]:
+    return {artifact_name(p.name) for p in pyspark_jars().glob("*.jar")}
 
 
 def classpath_dir(cache: Path, name: str) -> Path:
@@ -126,8 +143,8 @@ def postgres_jdbc_jar(cache: Path) -> Path:
 
 
 def _javac() -> str:
-    home = os.environ.get("JAVA_HOME")
-    javac = Path(home) / "bin" / "javac" if home else None
+    home = java_home()
+    javac = home / "bin" / "javac" if home else None
     found = str(javac) if javac and javac.is_file() else shutil.which("javac")
     if found is None:
         raise JarFetchError(
@@ -152,10 +169,9 @@ def adpipe_spark_jar(cache: Path) -> Path:
     if jar.is_file():
         return jar
     folder.mkdir(parents=True, exist_ok=True)
-    spark_jars = Path(pyspark.__file__).parent / "jars"
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         classes = Path(tmp) / "classes"
-        cmd = [_javac(), "--release", JAVA_RELEASE, "-nowarn", "-d", str(classes), "-cp", f"{spark_jars}/*"]
+        cmd = [_javac(), "--release", JAVA_RELEASE, "-nowarn", "-d", str(classes), "-cp", f"{pyspark_jars()}/*"]
         proc = subprocess.run([*cmd, *map(str, sources)], capture_output=True, text=True, check=False)  # noqa: S603
         if proc.returncode != 0:
             raise JarFetchError(f"javac failed for {JAVA_SOURCES}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")

@@ -71,8 +71,8 @@ _FAST_PATH_TYPE = (
 
 
 def register_functions(spark: SparkSession) -> None:
-    """Make the fast path's JVM function known to ``spark`` (idempotent; its
-    jar is on every adpipe session's classpath: adpipe.spark)."""
+    """Make the fast path's JVM function known to ``spark``: adpipe.spark's
+    session builder does, beside shipping its jar."""
     spark.udf.registerJavaFunction(FAST_PATH_FUNCTION, _FAST_PATH_CLASS, _FAST_PATH_TYPE)
 
 
@@ -91,8 +91,7 @@ def _kind(canonical: Column) -> Column:
 def fast_path_kind(value: Column) -> Column:
     """For a record's bytes: ``STRING`` or ``BIGINT`` (the JSON type of its
     event_time) when it is in the contract's own shape and takes the fast
-    path, null when it takes the variant route (:func:`register_functions`
-    first)."""
+    path, null when it takes the variant route."""
     return _kind(_canonical_event(value))
 
 
@@ -133,7 +132,7 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
     canonical = F.col("__canonical")
     time_type = F.coalesce(fast, _field_type(v, "event_time"))
     time_text = F.coalesce(canonical["event_time"], F.try_variant_get(v, "$.event_time", "string"))
-    # Cast only what the pattern read as digits: try_cast on other text
+    # Cast only what the fast path read as digits: try_cast on other text
     # throws and catches an exception per row (a second per million rows).
     time_millis = F.coalesce(
         F.when(fast == "BIGINT", canonical["event_time"].cast("long")),
@@ -173,7 +172,6 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         )
         .otherwise(time_reason)
     )
-    register_functions(kafka_df.sparkSession)
     fields = _canonical_event(F.col("value")) if fast_path else F.lit(None).cast(_FAST_PATH_TYPE)
     return (
         kafka_df.select(

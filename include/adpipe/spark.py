@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from adpipe import class_archive
+from adpipe import class_archive, raw_events
 from adpipe.jars import adpipe_spark_jar, ensure_classpath
 from adpipe.settings import Settings
 
@@ -250,6 +250,7 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.spark_log_level)
+    raw_events.register_functions(spark)  # the raw event's fast path, from the jar shipped above
     return spark
 
 

@@ -274,7 +274,6 @@ def test_the_producers_events_and_the_contracts_example_take_the_fast_path(spark
     reordered = json.dumps({"ad_id": "a", "event_id": "e", "event_type": "click", "event_time": 0}).encode()
     padded = json.dumps({**json.loads(CONTRACT_EXAMPLE), "pad": 1}).encode()
     values = [*produced, CONTRACT_EXAMPLE, reordered, padded]
-    raw_events.register_functions(spark)
     fast = raw_events.fast_path_kind(F.col("value")).isNotNull()
     rows = kafka_frame(spark, [(b"k", v, TOPIC, 0, i) for i, v in enumerate(values)]).select(fast.alias("fast"))
     assert [r.fast for r in rows.orderBy("offset").collect()] == [True] * (len(produced) + 1) + [False, False]

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from adpipe import class_archive
-from adpipe.jars import postgres_jdbc_jar
+from adpipe.jars import postgres_jdbc_jar, pyspark_jars
 from adpipe.lakehouse import tables as T
 from adpipe.pg import connect, ensure_databases
 from adpipe.settings import Settings
@@ -41,17 +41,6 @@ _INIT_UNLOCK = "SELECT pg_advisory_unlock(hashtext('adpipe-metastore-init'))"
 
 class MetastoreError(RuntimeError):
     """The metastore schema could not be created."""
-
-
-def _pyspark_jars() -> Path:
-    """Spark's jars: under spark-submit pyspark is imported from a zip, but
-    SPARK_HOME is set; otherwise they ship inside the pyspark package."""
-    home = os.environ.get("SPARK_HOME")
-    if home and (Path(home) / "jars").is_dir():
-        return Path(home) / "jars"
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
 
 
 def _schema_exists(cur) -> bool:  # noqa: ANN001 - psycopg2 cursor
@@ -103,7 +92,7 @@ def driver_class_path(settings: Settings) -> str:
 
 
 def _create_schema(settings: Settings) -> None:
-    jars = _pyspark_jars()
+    jars = pyspark_jars()
     metastore_jar = next(jars.glob("hive-metastore-*.jar"), None)
     if metastore_jar is None:
         raise MetastoreError(f"no hive-metastore jar in {jars}: is this pyspark's own Spark?")
