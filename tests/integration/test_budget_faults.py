@@ -26,10 +26,12 @@ from adpipe import pg as pg_client
 from adpipe.budget import db, schema
 from adpipe.budget import verify as budget_verify
 from adpipe.budget.batch import StaleOffsets, apply_batch
+from adpipe.budget.service import BudgetService
 from adpipe.local import postgres
 from adpipe.settings import Settings
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from sqlalchemy import create_engine
 
 from tests.integration.budget_helpers import (
     BudgetEnv,
@@ -293,6 +295,44 @@ def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: Budg
     expected = independent_spend(as_kafka(records))
     assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
     assert budget_verify.check(budget.settings)["ok"]
+
+
+def test_a_partition_paused_then_taken_away_is_read_when_given_back(budget: BudgetEnv) -> None:
+    """librdkafka keeps a partition's pause through a rebalance that takes it
+    away and gives it back. Partitions assigned while their database offsets
+    could not be read (so paused), then moved to another member and back,
+    are read again (a chaos run once held two for 14 minutes unread)."""
+    records = normal_records(16)
+    budget.copy(records, chunks=1)
+    service = BudgetService(budget.settings)
+    held, working = service.assignment, service.engine
+    held.engine = create_engine("postgresql+psycopg2://nobody@127.0.0.1:9/none")
+    service._configure_group()
+    held.consumer = consumer = service._consumer()
+    other = service._consumer()
+    read: dict[int, list[bytes]] = defaultdict(list)
+
+    def pump(*consumers: Consumer) -> None:
+        for c in consumers:
+            for m in c.consume(10, 0.2):
+                if m.error() is None and c is consumer:
+                    read[m.partition()].append(m.value())
+
+    try:
+        consumer.subscribe([budget.topic], on_assign=held.on_assign, on_revoke=held.on_revoke)
+        wait_until("all four assigned, unread", lambda: pump(consumer) or held.unpositioned == {0, 1, 2, 3})
+        other.subscribe([budget.topic])
+        wait_until("two moved to the other member", lambda: pump(consumer, other) or len(held.unpositioned) == 2)
+        moved = {0, 1, 2, 3} - held.unpositioned
+        held.engine = working
+        other.close()
+        wait_until("the moved two given back", lambda: pump(consumer) or set(held.started_from) == moved)
+        want = {p: [r.value for r in records if r.partition == p] for p in moved}
+        wait_until("the given-back two read", lambda: pump(consumer) or {p: read[p] for p in moved} == want, 30)
+    finally:
+        consumer.close()
+        working.dispose()
+    assert not set(read) - moved  # the two still unpositioned are not read
 
 
 def test_a_frozen_zombie_is_refused_by_the_offsets_compare_and_set(budget: BudgetEnv) -> None:

@@ -17,7 +17,9 @@ silently.
 Pausing for a database outage (:mod:`adpipe.budget.outage`) is kept here
 too, since it holds per partition across an assignment: a pause covers the
 whole assignment, a partition assigned while paused stays paused, and the
-resume re-seeks every positioned partition to its database offset.
+resume re-seeks every positioned partition to its database offset. Every
+other assignment resumes what it is given: librdkafka keeps a partition's
+pause through a rebalance that takes it away and gives it back.
 
 Under the consumer group protocol (KIP-848) an assignment changes by
 increments: a callback names only the partitions added or taken away, and
@@ -95,8 +97,13 @@ class Assignment:
             self.unpositioned.discard(tp.partition)
             self.at_eof.discard(tp.partition)
         self._assign(consumer, partitions)
+        # librdkafka keeps a partition's pause through its unassignment: one
+        # paused before it was taken away (positions unreadable, a failed
+        # seek) would come back paused and never be read again.
         if self.paused_for_outage:
             consumer.pause(mine)
+        else:
+            consumer.resume(mine)
         log.info(
             "assigned partitions %s of %s at database offsets %s; assignment now %s",
             sorted(tp.partition for tp in mine),
