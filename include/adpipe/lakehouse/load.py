@@ -184,10 +184,7 @@ def _pending_hours(spark: SparkSession, run_id: int) -> list[str]:
 def _stage_table(spark: SparkSession, table: str, source: DataFrame, run_id: int) -> int:
     """The rows of ``source`` that are neither published nor staged yet,
     into the staging twin of ``table``; returns how many."""
-    # Kept by its first job (the hours), for the MERGE to read: a local
-    # checkpoint's rows, not a cache's columns, which cost a million raw
-    # rows 3 s more to build. Its blocks go when the frame is collected.
-    source = source.localCheckpoint(eager=False)
+    # ``source`` is kept (table_rows) by its first job, the hours, for the MERGE.
     hours = [parse_hour(h) for h in _hour_labels(source)]
     _schema, keys = T.TABLES[table]
     published = spark.table(table).where(_in_hours(hours)).select(*keys)
@@ -474,27 +471,26 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
         run_id = ledger_state(spark).next_run
         loaded_at = datetime.now(UTC).replace(microsecond=0)
         ranges = [region_ranges(settings, r, hour, None) for r in settings.regions]
-        # Materialized, lineage cut: the checks and the write below then read
-        # shallow plans instead of re-planning four Kafka reads, joins and a
-        # window for every expectation.
-        with table_rows(spark, settings, ranges, loaded_at, run_id, hour) as rebuilt:
-            rows = {table: df.localCheckpoint() for table, df in rebuilt.items()}
-        frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
-                                    aggregates_df=rows[T.AGGREGATES])
-        result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
-        if not result.success:
-            _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
-                           message="\n".join(result.failed))
-            raise _gate_failure([result])
-        written: dict[str, int] = {}
-        for table, df in rows.items():
-            target = spark.table(table)
-            columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
-                       for c in target.columns]
-            written[table] = df.count()
-            df.select(*columns).write.format("delta").mode("overwrite").option(
-                "replaceWhere", _hours_condition("event_hour", [hour])
-            ).saveAsTable(table)
+        # Kept (table_rows' local checkpoints), lineage cut: the checks and
+        # the write below read shallow plans instead of re-planning four Kafka
+        # reads, joins and a window for every expectation.
+        with table_rows(spark, settings, ranges, loaded_at, run_id, hour) as rows:
+            frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
+                                        aggregates_df=rows[T.AGGREGATES])
+            result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
+            if not result.success:
+                _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
+                               message="\n".join(result.failed))
+                raise _gate_failure([result])
+            written: dict[str, int] = {}
+            for table, df in rows.items():
+                target = spark.table(table)
+                columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
+                           for c in target.columns]
+                written[table] = df.count()
+                df.select(*columns).write.format("delta").mode("overwrite").option(
+                    "replaceWhere", _hours_condition("event_hour", [hour])
+                ).saveAsTable(table)
         _clear_staged(spark, [hour], run_id)
         _append_ledger(spark, run_id, "repaired", "repair", hour, read=[asdict(r) for r in ranges], rows=written,
                        hours=[hour_label(hour)])
