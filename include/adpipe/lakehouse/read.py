@@ -91,16 +91,16 @@ def table_rows(
     duplicate: the dedupe the design puts before the load), ``load_run`` =
     ``run_id``; only the rows of ``hour`` when one is given (a repair).
 
-    Each table's rows are a local checkpoint, kept by the first job that
-    reads them (the raw rows at once), a checkpoint's rows, not a cache's
-    columns (a million raw rows cost 3 s less to keep): what reads them
-    later (the hours, the MERGE, a repair's gate) reads them, not Kafka
-    again. Each of the other tables' rows is read by one thread at a time. The quarantine's
-    late listings are checked against the raw rows kept so (they once read
-    and parsed every raw record a second time). Each region's aggregate
-    records feed two tables (the readable ones ``ad_minute_aggregates``, the
-    others the quarantine): they are read from Kafka and parsed once, and
-    cached while the block runs."""
+    Each table's rows are a local checkpoint (rows, not a cache's columns:
+    a million raw rows cost 3 s less to keep), kept by the first job that
+    reads them, the raw rows at once: what reads them later (the hours, the
+    MERGE, a repair's gate) reads them, not Kafka again. The other tables'
+    rows are each read by one thread at a time. The quarantine's late
+    listings are checked against the raw rows kept so (they once read and
+    parsed every raw record a second time). Each region's aggregate records
+    feed two tables (the readable ones ``ad_minute_aggregates``, the others
+    the quarantine): they are read from Kafka and parsed once, and cached
+    while the block runs."""
     parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
     shared: list[DataFrame] = []
     for rr in ranges:
