@@ -300,7 +300,7 @@ def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quali
     results = []
     for hour in run.hour_list():
         facts = kafka_facts(settings, spark, hour)
-        with quality.hour_frames(spark, hour, staged_through=run.run_id).cached() as frames:
+        with quality.hour_frames(spark, hour, staged_through=run.run_id).for_gate() as frames:
             results.append(quality.validate_frames(settings, hour, frames, facts))
     failed = {hour_label(r.hour): "\n".join(r.failed) for r in results if not r.success}
     for label, message in failed.items():

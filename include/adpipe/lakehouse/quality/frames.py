@@ -35,7 +35,7 @@ class HourFrames:
     aggregates_df: DataFrame
 
     @contextmanager
-    def cached(self) -> Iterator[HourFrames]:
+    def for_gate(self) -> Iterator[HourFrames]:
         """These frames cut to the columns the gate reads (GATE_COLUMNS),
         the quarantine's cached while the block runs (the gate reads it
         three times, and it is small). The raw events and the aggregates are

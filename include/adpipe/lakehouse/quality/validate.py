@@ -251,7 +251,7 @@ def validate_hour(
         owned = SparkSession.getActiveSession() is None
         spark = metastore_session(settings, "adpipe-quality")
     try:
-        with hour_frames(spark, hour).cached() as frames:
+        with hour_frames(spark, hour).for_gate() as frames:
             return validate_frames(settings, hour, frames, facts)
     finally:
         if owned:
