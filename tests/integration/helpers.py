@@ -354,11 +354,17 @@ def load(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return run(env, "-m", "adpipe", "load", *args)
 
 
-def ok(proc: subprocess.CompletedProcess) -> str:
-    """The output of a process that must have exited 0 (else its adpipe lines and tail)."""
-    out = proc.stdout + proc.stderr
+def outline(out: str) -> str:
+    """A failed run's output for an assertion message: its adpipe lines and
+    exceptions (the cause a long Java trace's tail hides), then its tail."""
     ours = [line for line in out.splitlines() if " adpipe" in line or "Error" in line or "Exception" in line]
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n" + "\n".join(ours[-40:]) + f"\n--- tail ---\n{out[-3000:]}"
+    return "\n".join(ours[-40:]) + f"\n--- tail ---\n{out[-3000:]}"
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    """The output of a process that must have exited 0 (else its outline)."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{outline(out)}"
     return out
 
 

@@ -37,6 +37,7 @@ from tests.integration.helpers import (
     load,
     make_pipeline,
     ok,
+    outline,
 )
 
 pytestmark = pytest.mark.slow
@@ -57,26 +58,23 @@ def cluster(broker: Settings) -> Iterator[Settings]:
     hdfs.down(settings)
     shutil.rmtree(hdfs.hdfs_dir(settings), ignore_errors=True)
     status = hdfs.up(settings)
-    assert status.running and status.answering, status.describe()
-    assert status.uri == f"hdfs://127.0.0.1:{HDFS_PORT}"
-    listening = listening_addresses([pid for pid in status.pids.values() if pid])
-    assert {f"127.0.0.1:{HDFS_PORT + k}" for k in range(5)} <= set(listening)
-    assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # loopback only
-    yield settings
-    assert hdfs.down(settings)
-    assert not hdfs.status(settings).running
+    try:  # stopped even when a check below fails (the next session wipes the pid files)
+        assert status.running and status.answering, status.describe()
+        assert status.uri == f"hdfs://127.0.0.1:{HDFS_PORT}"
+        listening = listening_addresses([pid for pid in status.pids.values() if pid])
+        assert {f"127.0.0.1:{HDFS_PORT + k}" for k in range(5)} <= set(listening)
+        assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # loopback only
+        yield settings
+    finally:
+        stopped = hdfs.down(settings)
+    assert stopped and not hdfs.status(settings).running
 
 
 def listening_addresses(pids: list[int]) -> list[str]:
     """host:port of every TCP socket the processes ``pids`` listen on (from
     /proc: their socket inodes matched with the kernel's tables; an IPv4
     address mapped into IPv6 is shown as IPv4)."""
-    inodes = {
-        link[8:-1]
-        for pid in pids
-        for link in (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir())
-        if link.startswith("socket:[")
-    }
+    inodes = {link[8:-1] for pid in pids for link in fd_links(pid) if link.startswith("socket:[")}
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
@@ -91,16 +89,32 @@ def listening_addresses(pids: list[int]) -> list[str]:
     return found
 
 
-def webhdfs_names(path: str) -> list[str]:
-    """The names in an HDFS folder, from the NameNode's REST API ([] when absent)."""
+def fd_links(pid: int) -> list[str]:
+    """What the process's open descriptors point at (one closed while
+    listed is skipped: the JVM opens and closes files all the time)."""
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            links.append(os.readlink(fd))
+        except FileNotFoundError:
+            pass
+    return links
+
+
+def webhdfs_list(path: str) -> list[dict]:
+    """The statuses in an HDFS folder, from the NameNode's REST API ([] when absent)."""
     url = f"http://127.0.0.1:{HDFS_PORT + 1}/webhdfs/v1{path}?op=LISTSTATUS"
     try:
         with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback, our NameNode
-            return sorted(s["pathSuffix"] for s in json.loads(response.read())["FileStatuses"]["FileStatus"])
+            return json.loads(response.read())["FileStatuses"]["FileStatus"]
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return []
         raise
+
+
+def webhdfs_names(path: str) -> list[str]:
+    return sorted(s["pathSuffix"] for s in webhdfs_list(path))
 
 
 def event_hour(value: bytes) -> str:
@@ -118,7 +132,9 @@ def test_stream_killed_mid_batch_and_union_and_load_with_checkpoint_and_tables_o
 ) -> None:
     base = f"hdfs://127.0.0.1:{HDFS_PORT}"
     name = f"/it-{tmp_path.name}"
-    pipeline = make_pipeline(tmp_path, {**HDFS_ENV, "ADPIPE_CHECKPOINT_URI": f"{base}{name}/checkpoints"})
+    # HADOOP_CONF_DIR as `adpipe hdfs up` prints it: the jobs' block size.
+    client = {**HDFS_ENV, "HADOOP_CONF_DIR": str(hdfs.client_conf_dir(cluster))}
+    pipeline = make_pipeline(tmp_path, {**client, "ADPIPE_CHECKPOINT_URI": f"{base}{name}/checkpoints"})
     job = pipeline.settings.job_id
     plan = produce.plan(produce.ProduceSpec(
         events=1500, seed=3101, ads=10, ad_offset=3100, minutes=6, start=START, duplicate_rate=0.04,
@@ -131,14 +147,17 @@ def test_stream_killed_mid_batch_and_union_and_load_with_checkpoint_and_tables_o
     # Step 1: the driver SIGKILLed in batch 1 after producing its output,
     # before committing its transaction; its checkpoint is on HDFS only.
     killed = pipeline.stream(max_offsets=250, fault={"ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": "1"})
-    assert killed.returncode == -9, killed.log[-3000:]
+    assert killed.returncode == -9, outline(killed.log)
     assert f"fault injection: SIGKILL at {AFTER_PRODUCE}" in killed.log
     assert {"commits", "offsets", "state"} <= set(webhdfs_names(f"{name}/checkpoints/{job}"))
+    # Written with the client settings of HADOOP_CONF_DIR, not Hadoop's defaults.
+    offsets = webhdfs_list(f"{name}/checkpoints/{job}/offsets")
+    assert offsets and {(f["blockSize"], f["replication"]) for f in offsets} == {(16 * 2**20, 1)}
     assert not (pipeline.settings.home / "checkpoints" / job).exists()
 
     # Step 2: restarted on the same HDFS checkpoint, to the end of the topic.
     restarted = pipeline.stream(max_offsets=250)
-    assert restarted.returncode == 0, restarted.log[-3000:]
+    assert restarted.returncode == 0, outline(restarted.log)
     assert len(restarted.batch_lines()) >= 3 and "Spark dropped" not in restarted.log
     aggregates = assert_exactly_once(pipeline, [summary], min_windows=10 * 5)
     late = pipeline.read(pipeline.settings.topics.late)

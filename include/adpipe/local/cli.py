@@ -90,7 +90,7 @@ def cmd_hdfs(args: argparse.Namespace, settings: Settings) -> int:
     rc = _serve(args, settings, "hdfs", hdfs)
     if args.action == "up":
         print("the jobs keep their checkpoints and tables on it with:")
-        for line in hdfs.client_exports(hdfs.ports(settings)):
+        for line in hdfs.client_exports(settings, hdfs.ports(settings)):
             print(f"  {line}")
     return rc
 

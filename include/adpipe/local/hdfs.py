@@ -15,8 +15,9 @@ set-up), and safe mode left as soon as the DataNode has reported its blocks.
 
 The stream job and Union & Load use it through the settings they already
 read: ``ADPIPE_CHECKPOINT_URI=hdfs://127.0.0.1:9820/adpipe/checkpoints`` and
-``ADPIPE_WAREHOUSE_URI=hdfs://127.0.0.1:9820/adpipe/warehouse`` (``up``
-prints both). Only processes we started are ever signalled: a pid file is
+``ADPIPE_WAREHOUSE_URI=hdfs://127.0.0.1:9820/adpipe/warehouse``, with
+``HADOOP_CONF_DIR=$ADPIPE_HOME/hdfs/client`` for the clients' block size
+(``up`` prints all three). Only processes we started are ever signalled: a pid file is
 trusted only while ``/proc/<pid>/cmdline`` still names the daemon's class
 and this home's configuration folder."""
 
@@ -95,6 +96,12 @@ def conf_dir(settings: Settings) -> Path:
     return hdfs_dir(settings) / "conf"
 
 
+def client_conf_dir(settings: Settings) -> Path:
+    """The jobs' ``HADOOP_CONF_DIR``: an hdfs-site.xml of client settings
+    only (no ``fs.defaultFS``: a path without a scheme stays local)."""
+    return hdfs_dir(settings) / "client"
+
+
 def name_dir(settings: Settings) -> Path:
     return hdfs_dir(settings) / "name"
 
@@ -141,11 +148,24 @@ def core_site(settings: Settings, p: Ports) -> dict[str, str]:
     }
 
 
+# A NameNode places a block only on a DataNode with room for a whole block
+# per block being written, and the DataNode reserves as much per replica:
+# at Hadoop's 128 MB, a nearly full disk refuses files of kilobytes (a
+# checkpoint's), which then "could only be written to 0 of the 1
+# minReplication nodes".
+CLIENT_BLOCK_SIZE = "16m"
+
+
+def client_site() -> dict[str, str]:
+    # One DataNode: the blocks are stored once (the client's default, 3, left
+    # every block under-replicated in the NameNode's eyes).
+    return {"dfs.blocksize": CLIENT_BLOCK_SIZE, "dfs.replication": "1", "dfs.client.use.datanode.hostname": "true"}
+
+
 def hdfs_site(settings: Settings, p: Ports) -> dict[str, str]:
     return {
         "dfs.namenode.name.dir": str(name_dir(settings)),
         "dfs.datanode.data.dir": str(data_dir(settings)),
-        "dfs.replication": "1",
         "dfs.namenode.replication.min": "1",
         # A loopback-only set-up: every local user (root included) may write anywhere.
         "dfs.permissions.enabled": "false",
@@ -157,9 +177,15 @@ def hdfs_site(settings: Settings, p: Ports) -> dict[str, str]:
         "dfs.datanode.http.address": f"{HOST}:{p.data_http}",
         "dfs.datanode.ipc.address": f"{HOST}:{p.data_ipc}",
         "dfs.datanode.hostname": HOST,
-        "dfs.client.use.datanode.hostname": "true",
         # The DataNode reports its blocks at once after a start.
         "dfs.blockreport.initialDelay": "0",
+        # A DataNode takes a block only on a volume with a block's room plus
+        # this (Hadoop's default: 1 GB); with one volume there is nothing to
+        # spread, and a CI disk with under 1.1 GB free failed every write.
+        "dfs.datanode.round-robin-volume-choosing-policy.additional-available-space": "0",
+        # Also the NameNode's "server defaults": what a client writing through
+        # Hadoop's FileContext (Spark's checkpoints, Delta's log) uses.
+        **client_site(),
     }
 
 
@@ -304,11 +330,12 @@ def status(settings: Settings) -> HdfsStatus:
     return HdfsStatus({d: _read_pid(settings, d) for d in DAEMONS}, namenode_state(p), p, hdfs_dir(settings))
 
 
-def client_exports(p: Ports) -> list[str]:
+def client_exports(settings: Settings, p: Ports) -> list[str]:
     """What the jobs need to keep their checkpoints and tables on it."""
     return [
         f"export ADPIPE_CHECKPOINT_URI={p.uri}/adpipe/checkpoints",
         f"export ADPIPE_WAREHOUSE_URI={p.uri}/adpipe/warehouse",
+        f"export HADOOP_CONF_DIR={client_conf_dir(settings)}",
     ]
 
 
@@ -318,6 +345,8 @@ def _write_conf(settings: Settings, p: Ports) -> None:
     (conf / "core-site.xml").write_text(site_xml(core_site(settings, p)))
     (conf / "hdfs-site.xml").write_text(site_xml(hdfs_site(settings, p)))
     (conf / "log4j.properties").write_text(LOG4J_PROPERTIES)
+    client_conf_dir(settings).mkdir(exist_ok=True)
+    (client_conf_dir(settings) / "hdfs-site.xml").write_text(site_xml(client_site()))
     secret = conf / "http-secret"
     if not secret.exists():
         secret.touch(mode=0o600)

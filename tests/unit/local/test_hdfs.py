@@ -69,6 +69,11 @@ def test_site_files_render_as_hadoop_reads_them(settings: Settings) -> None:
     core = _parsed(hdfs.site_xml(hdfs.core_site(settings, p)))
     assert core["fs.defaultFS"] == "hdfs://127.0.0.1:29880"
     assert Path(core["hadoop.tmp.dir"]).is_relative_to(home)
+    # The jobs' own: small blocks, no default file system (a path without a
+    # scheme stays local).
+    client = _parsed(hdfs.site_xml(hdfs.client_site()))
+    assert client["dfs.blocksize"] == "16m" and client["dfs.replication"] == "1"
+    assert "fs.defaultFS" not in client and not any("address" in k or ".dir" in k for k in client)
 
 
 def test_daemon_command_lines(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,9 +135,11 @@ def test_status_lines(tmp_path: Path) -> None:
     assert down.describe().startswith(
         "hdfs down (nothing of ours runs; the NameNode does not answer on 127.0.0.1:29881"
     )
-    assert hdfs.client_exports(p) == [
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    assert hdfs.client_exports(settings, p) == [
         "export ADPIPE_CHECKPOINT_URI=hdfs://127.0.0.1:29880/adpipe/checkpoints",
         "export ADPIPE_WAREHOUSE_URI=hdfs://127.0.0.1:29880/adpipe/warehouse",
+        f"export HADOOP_CONF_DIR={tmp_path}/hdfs/client",
     ]
 
 
