@@ -99,16 +99,14 @@ def table_rows(
     listings are checked against the raw rows kept so (they once read and
     parsed every raw record a second time). Each region's aggregate records
     feed two tables (the readable ones ``ad_minute_aggregates``, the others
-    the quarantine): they are read from Kafka and parsed once, and cached
-    while the block runs."""
+    the quarantine): they are read from Kafka and parsed once, and kept (a
+    local checkpoint, at once) without the readable ones' bytes."""
     parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
-    shared: list[DataFrame] = []
     for rr in ranges:
         empty = _empty_kafka_df(spark)
         kafka = _region_kafka(settings, rr)
         raw_df = _read(spark, kafka, rr.raw) or empty
-        agg_df = with_aggregate_fields(_read(spark, kafka, rr.aggregates) or empty).persist()
-        shared.append(agg_df)
+        agg_df = with_aggregate_fields(_read(spark, kafka, rr.aggregates) or empty).localCheckpoint(eager=True)
         late_df = _read(spark, kafka, rr.late) or empty
         dlq_df = _read(spark, kafka, rr.dlq) or empty
         parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
@@ -135,11 +133,7 @@ def table_rows(
             cross_region_copies(unions[T.RAW], loaded, loaded_at)
         )
     out |= {table: rows_of(table) for table in unions if table != T.RAW}
-    try:
-        yield out
-    finally:
-        for df in shared:
-            df.unpersist()
+    yield out
 
 
 def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:

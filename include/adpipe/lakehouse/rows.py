@@ -77,14 +77,32 @@ def raw_table_rows(
 
 
 def with_aggregate_fields(kafka_df: DataFrame) -> DataFrame:
-    """Aggregate records with their JSON read into ``a`` and
-    ``aggregate_ok`` (every field of the contract there and readable). A
-    frame that has them already (read once and cached for both tables that
-    need it) is returned as it is."""
+    """Aggregate records -> what both tables that read them need, parsed
+    once: the record's JSON in ``a``, its window parsed (``window_start``,
+    ``window_end``), ``aggregate_ok`` (every field of the contract there and
+    readable), its Kafka position and time, and its bytes (``value``) only
+    when it is not readable (the quarantine keeps those; the readable ones'
+    bytes would only make the kept frame bigger). A frame that has them
+    already is returned as it is."""
     if "aggregate_ok" in kafka_df.columns:
         return kafka_df
     body = F.from_json(F.col("value").cast("string"), S.AGGREGATE_RECORD)
-    return kafka_df.select("*", body.alias("a")).withColumn("aggregate_ok", _aggregate_ok())
+    parsed = kafka_df.select("topic", "partition", "offset", "timestamp", "value", body.alias("a")).withColumns(
+        # try_: an unreadable time makes the record unreadable (quarantined);
+        # a plain cast fails the whole load under ANSI mode.
+        {"window_start": F.try_to_timestamp("a.window_start"), "window_end": F.try_to_timestamp("a.window_end")}
+    )
+    a = F.col("a")
+    ok = F.coalesce(
+        a.record_uuid.isNotNull()
+        & a.ad_id.isNotNull()
+        & F.col("window_start").isNotNull()
+        & F.col("window_end").isNotNull()
+        & a.impressions.isNotNull()
+        & a.clicks.isNotNull(),
+        F.lit(False),
+    )
+    return parsed.withColumn("aggregate_ok", ok).withColumn("value", F.when(~F.col("aggregate_ok"), F.col("value")))
 
 
 def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime | None, loaded_at: datetime) -> DataFrame:
@@ -93,27 +111,14 @@ def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime | None
     rows = parsed.select(
         F.col("a.record_uuid").alias("record_uuid"),
         F.col("a.ad_id").alias("ad_id"),
-        F.to_timestamp("a.window_start").alias("window_start"),
-        F.to_timestamp("a.window_end").alias("window_end"),
+        "window_start",
+        "window_end",
         F.col("a.impressions").alias("impressions"),
         F.col("a.clicks").alias("clicks"),
-        _hour_of(F.to_timestamp("a.window_start")).alias("event_hour"),
+        _hour_of(F.col("window_start")).alias("event_hour"),
         *_kafka_columns(region, loaded_at),
     ).where(_in_hour(hour))
     return rows.select(*T.AGGREGATES_SCHEMA.fieldNames())
-
-
-def _aggregate_ok() -> Column:
-    a = F.col("a")
-    return F.coalesce(
-        a.record_uuid.isNotNull()
-        & a.ad_id.isNotNull()
-        & F.to_timestamp(a.window_start).isNotNull()
-        & F.to_timestamp(a.window_end).isNotNull()
-        & a.impressions.isNotNull()
-        & a.clicks.isNotNull(),
-        F.lit(False),
-    )
 
 
 def _header(name: str) -> Column:
@@ -172,13 +177,13 @@ def quarantine_table_rows(
             "event_id": F.coalesce(_header(S.HEADER_EVENT_ID), "event_id"),
             "ad_id": F.coalesce("ad_id", F.col("key").cast("string")),
             "event_time": F.coalesce(
-                "event_time", F.timestamp_millis(_header(S.HEADER_EVENT_TIME_MS).cast("long"))
+                "event_time", F.timestamp_millis(_header(S.HEADER_EVENT_TIME_MS).try_cast("long"))
             ),
         }
     )
     late_rows = late.where(F.col("reject_reason").isNull() | _header(S.HEADER_EVENT_ID).isNotNull()).select(
         _header(S.HEADER_SOURCE).alias(RAW_SOURCE),
-        _header(S.HEADER_WATERMARK).cast("long").alias(LISTED_WATERMARK),
+        _header(S.HEADER_WATERMARK).try_cast("long").alias(LISTED_WATERMARK),
         F.lit(T.SOURCE_LATE).alias("source"),
         F.col("event_id").alias("event_key"),
         F.lit("late").alias("reason"),

@@ -97,16 +97,22 @@ def test_aggregate_rows_parse_the_contract_json_and_filter_the_hour(spark: Spark
         "window_end": "2026-11-22T13:01:00Z",
     }
     broken = {"record_uuid": "u3", "ad_id": "ad-1"}
-    df = _kafka(spark, [good, next_hour, broken, b"not json"])
-    rows = R.aggregate_table_rows(df, "r1", HOUR, LOADED).collect()
-    assert [(r.record_uuid, r.impressions, r.clicks, r.window_start) for r in rows] == [
-        ("u1", 4, 1, datetime(2026, 11, 22, 12, 7))
-    ]
-    # The unreadable ones are quarantined (by the hour they reached Kafka), not dropped.
-    empty = _kafka(spark, [])
-    q = R.quarantine_table_rows(empty, empty, df, "r1", datetime(2026, 11, 23, 8, tzinfo=UTC), LOADED).collect()
-    assert sorted(r.event_key for r in q) == ["t/0/2", "t/1/3"]
-    assert {r.source for r in q} == {R.SOURCE_BAD_AGGREGATE}
+    bad_time = {**good, "record_uuid": "u4", "window_end": "yesterday"}
+    df = _kafka(spark, [good, next_hour, broken, b"not json", bad_time])
+    # As the load reads them: parsed once, kept, then shaped for both tables.
+    for source in (df, R.with_aggregate_fields(df).localCheckpoint()):
+        rows = R.aggregate_table_rows(source, "r1", HOUR, LOADED).collect()
+        assert [(r.record_uuid, r.impressions, r.clicks, r.window_start, r.window_end) for r in rows] == [
+            ("u1", 4, 1, datetime(2026, 11, 22, 12, 7), datetime(2026, 11, 22, 12, 8))
+        ]
+        # The unreadable ones are quarantined (by the hour they reached
+        # Kafka) with their own bytes, not dropped.
+        empty = _kafka(spark, [])
+        q = R.quarantine_table_rows(empty, empty, source, "r1", datetime(2026, 11, 23, 8, tzinfo=UTC), LOADED)
+        assert sorted((r.event_key, r.raw_value) for r in q.collect()) == [
+            ("t/0/2", json.dumps(broken).encode()), ("t/0/4", json.dumps(bad_time).encode()), ("t/1/3", b"not json"),
+        ]  # fmt: skip
+        assert {r.source for r in q.collect()} == {R.SOURCE_BAD_AGGREGATE}
 
 
 def test_quarantine_rows_carry_reason_and_key(spark: SparkSession) -> None:
@@ -124,7 +130,8 @@ def test_quarantine_rows_carry_reason_and_key(spark: SparkSession) -> None:
     late = _kafka(
         spark,
         [_event("late-1", 30), _event("late-2", 30, hour=11), b'{"event_id":"late-3","ad_id":"ad-1","eve'],
-        [{}, {}, truncated],
+        # A header that is no number is read as none (never a failed load).
+        [{S.HEADER_WATERMARK: "junk"}, {}, truncated],
     )
     empty = _kafka(spark, [])
     rows = R.quarantine_table_rows(dlq, late, empty, "r1", HOUR, LOADED).collect()
