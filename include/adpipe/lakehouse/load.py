@@ -443,6 +443,7 @@ def load_hour(
     publish (module doc). Raises :class:`HourOpen` for an hour not closed,
     :class:`GateFailed` (nothing published) for a failed audit."""
     started = time.monotonic()
+    quality.import_ge_in_background()  # while the rows are staged
     spark = spark or metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
     run = stage(settings, spark, hour, last_hour, allow_open)
     results = audit(settings, spark, run)

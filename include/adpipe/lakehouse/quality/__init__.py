@@ -51,7 +51,7 @@ from adpipe.lakehouse.quality.frames import (
 )
 from adpipe.lakehouse.quality.report import QualityError, QualityResult, failure_line
 from adpipe.lakehouse.quality.suites import AGGREGATES_NAME, RAW_NAME, RECONCILIATION_NAME
-from adpipe.lakehouse.quality.validate import KafkaFacts, validate_frames, validate_hour
+from adpipe.lakehouse.quality.validate import KafkaFacts, import_ge_in_background, validate_frames, validate_hour
 
 __all__ = [
     "AGGREGATES_NAME",
@@ -66,6 +66,7 @@ __all__ = [
     "expected_minute_counts",
     "failure_line",
     "hour_frames",
+    "import_ge_in_background",
     "normalize_hour",
     "reconciliation_frame",
     "validate_frames",

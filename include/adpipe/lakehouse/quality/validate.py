@@ -12,8 +12,10 @@ frame. A bigger hour stays in Spark, and so does one that fails to collect."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -88,6 +90,24 @@ class KafkaFacts:
             f"{g['first_offset']} only, written after the hour began: Kafka can no longer prove this hour"
             for g in self.retention_gaps
         ]
+
+
+def import_ge_in_background() -> threading.Thread:
+    """Start importing Great Expectations (about 3 s that the gate would
+    otherwise wait for) in a daemon thread: a load stages its rows first,
+    and the driver's Python mostly waits on Spark meanwhile. The gate's own
+    import waits for this one to finish (Python's import lock); one that
+    fails here fails there again, with its error."""
+
+    def run() -> None:
+        try:
+            importlib.import_module("great_expectations")
+        except Exception:  # noqa: BLE001 - reported by the gate's own import
+            log.debug("importing Great Expectations in the background failed", exc_info=True)
+
+    thread = threading.Thread(target=run, name="ge-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def validate_frames(
