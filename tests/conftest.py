@@ -4,6 +4,7 @@ on their own ports and home, so they never touch a developer's broker."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,16 @@ LONGEST_FIRST = (
     "test_budget_faults",  # 105 s
     "test_ledger",  # 100 s
 )
+
+
+def pytest_report_header() -> str:
+    """The free disk under the test home, first in the run's output: a
+    nearly full disk fails tests far from its cause (a CI run's HDFS test
+    failed at its first file with a little over 1 GB free)."""
+    probe = next(p for p in (_HOME, *_HOME.parents) if p.exists())
+    free_gb = shutil.disk_usage(probe).free / 2**30
+    low = "  LOW: the brokers, Spark and HDFS of the suite write gigabytes" if free_gb < 5 else ""
+    return f"free disk under {_HOME}: {free_gb:.1f} GB{low}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the group marks
