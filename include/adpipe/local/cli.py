@@ -178,7 +178,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "that port + 1, the DataNode on + 2 to + 4); replication 1, permissions off, formatted on the first "
         "up. The stream job and Union & Load keep their checkpoints and tables there with "
         "ADPIPE_CHECKPOINT_URI=hdfs://127.0.0.1:9820/adpipe/checkpoints and "
-        "ADPIPE_WAREHOUSE_URI=hdfs://127.0.0.1:9820/adpipe/warehouse (up prints both).",
+        "ADPIPE_WAREHOUSE_URI=hdfs://127.0.0.1:9820/adpipe/warehouse, with HADOOP_CONF_DIR=$ADPIPE_HOME/hdfs/client "
+        "for the clients' 16 MB blocks (up prints all three).",
         "wait until the NameNode is out of safe mode with the DataNode live",
         cmd_hdfs,
     )
