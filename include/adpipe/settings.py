@@ -232,9 +232,9 @@ class Settings(_Locations):
     # The quality gate fails an hour whose late events are more than this
     # share of its valid events (a stream far behind, a producer replaying).
     max_late_share: float = 0.01
-    # The gate checks an hour of at most this many raw events plus windows in
-    # pandas (GE's pandas engine: seconds less than its Spark engine's per
-    # hour, 18 s less for a 10,000-ad hour, for about 0.7 GB more in the
+    # The gate checks an hour of at most this many raw events plus aggregate
+    # rows in pandas (GE's pandas engine: seconds less than its Spark engine's
+    # per hour, 18 s less for a 10,000-ad hour, for about 0.7 GB more in the
     # driver's Python); a bigger hour in Spark. 0: always Spark.
     gate_pandas_max_rows: int = 2_000_000
     # How long a load waits for the stream's last batch's output to become

@@ -251,8 +251,8 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
 
 
 def test_the_engine_follows_the_hour_size_and_both_find_the_same_defects(spark: SparkSession, tmp_path: Path) -> None:
-    """The fixture hour with a duplicated window (5 raw events and 2
-    windows): pandas at a limit of 7 rows, Spark at 6, in one GE context (its
+    """The fixture hour with a duplicated window (5 raw events and 3
+    aggregate rows): pandas at a limit of 8 rows, Spark at 7, in one GE context (its
     checkpoints move between the two data sources). Both fail the same
     expectations naming the same rows, with the same parameters; a count
     column that is not a long is named in each engine's own terms."""
@@ -260,7 +260,7 @@ def test_the_engine_follows_the_hour_size_and_both_find_the_same_defects(spark: 
     aggregates = f.aggregates_df.withColumn("impressions", F.col("impressions").cast("double"))
     hour_frames = Q.HourFrames(f.raw_df, f.quarantine_df, aggregates)
     results = {}
-    for limit in (7, 6):
+    for limit in (8, 7):
         at_limit = load_settings(
             {"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.25", "ADPIPE_GATE_PANDAS_MAX_ROWS": str(limit)}
         )

@@ -1,14 +1,17 @@
 """Running the quality gate on one hour: the checkpoints on the hour's
-frames, with the numbers the aggregates must match computed in Spark from
-the raw events, and what Kafka says of the hour (:class:`KafkaFacts`); the
+frames, with the numbers the aggregates must match computed from the raw
+events, and what Kafka says of the hour (:class:`KafkaFacts`); the
 verdict is logged, kept as JSON under ``gx/uncommitted/hourly_results`` and
 returned as a :class:`~adpipe.lakehouse.quality.report.QualityResult`.
 
-The frames are built in Spark. GE checks them on its pandas engine when the
-hour is small (``ADPIPE_GATE_PANDAS_MAX_ROWS`` raw events plus windows): its
-Spark engine runs a Spark job or more per expectation, seconds per hour
-even for a handful of rows, while collecting a small hour is one job per
-frame. A bigger hour stays in Spark, and so does one that fails to collect."""
+GE checks a small hour (``ADPIPE_GATE_PANDAS_MAX_ROWS`` raw events plus
+aggregate rows) on its pandas engine: the hour's three tables are collected
+(one Spark job each) and the frames GE checks, the reconciliation included,
+computed from them in pandas (:mod:`~adpipe.lakehouse.quality.pandas_frames`).
+GE's Spark engine runs a Spark job or more per expectation, seconds per hour
+even for a handful of rows. A bigger hour stays in Spark, its frames built
+there (:mod:`~adpipe.lakehouse.quality.frames`), and so does one that fails
+to collect."""
 
 from __future__ import annotations
 
@@ -24,13 +27,13 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from adpipe.lakehouse.quality import pandas_frames
 from adpipe.lakehouse.quality.context import context_lock, docs_index, gx_root, set_up_checkpoints
 from adpipe.lakehouse.quality.frames import (
     HourFrames,
     emitted_only,
     hour_frames,
     normalize_hour,
-    pandas_frame,
     reconciliation_frame,
     with_hour_check,
     with_late_flag,
@@ -128,20 +131,8 @@ def validate_frames(
     facts = facts or KafkaFacts()
     hour = normalize_hour(hour)
     tag = hour_tag(hour)
-    # Only the columns the suites read: GE caches (or we collect) what it checks.
-    raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df).select(*RAW_CHECKED_COLUMNS)
-    aggregates_df = with_window_checks(frames.aggregates_df).select(*AGGREGATES_CHECKED_COLUMNS)
-    recon_df = reconciliation_frame(
-        emitted_only(frames.raw_df, facts.watermarks), frames.quarantine_df, frames.aggregates_df
-    )
-    # Cached now, so GE's runs on them (which persist the same frames) read
-    # what the parameters and the row count below computed, instead of
-    # joining again; each is unpersisted after its run, or below if none.
-    for df in (raw_df, recon_df):
-        df.persist()
-
-    # The numbers GE compares the aggregates with, computed in Spark from raw.
-    stats = _expected_parameters(recon_df)
+    checked = _pandas_input(settings, frames, facts) or _spark_input(frames, facts)
+    stats = dict(checked.stats)
     recon_rows = stats.pop("recon_rows")
     parameters: dict[str, Any] = {
         **stats,
@@ -149,24 +140,23 @@ def validate_frames(
         P_MIN_RAW_ROWS: 1 if facts.regions_with_input else 0,
         P_EXPECTED_REGIONS: sorted(facts.regions_with_input),
     }
-    raw_rows = raw_df.count()
 
     notes: list[str] = []
-    to_run: list[tuple[str, DataFrame]] = []
-    if raw_rows or facts.regions_with_input:
-        to_run.append((RAW_NAME, raw_df))
+    to_run: list[tuple[str, Any]] = []
+    if checked.raw_rows or facts.regions_with_input:
+        to_run.append((RAW_NAME, checked.raw))
     else:
         notes.append("no raw events in this hour and no raw input in Kafka: raw checks skipped")
     if recon_rows:
-        to_run += [(AGGREGATES_NAME, aggregates_df), (RECONCILIATION_NAME, recon_df)]
+        to_run += [(AGGREGATES_NAME, checked.aggregates), (RECONCILIATION_NAME, checked.recon)]
     else:
         notes.append("no on-time raw events and no aggregates in this hour: nothing to reconcile")
     if not to_run:
         notes.append("empty hour: valid")
-    for df in (raw_df, recon_df):
-        if all(df is not checked for _name, checked in to_run):
-            df.unpersist()
-    engine, batches = _batches(settings, to_run, raw_rows + recon_rows)
+    for batch in (checked.raw, checked.recon):
+        if all(batch is not run for _name, run in to_run):
+            _release(batch)
+    engine = checked.engine
 
     run_time = datetime.now(UTC)  # a record of when the check ran, not a partition
     run_id = RunIdentifier(run_name=f"adpipe-{tag}", run_time=run_time)
@@ -180,7 +170,7 @@ def validate_frames(
     # the Data Docs index as it goes. Hours are validated one at a time anyway.
     with context_lock(settings):
         context, checkpoints = set_up_checkpoints(settings, engine)
-        for (name, df), batch in zip(to_run, batches, strict=True):
+        for name, batch in to_run:
             log.info("GE: validating %s for hour %s (%s)", name, tag, engine)
             try:
                 result = checkpoints[name].run(
@@ -189,7 +179,7 @@ def validate_frames(
                     run_id=run_id,
                 )
             finally:
-                df.unpersist()  # GE's Spark engine persists the batch DataFrame
+                _release(batch)  # GE's Spark engine persists the batch DataFrame
             all_succeeded = all_succeeded and bool(result.success)
             for suite_result in result.run_results.values():
                 evaluated += int(suite_result.statistics.get("evaluated_expectations", 0))
@@ -238,21 +228,61 @@ def validate_frames(
     return quality
 
 
-def _batches(settings: Settings, to_run: list[tuple[str, DataFrame]], rows: int) -> tuple[str, list[Any]]:
-    """The engine GE checks the hour on, and what it checks: the frames
-    themselves (Spark), or collected (pandas, a small hour: ``rows`` raw
-    events plus windows at most ``settings.gate_pandas_max_rows``)."""
-    frames = [df for _name, df in to_run]
-    if not frames or rows > settings.gate_pandas_max_rows:
-        return SPARK, frames
+@dataclass(frozen=True)
+class _GateInput:
+    """What GE checks (Spark DataFrames, or pandas frames) and the numbers
+    computed from it."""
+
+    engine: str
+    raw: Any
+    aggregates: Any
+    recon: Any
+    raw_rows: int
+    stats: dict[str, int]  # the expected parameters and "recon_rows"
+
+
+def _release(batch: Any) -> None:
+    if isinstance(batch, DataFrame):
+        batch.unpersist()
+
+
+def _hour_rows(frames: HourFrames) -> int:
+    """The hour's raw events plus aggregate rows, in one Spark job."""
+    kinds = frames.raw_df.select(F.lit(1).alias("n")).unionByName(frames.aggregates_df.select(F.lit(1).alias("n")))
+    return kinds.count()
+
+
+def _pandas_input(settings: Settings, frames: HourFrames, facts: KafkaFacts) -> _GateInput | None:
+    """The gate's frames computed in pandas from the hour collected, for an
+    hour of at most ``settings.gate_pandas_max_rows`` raw events plus
+    aggregate rows; None for a bigger one, or one that fails to collect."""
+    if settings.gate_pandas_max_rows <= 0 or _hour_rows(frames) > settings.gate_pandas_max_rows:
+        return None
     try:
-        batches = [pandas_frame(df) for df in frames]
+        collected = pandas_frames.collect(frames)
     except Exception as exc:  # an hour pandas cannot hold is still checked, in Spark
         log.warning("GE: checking in Spark, the hour's frames did not collect to pandas: %s", exc)
-        return SPARK, frames
-    for df in frames:
-        df.unpersist()
-    return PANDAS, batches
+        return None
+    recon = pandas_frames.reconciliation(collected, facts.watermarks)
+    raw = pandas_frames.raw_checked(collected)
+    return _GateInput(PANDAS, raw, pandas_frames.aggregates_checked(collected), recon, len(raw),
+                      pandas_frames.expected_parameters(recon))
+
+
+def _spark_input(frames: HourFrames, facts: KafkaFacts) -> _GateInput:
+    """The gate's frames as Spark DataFrames (a big hour), the raw rows and
+    the reconciliation cached: GE's runs on them (which persist the same
+    frames) read what the parameters and the row count computed, instead of
+    joining again; each is released after its run, or before if none."""
+    raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df).select(*RAW_CHECKED_COLUMNS)
+    aggregates_df = with_window_checks(frames.aggregates_df).select(*AGGREGATES_CHECKED_COLUMNS)
+    recon_df = reconciliation_frame(
+        emitted_only(frames.raw_df, facts.watermarks), frames.quarantine_df, frames.aggregates_df
+    )
+    for df in (raw_df, recon_df):
+        df.persist()
+    stats = _expected_parameters(recon_df)
+    return _GateInput(SPARK, raw_df, aggregates_df, recon_df, raw_df.count(), stats)
 
 
 def validate_hour(
