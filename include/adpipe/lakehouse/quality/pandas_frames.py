@@ -115,8 +115,12 @@ def expected_minute_counts(raw: pd.DataFrame, quarantine: pd.DataFrame) -> pd.Da
     copies = quarantine.loc[quarantine["source"] == tables.SOURCE_CROSS_REGION, columns]
     events = pd.concat([raw[columns], copies], ignore_index=True) if len(copies) else raw[columns]
     # The late keys hold no null (an event without its id keeps its counts).
-    late_keys = pd.MultiIndex.from_frame(_late_ids(quarantine))
-    events = events[~pd.MultiIndex.from_frame(events[["region", "event_id"]]).isin(late_keys)]
+    # Only the events whose id is late anywhere are matched by region too.
+    late = _late_ids(quarantine)
+    candidates = events[events["event_id"].isin(late["event_id"].unique())]
+    if len(candidates):
+        is_late = pd.MultiIndex.from_frame(candidates[["region", "event_id"]]).isin(pd.MultiIndex.from_frame(late))
+        events = events.drop(index=candidates.index[is_late])
     counted = pd.DataFrame(
         {
             "region": events["region"],
