@@ -255,14 +255,14 @@ def stage(
                 run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
             )
         if any(rng.records() for rr in ranges for rng in rr.topics()):
-            with table_rows(spark, settings, ranges, loaded_at, run_id) as rows:
-                # The tables are independent (their own Delta logs): staged side
-                # by side, one table's planning and commits fill the cores while
-                # another's tasks wait.
-                staged = in_threads(
-                    {table: functools.partial(_stage_table, spark, table, source, run_id)
-                     for table, source in rows.items()}
-                )
+            rows = table_rows(spark, settings, ranges, loaded_at, run_id)
+            # The tables are independent (their own Delta logs): staged side
+            # by side, one table's planning and commits fill the cores while
+            # another's tasks wait.
+            staged = in_threads(
+                {table: functools.partial(_stage_table, spark, table, source, run_id)
+                 for table, source in rows.items()}
+            )
         else:  # a rerun, a backfill of loaded hours: no Kafka read, no MERGE of nothing
             staged = dict.fromkeys(T.TABLES, 0)
             log.info("run %d: no new record in any region's topics: nothing to stage", run_id)
@@ -475,23 +475,23 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
         # Kept (table_rows' local checkpoints), lineage cut: the checks and
         # the write below read shallow plans instead of re-planning four Kafka
         # reads, joins and a window for every expectation.
-        with table_rows(spark, settings, ranges, loaded_at, run_id, hour) as rows:
-            frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
-                                        aggregates_df=rows[T.AGGREGATES])
-            result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
-            if not result.success:
-                _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
-                               message="\n".join(result.failed))
-                raise _gate_failure([result])
-            written: dict[str, int] = {}
-            for table, df in rows.items():
-                target = spark.table(table)
-                columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
-                           for c in target.columns]
-                written[table] = df.count()
-                df.select(*columns).write.format("delta").mode("overwrite").option(
-                    "replaceWhere", _hours_condition("event_hour", [hour])
-                ).saveAsTable(table)
+        rows = table_rows(spark, settings, ranges, loaded_at, run_id, hour)
+        frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
+                                    aggregates_df=rows[T.AGGREGATES])
+        result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
+        if not result.success:
+            _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
+                           message="\n".join(result.failed))
+            raise _gate_failure([result])
+        written: dict[str, int] = {}
+        for table, df in rows.items():
+            target = spark.table(table)
+            columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
+                       for c in target.columns]
+            written[table] = df.count()
+            df.select(*columns).write.format("delta").mode("overwrite").option(
+                "replaceWhere", _hours_condition("event_hour", [hour])
+            ).saveAsTable(table)
         _clear_staged(spark, [hour], run_id)
         _append_ledger(spark, run_id, "repaired", "repair", hour, read=[asdict(r) for r in ranges], rows=written,
                        hours=[hour_label(hour)])

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -77,7 +75,6 @@ def _empty_kafka_df(spark: SparkSession) -> DataFrame:
     )
 
 
-@contextmanager
 def table_rows(
     spark: SparkSession,
     settings: Settings,
@@ -85,7 +82,7 @@ def table_rows(
     loaded_at: datetime,
     run_id: int,
     hour: datetime | None = None,
-) -> Iterator[dict[str, DataFrame]]:
+) -> dict[str, DataFrame]:
     """Per table, the rows of the records in ``ranges``: every region's,
     unioned, one row per key (a producer retry, a replayed or injected
     duplicate: the dedupe the design puts before the load), ``load_run`` =
@@ -132,8 +129,7 @@ def table_rows(
         unions[T.QUARANTINE] = unions[T.QUARANTINE].unionByName(
             cross_region_copies(unions[T.RAW], loaded, loaded_at)
         )
-    out |= {table: rows_of(table) for table in unions if table != T.RAW}
-    yield out
+    return out | {table: rows_of(table) for table in unions if table != T.RAW}
 
 
 def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:

@@ -95,7 +95,7 @@ class KafkaFacts:
         ]
 
 
-def import_ge_in_background() -> threading.Thread:
+def import_ge_in_background() -> None:
     """Start importing Great Expectations (about 3 s that the gate would
     otherwise wait for) in a daemon thread: a load stages its rows first,
     and the driver's Python mostly waits on Spark meanwhile. The gate's own
@@ -108,9 +108,7 @@ def import_ge_in_background() -> threading.Thread:
         except Exception:  # noqa: BLE001 - reported by the gate's own import
             log.debug("importing Great Expectations in the background failed", exc_info=True)
 
-    thread = threading.Thread(target=run, name="ge-import", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=run, name="ge-import", daemon=True).start()
 
 
 def validate_frames(
