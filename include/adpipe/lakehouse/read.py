@@ -39,6 +39,7 @@ from adpipe.lakehouse.rows import (
     with_aggregate_fields,
 )
 from adpipe.settings import KafkaAccess, Settings
+from adpipe.spark import in_threads
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ def table_rows(
 
     Each table's rows are a local checkpoint (rows, not a cache's columns:
     a million raw rows cost 3 s less to keep), kept by the first job that
-    reads them, the raw rows at once: what reads them later (the hours, the
+    reads them, the raw rows at once (beside each region's aggregate
+    records): what reads them later (the hours, the
     MERGE, a repair's gate) reads them, not Kafka again. The other tables'
     rows are each read by one thread at a time. The quarantine's late
     listings are checked against the raw rows kept so (they once read and
@@ -98,28 +100,37 @@ def table_rows(
     feed two tables (the readable ones ``ad_minute_aggregates``, the others
     the quarantine): they are read from Kafka and parsed once, and kept (a
     local checkpoint, at once) without the readable ones' bytes."""
-    parts: dict[str, list[DataFrame]] = {table: [] for table in T.TABLES}
-    for rr in ranges:
-        empty = _empty_kafka_df(spark)
-        kafka = _region_kafka(settings, rr)
-        raw_df = _read(spark, kafka, rr.raw) or empty
-        agg_df = with_aggregate_fields(_read(spark, kafka, rr.aggregates) or empty).localCheckpoint(eager=True)
-        late_df = _read(spark, kafka, rr.late) or empty
-        dlq_df = _read(spark, kafka, rr.dlq) or empty
-        parts[T.RAW].append(raw_table_rows(raw_df, rr.region, hour, loaded_at, settings.max_future_skew_ms))
-        parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
-        parts[T.QUARANTINE].append(quarantine_table_rows(dlq_df, late_df, agg_df, rr.region, hour, loaded_at))
-    unions = {table: functools.reduce(DataFrame.unionByName, dfs) for table, dfs in parts.items()}
+    kafka = {rr.region: _region_kafka(settings, rr) for rr in ranges}
 
-    def rows_of(table: str, eager: bool = False) -> DataFrame:
+    def records(rr: RegionRanges, topic: TopicRange) -> DataFrame:
+        return _read(spark, kafka[rr.region], topic) or _empty_kafka_df(spark)
+
+    raw_union = functools.reduce(DataFrame.unionByName, [
+        raw_table_rows(records(rr, rr.raw), rr.region, hour, loaded_at, settings.max_future_skew_ms) for rr in ranges
+    ])
+
+    def rows_of(table: str, union: DataFrame, eager: bool = False) -> DataFrame:
         _schema, keys = T.TABLES[table]
-        first = _first_per_key(unions[table], list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
+        first = _first_per_key(union, list(keys)).withColumn("load_run", F.lit(run_id).cast("long"))
         return first.localCheckpoint(eager=eager)
 
-    # The raw rows are kept now, before the tables are staged side by side:
-    # the quarantine's rows read them too, and a lazy checkpoint that two
-    # jobs compute at once hangs Spark's scheduler (a two-region load did).
-    out = {T.RAW: rows_of(T.RAW, eager=True)}
+    def kept_aggregates() -> list[DataFrame]:
+        return [with_aggregate_fields(records(rr, rr.aggregates)).localCheckpoint(eager=True) for rr in ranges]
+
+    # The raw rows and each region's aggregate records are kept now, side by
+    # side (one's planning and last tasks overlap the other's tasks), before
+    # the tables are staged: the quarantine's rows read both, and a lazy
+    # checkpoint that two jobs compute at once hangs Spark's scheduler (a
+    # two-region load did). Each checkpoint here is computed by its own job.
+    kept = in_threads({T.RAW: functools.partial(rows_of, T.RAW, raw_union, eager=True), "aggregates": kept_aggregates})
+    parts: dict[str, list[DataFrame]] = {T.AGGREGATES: [], T.QUARANTINE: []}
+    for rr, agg_df in zip(ranges, kept["aggregates"], strict=True):
+        parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
+        parts[T.QUARANTINE].append(
+            quarantine_table_rows(records(rr, rr.dlq), records(rr, rr.late), agg_df, rr.region, hour, loaded_at)
+        )
+    unions = {T.RAW: raw_union} | {table: functools.reduce(DataFrame.unionByName, dfs) for table, dfs in parts.items()}
+    out = {T.RAW: kept[T.RAW]}
     unions[T.QUARANTINE] = mark_late_repeats(
         unions[T.QUARANTINE], _first_raw(spark, unions[T.QUARANTINE], out[T.RAW]),
         settings.late_dedupe_retention_s * 1000,
@@ -129,7 +140,7 @@ def table_rows(
         unions[T.QUARANTINE] = unions[T.QUARANTINE].unionByName(
             cross_region_copies(unions[T.RAW], loaded, loaded_at)
         )
-    return out | {table: rows_of(table) for table in unions if table != T.RAW}
+    return out | {table: rows_of(table, unions[table]) for table in unions if table != T.RAW}
 
 
 def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:
