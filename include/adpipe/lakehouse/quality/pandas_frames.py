@@ -86,12 +86,14 @@ def raw_checked(collected: CollectedHour) -> pd.DataFrame:
 
 def aggregates_checked(collected: CollectedHour) -> pd.DataFrame:
     """``with_window_checks(aggregates)`` cut to AGGREGATES_CHECKED_COLUMNS."""
-    aggregates = collected.aggregates.copy()
+    aggregates = collected.aggregates
     start_us = _micros(aggregates["window_start"])
-    aggregates["window_start_us_past_minute"] = start_us % MINUTE_US  # Spark's pmod: never negative
-    aggregates["window_length_us"] = _micros(aggregates["window_end"]) - start_us
-    aggregates["window_start_hour"] = aggregates["window_start"].dt.floor("h")
-    return aggregates[list(AGGREGATES_CHECKED_COLUMNS)].reset_index(drop=True)
+    checked = aggregates.assign(  # the collected columns shared, not copied
+        window_start_us_past_minute=start_us % MINUTE_US,  # Spark's pmod: never negative
+        window_length_us=_micros(aggregates["window_end"]) - start_us,
+        window_start_hour=aggregates["window_start"].dt.floor("h"),
+    )
+    return checked[list(AGGREGATES_CHECKED_COLUMNS)].reset_index(drop=True)
 
 
 def emitted_only(raw: pd.DataFrame, watermarks: dict[str, int] | None) -> pd.DataFrame:
