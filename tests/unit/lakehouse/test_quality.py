@@ -259,30 +259,21 @@ def test_the_engine_follows_the_hour_size_and_both_find_the_same_defects(
     checkpoints move between the two data sources). Both engines fail the same
     expectations naming the same rows, with the same parameters; a count
     column that is not a long is named in each engine's own terms."""
+    from unittest.mock import Mock
+
     from adpipe.lakehouse.quality import pandas_frames, validate
 
     f = frames(spark, agg_rows=[*AGG_ROWS, agg("u3", "ad-2", at(1), 1, 0)])
     aggregates = f.aggregates_df.withColumn("impressions", F.col("impressions").cast("double"))
     hour_frames = Q.HourFrames(f.raw_df, f.quarantine_df, aggregates)
-
-    def at_limit(limit: int) -> object:
-        return load_settings(
-            {"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.25", "ADPIPE_GATE_PANDAS_MAX_ROWS": str(limit)}
-        )
-
-    def engine(result: Q.QualityResult) -> str:
-        return json.loads(result.results_path.read_text())["engine"]
-
-    on_pandas = Q.validate_frames(at_limit(8), HOUR, hour_frames)
-    assert engine(on_pandas) == "pandas"
-    assert validate._pandas_input(at_limit(7), hour_frames, Q.KafkaFacts()) is None  # one row over the limit
-
-    def no_room(_frames: Q.HourFrames) -> None:
-        raise MemoryError("the driver has no room for the hour")
-
-    monkeypatch.setattr(pandas_frames, "collect", no_room)
-    on_spark = Q.validate_frames(at_limit(8), HOUR, hour_frames)
-    assert engine(on_spark) == "spark" and "did not collect to pandas: the driver has no room" in caplog.text
+    env = {"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "0.25", "ADPIPE_GATE_PANDAS_MAX_ROWS": "8"}
+    on_pandas = Q.validate_frames(load_settings(env), HOUR, hour_frames)
+    one_over = load_settings({**env, "ADPIPE_GATE_PANDAS_MAX_ROWS": "7"})
+    assert validate._pandas_input(one_over, hour_frames, Q.KafkaFacts()) is None  # one row over the limit: Spark
+    monkeypatch.setattr(pandas_frames, "collect", Mock(side_effect=MemoryError("the driver has no room for the hour")))
+    on_spark = Q.validate_frames(load_settings(env), HOUR, hour_frames)
+    engines = [json.loads(r.results_path.read_text())["engine"] for r in (on_pandas, on_spark)]
+    assert engines == ["pandas", "spark"] and "did not collect to pandas: the driver has no room" in caplog.text
     assert on_pandas.evaluated == on_spark.evaluated == 29 and on_pandas.parameters == on_spark.parameters
     assert failed_with(on_pandas, "expect_column_values_to_be_of_type", "type_='int64'", "observed 'float64'")
     assert failed_with(on_spark, "expect_column_values_to_be_of_type", "type_='LongType'", "observed 'DoubleType'")
