@@ -3,6 +3,10 @@ a real stream job, Delta tables, ``adpipe load`` as real processes.
 
 One scenario, in order (each step builds on the last):
 
+0. A first load SIGKILLed before its audit, then one SIGKILLed after
+   publishing one table of three: the rows of the hours it publishes for the
+   first time are kept in memory, not staged, and the ledger moves the
+   offsets only once they are published, so the next run reads them again.
 1. The first load publishes the closed hours it read (09 and 10); the rows of
    the open hour 11 stay staged.
 2. Late events produced after hour 09 was published reach its partitions
@@ -76,6 +80,32 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
                       start=datetime(2026, 11, 21, 9, 0, tzinfo=UTC), duplicate_rate=0.05, malformed_rate=0.02)
     _stream(p)
     return p, {"first": first}
+
+
+def test_0_a_first_publication_killed_before_and_while_publishing_leaves_the_records_to_the_next_run(
+    scene,  # noqa: ANN001
+) -> None:
+    p, _ = scene
+    # Killed after the open hour's rows are staged, before the audit: the
+    # closed hours' rows, kept to be published at once, are nowhere.
+    killed = load({**p.env, "ADPIPE_FAULT": "load_after_stage"}, "--hour", H09)
+    assert killed.returncode == warm.EXIT_DRIVER_DIED, (killed.stdout + killed.stderr)[-3000:]
+    assert "fault injection: SIGKILL at load_after_stage" in killed.stderr
+    data = dump(p.env)
+    assert data["load_runs"] == []  # no run id taken, the offsets not moved
+    assert all(data["rows"][table] == [] for table in T.TABLES)
+    assert hours(data["staged"][T.RAW]) == {H11}
+    assert all(hours(data["staged"][table]) <= {H11} for table in T.TABLES)
+    # Killed after publishing the first of the three tables (the raw events).
+    killed = load({**p.env, "ADPIPE_FAULT": "load_after_publish", "ADPIPE_LOAD_WARM": "off"}, "--hour", H09)
+    assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
+    half = dump(p.env)
+    assert half["load_runs"] == []
+    assert hours(half["rows"][T.RAW]) == {H09, H10}
+    assert half["rows"][T.AGGREGATES] == half["rows"][T.QUARANTINE] == []
+    assert all(hours(half["staged"][table]) <= {H11} for table in T.TABLES)
+    # A reader of the whole-hour views sees nothing of the unfinished run.
+    assert all(half["whole"][table] == [] for table in T.TABLES)
 
 
 def test_1_first_load_publishes_the_closed_hours_and_keeps_the_open_one_staged(scene) -> None:  # noqa: ANN001

@@ -29,11 +29,21 @@ One run (``adpipe load --hour H``; the DAG's tasks do the same steps)
    hour after its first publication; also the view ``ads.late_corrections``).
    Rows of hours still open stay staged until their hour closes.
 
+One write where the design allows: ``adpipe load`` runs the three steps in
+one process, under one lock, and the new rows of the hours it publishes for
+the first time (the bulk of every hour) are not staged. It keeps them in
+memory (the rows step 1 computed), audits them with the hour's published
+and staged rows, and writes them once, into the published tables (a failed
+gate stages them, held as above). Its ``staged`` ledger row, which moves
+the offsets past them, then comes after publishing. Corrections to hours
+already published, and the hours still open, are staged as above; the
+DAG's separate steps stage everything.
+
 A crash anywhere loses and doubles nothing: before the ``staged`` ledger
 row the next run reads the same offsets again, and every write is
 insert-if-absent on the table's key (a staged row already published, or
-staged, is not written again); after it, the rows are in staging and the
-next run audits and publishes them. ``adpipe load --hour H --repair``
+staged, is not written again); after it, the rows are in staging or
+published, and the next run audits and publishes what is staged. ``adpipe load --hour H --repair``
 rebuilds one hour's published partitions from Kafka (read from the hour's
 start, whatever was loaded), audited the same way: for an hour published
 wrongly before this gate existed.
@@ -57,7 +67,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import alerting, faults, metrics
@@ -95,11 +105,11 @@ from adpipe.lakehouse.ranges import (
     region_ranges,
 )
 from adpipe.lakehouse.read import (
-    _hour_labels,
     _in_hours,
     kafka_facts,
     table_rows,
 )
+from adpipe.lakehouse.staging import KeptRows, hour_counts, pending_hours, rows_not_loaded, stage_rows
 from adpipe.settings import Settings
 from adpipe.spark import in_threads
 
@@ -160,6 +170,7 @@ class StagedRun:
     lost_to_retention: int = 0
     asked: list[str] = field(default_factory=list)  # the hours asked for (empty: ``hour`` alone)
     held: list[str] = field(default_factory=list)  # hours with staged rows a failed gate holds (not audited)
+    direct: list[str] = field(default_factory=list)  # hours whose new rows this run keeps, not staged (KeptRows)
 
     def hour_list(self) -> list[datetime]:
         return [parse_hour(h) for h in self.hours]
@@ -175,37 +186,15 @@ class StagedRun:
         return cls(**data)
 
 
-def _pending_hours(spark: SparkSession, run_id: int) -> list[str]:
-    """The hours with rows staged by runs up to ``run_id``, in one Spark job."""
-    staged = [spark.table(T.staged(t)).where(F.col("load_run") <= run_id).select("event_hour") for t in T.TABLES]
-    return _hour_labels(functools.reduce(DataFrame.unionByName, staged))
-
-
-def _stage_table(spark: SparkSession, table: str, source: DataFrame, run_id: int) -> int:
-    """The rows of ``source`` that are neither published nor staged yet,
-    into the staging twin of ``table``; returns how many."""
-    # ``source`` is kept (table_rows) by its first job, the hours, for the MERGE.
-    hours = [parse_hour(h) for h in _hour_labels(source)]
-    _schema, keys = T.TABLES[table]
-    published = spark.table(table).where(_in_hours(hours)).select(*keys)
-    new_rows = source.join(published, list(keys), "left_anti")
-    staged = merge_new_rows(spark, T.staged(table), new_rows, keys, hours)
-    log.info("run %d: %s: %d rows staged", run_id, T.staged(table), staged)
-    return staged
-
-
-def _alert_cross_region(settings: Settings, spark: SparkSession, run_id: int) -> None:
+def _alert_cross_region(settings: Settings, spark: SparkSession, run_id: int, kept: KeptRows | None) -> None:
     """One alert for the cross-region copies this run found (each copy is
-    staged once, by the run that found it first)."""
-    label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
-    found = (
-        spark.table(T.staged(T.QUARANTINE))
-        .where((F.col("source") == F.lit(T.SOURCE_CROSS_REGION)) & (F.col("load_run") == F.lit(run_id)))
-        .groupBy(label).count().collect()
-    )
-    if not found:
+    staged, or kept, once, by the run that found it first)."""
+    found = spark.table(T.staged(T.QUARANTINE)).where(F.col("load_run") == F.lit(run_id))
+    if kept is not None:
+        found = found.unionByName(kept.rows[T.QUARANTINE].select(*found.columns))
+    by_hour = hour_counts(found.where(F.col("source") == F.lit(T.SOURCE_CROSS_REGION)))
+    if not by_hour:
         return
-    by_hour = {r["h"]: int(r["count"]) for r in found}
     log.warning("run %d: events that reached more than one region (counted by each): %s", run_id, by_hour)
     alerting.send_alert(settings, {
         "at": datetime.now(UTC).isoformat(), "source": "union_and_load", "run_id": run_id,
@@ -227,6 +216,20 @@ def stage(
     (to ``last_hour``): the hours asked for, which must be closed unless
     ``allow_open``; the first one bounds the read of a partition no run has
     loaded yet."""
+    return _stage(settings, spark, hour, last_hour, allow_open, keep_first=False)[0]
+
+
+def _stage(
+    settings: Settings,
+    spark: SparkSession,
+    hour: datetime,
+    last_hour: datetime | None,
+    allow_open: bool,
+    keep_first: bool,
+) -> tuple[StagedRun, KeptRows | None]:
+    """:func:`stage`; with ``keep_first`` (a load that audits and publishes
+    in the same process), the new rows of the hours it will publish for the
+    first time are kept, not staged (:class:`KeptRows`)."""
     started = time.monotonic()
     asked = hours_between(hour, last_hour)
     if not allow_open:
@@ -254,55 +257,96 @@ def stage(
                 "dlq %d",
                 run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
             )
+        new: dict[str, tuple[DataFrame, list[datetime]]] = {}
         if any(rng.records() for rr in ranges for rng in rr.topics()):
             rows = table_rows(spark, settings, ranges, loaded_at, run_id)
+            new = in_threads({table: functools.partial(rows_not_loaded, spark, table, source)
+                              for table, source in rows.items()})
+        else:  # a rerun, a backfill of loaded hours: no Kafka read, no MERGE of nothing
+            log.info("run %d: no new record in any region's topics: nothing to stage", run_id)
+        held = held_hours(spark)
+
+        def audited(pending: set[str]) -> tuple[list[datetime], list[str]]:
+            """The hours to audit (asked, or pending and closed before the
+            read, not held) and the held ones left waiting."""
+            ready = {h for h in map(parse_hour, pending) if h not in asked and horizon is not None and h <= horizon}
+            waiting = sorted(hour_label(h) for h in ready if hour_label(h) in held)
+            return sorted({h for h in ready if hour_label(h) not in held} | set(asked)), waiting
+
+        def stage_new(tables: set[str], where: Column | None = None) -> dict[str, int]:
             # The tables are independent (their own Delta logs): staged side
             # by side, one table's planning and commits fill the cores while
             # another's tasks wait.
-            staged = in_threads(
-                {table: functools.partial(_stage_table, spark, table, source, run_id)
-                 for table, source in rows.items()}
-            )
-        else:  # a rerun, a backfill of loaded hours: no Kafka read, no MERGE of nothing
-            staged = dict.fromkeys(T.TABLES, 0)
-            log.info("run %d: no new record in any region's topics: nothing to stage", run_id)
+            staged = in_threads({
+                table: functools.partial(stage_rows, spark, table, df if where is None else df.where(where), hours,
+                                         run_id)
+                for table, (df, hours) in new.items() if table in tables
+            })
+            return {table: staged.get(table, 0) for table in T.TABLES}
+
+        kept = None
+        first: list[datetime] = []
+        if keep_first and new:
+            counts = in_threads({table: functools.partial(hour_counts, df) for table, (df, _h) in new.items()})
+            arrived = {h for by_hour in counts.values() for h, n in by_hour.items() if n}
+            hours, waiting = audited(set(pending_hours(spark, run_id)) | arrived)
+            finalized = _finalized_hours(spark)
+            first = [h for h in hours if hour_label(h) in arrived and hour_label(h) not in finalized]
+        if first:
+            firsts = {hour_label(h) for h in first}
+            later = {table for table, by_hour in counts.items() if any(h not in firsts for h in by_hour)}
+            staged = stage_new(later, ~_in_hours(first))
+            for table, by_hour in counts.items():
+                staged[table] += sum(n for h, n in by_hour.items() if h in firsts)
+            kept = KeptRows({table: df.where(_in_hours(first)) for table, (df, _h) in new.items()}, {})
+        else:
+            staged = stage_new(set(new))
+            hours, waiting = audited(set(pending_hours(spark, run_id)))
         if len(settings.regions) > 1:
-            _alert_cross_region(settings, spark, run_id)
+            _alert_cross_region(settings, spark, run_id, kept)
         faults_plan = faults.FaultPlan.from_env()
         if faults_plan is not None:
             faults_plan.hit(faults.LOAD_AFTER_STAGE, run_id, 1)
-        pending = [parse_hour(h) for h in _pending_hours(spark, run_id)]
-        held = held_hours(spark)
-        ready = {h for h in pending if h not in asked and horizon is not None and h <= horizon}
-        waiting = sorted(hour_label(h) for h in ready if hour_label(h) in held)
         if waiting:
             log.warning("run %d: hours held by a failed gate, left for an operator: %s", run_id, ", ".join(waiting))
-        hours = sorted({h for h in ready if hour_label(h) not in held} | set(asked))
         lost = sum(n for rr in ranges for rng in rr.topics() for n in rng.lost.values())
         run = StagedRun(
             run_id, "load", hour_label(hour), [hour_label(h) for h in hours], staged, [asdict(r) for r in ranges], lost,
-            asked=[hour_label(h) for h in asked], held=waiting,
+            asked=[hour_label(h) for h in asked], held=waiting, direct=[hour_label(h) for h in first],
         )
-        _append_ledger(
-            spark, run_id, "staged", "load", hour,
+        ledger = dict(
+            run_id=run_id, step="staged", kind="load", hour=hour,
             coverage=advance(state.coverage, ranges), read=run.read, rows=staged, hours=run.hours,
             message=f"{lost} records lost to retention before any load read them" if lost else None,
         )
+        if kept is not None:
+            kept.ledger = ledger
+            log.info("run %d: the rows of %s kept to be published once audited (not staged)", run_id,
+                     ", ".join(run.direct))
+        else:
+            _append_ledger(spark, **ledger)
     _write_manifest(settings, run_id, "staged", run.to_dict())
     metrics.load().staged(settings, run_id, staged, lost, time.monotonic() - started)
-    return run
+    return run, kept
 
 
-def audit(settings: Settings, spark: SparkSession, run: StagedRun) -> list[quality.QualityResult]:
+def audit(
+    settings: Settings, spark: SparkSession, run: StagedRun, kept: KeptRows | None = None
+) -> list[quality.QualityResult]:
     """Step 2: the gate on each hour's candidate (published plus staged
-    rows). A failure is written to the ledger; nothing is published."""
+    rows, plus the run's ``kept`` ones). A failure is written to the ledger
+    (the failed hour's kept rows staged first); nothing is published."""
     started = time.monotonic()
     results = []
     for hour in run.hour_list():
         facts = kafka_facts(settings, spark, hour)
-        with quality.hour_frames(spark, hour, staged_through=run.run_id).for_gate() as frames:
+        unstaged = kept.rows if kept is not None and hour_label(hour) in run.direct else None
+        with quality.hour_frames(spark, hour, staged_through=run.run_id, unstaged=unstaged).for_gate() as frames:
             results.append(quality.validate_frames(settings, hour, frames, facts))
     failed = {hour_label(r.hour): "\n".join(r.failed) for r in results if not r.success}
+    held_kept = [parse_hour(h) for h in failed if h in run.direct]
+    if kept is not None and held_kept:
+        kept.stage(spark, held_kept, run.run_id)
     for label, message in failed.items():
         # One ledger row per failed hour: publish leaves it out, later runs leave it held (held_hours).
         _append_ledger(spark, run.run_id, "failed", run.kind, parse_hour(label), hours=[label], message=message)
@@ -332,9 +376,12 @@ def audit_text(results: list[quality.QualityResult]) -> str:
     return "\n".join(r.describe() for r in (failed or results))
 
 
-def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str, dict]:
-    """Step 3: the audited hours' staged rows into the published tables.
-    Returns ``{"inserted": {table: rows}, "corrections": {hour: rows}}``."""
+def publish(
+    settings: Settings, spark: SparkSession, run: StagedRun, kept: KeptRows | None = None
+) -> dict[str, dict]:
+    """Step 3: the audited hours' staged rows (and the run's ``kept`` ones)
+    into the published tables. Returns ``{"inserted": {table: rows},
+    "corrections": {hour: rows}}``."""
     started = time.monotonic()
     with load_lock(settings):
         failed = _failed_in_run(spark, run.run_id)
@@ -351,8 +398,10 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
                 spark.table(T.staged(table))
                 .where(_in_hours(hours) & (F.col("load_run") <= run.run_id))
                 .select(*schema.fieldNames())
-                .withColumn("load_run", F.lit(run.run_id).cast("long"))
             )
+            if kept is not None:
+                staged = staged.unionByName(kept.of_hours(table, hours).select(*schema.fieldNames()))
+            staged = staged.withColumn("load_run", F.lit(run.run_id).cast("long"))
             published = spark.table(table).where(_in_hours(hours)).select(*keys)
             new_rows = staged.join(published, list(keys), "left_anti")
             label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
@@ -380,6 +429,8 @@ def publish(settings: Settings, spark: SparkSession, run: StagedRun) -> dict[str
             for h, n in late.items():
                 corrections[h] = corrections.get(h, 0) + n
         _clear_staged(spark, hours, run.run_id)
+        if kept is not None:
+            kept.record(spark)  # the coverage past the kept rows, now published
         _append_ledger(spark, run.run_id, "published", run.kind, parse_hour(run.hour), rows=inserted,
                        hours=[hour_label(h) for h in hours], corrections=corrections)
     if corrections:
@@ -444,13 +495,18 @@ def load_hour(
     :class:`GateFailed` (nothing published) for a failed audit."""
     started = time.monotonic()
     quality.import_ge_in_background()  # while the rows are staged
-    spark = spark or metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
-    run = stage(settings, spark, hour, last_hour, allow_open)
-    results = audit(settings, spark, run)
-    # Write-audit-publish per hour: the hours that passed are published
-    # whatever another hour's gate says.
-    passed = [hour_label(r.hour) for r in results if r.success]
-    done = publish(settings, spark, run) if passed else {"inserted": {}, "corrections": {}}
+    # One lock for the three steps: the kept rows' run id and coverage are
+    # written to the ledger only at the end (KeptRows).
+    with load_lock(settings):
+        spark = spark or metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
+        run, kept = _stage(settings, spark, hour, last_hour, allow_open, keep_first=True)
+        results = audit(settings, spark, run, kept)
+        # Write-audit-publish per hour: the hours that passed are published
+        # whatever another hour's gate says.
+        passed = [hour_label(r.hour) for r in results if r.success]
+        done = publish(settings, spark, run, kept) if passed else {"inserted": {}, "corrections": {}}
+        if kept is not None:
+            kept.record(spark)  # nothing passed: the kept rows are staged, held
     if failed_asked(run, results):
         raise _gate_failure(results, passed)
     return LoadResult(

@@ -71,11 +71,18 @@ def normalize_hour(hour: datetime) -> datetime:
     return datetime(hour.year, hour.month, hour.day, hour.hour, tzinfo=UTC)
 
 
-def hour_frames(spark: SparkSession, hour: datetime, staged_through: int | None = None) -> HourFrames:
+def hour_frames(
+    spark: SparkSession,
+    hour: datetime,
+    staged_through: int | None = None,
+    unstaged: dict[str, DataFrame] | None = None,
+) -> HourFrames:
     """The three tables' rows of ``event_hour == hour``: the published ones,
     or with ``staged_through`` the candidate a write-audit-publish run would
     publish: the published rows plus the staged rows of runs up to that one
-    that are not published yet."""
+    that are not published yet, plus (``unstaged``, per table) the run's own
+    rows it keeps in memory instead of staging them, which are neither
+    published nor staged."""
     hour = normalize_hour(hour)
 
     def read(name: str, schema: Any) -> DataFrame:
@@ -90,7 +97,12 @@ def hour_frames(spark: SparkSession, hour: datetime, staged_through: int | None 
             .select(*names)
             .join(published.select(*keys), list(keys), "left_anti")
         )
-        return published.unionByName(staged)
+        candidate = published.unionByName(staged)
+        if unstaged is not None:
+            candidate = candidate.unionByName(
+                unstaged[name].where(F.col("event_hour") == F.lit(hour)).select(*names)
+            )
+        return candidate
 
     return HourFrames(
         raw_df=read(tables.RAW, tables.RAW_SCHEMA),
