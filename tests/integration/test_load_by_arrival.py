@@ -95,7 +95,7 @@ def test_0_a_first_publication_killed_before_and_while_publishing_leaves_the_rec
     assert data["load_runs"] == []  # no run id taken, the offsets not moved
     assert all(data["rows"][table] == [] for table in T.TABLES)
     assert hours(data["staged"][T.RAW]) == {H11}
-    assert all(hours(data["staged"][table]) <= {H11} for table in T.TABLES)
+    assert not any(hours(data["staged"][table]) & {H09, H10} for table in T.TABLES)
     # Killed after publishing the first of the three tables (the raw events).
     killed = load({**p.env, "ADPIPE_FAULT": "load_after_publish", "ADPIPE_LOAD_WARM": "off"}, "--hour", H09)
     assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
@@ -103,7 +103,7 @@ def test_0_a_first_publication_killed_before_and_while_publishing_leaves_the_rec
     assert half["load_runs"] == []
     assert hours(half["rows"][T.RAW]) == {H09, H10}
     assert half["rows"][T.AGGREGATES] == half["rows"][T.QUARANTINE] == []
-    assert all(hours(half["staged"][table]) <= {H11} for table in T.TABLES)
+    assert not any(hours(half["staged"][table]) & {H09, H10} for table in T.TABLES)
     # A reader of the whole-hour views sees nothing of the unfinished run.
     assert all(half["whole"][table] == [] for table in T.TABLES)
 
