@@ -278,9 +278,9 @@ def _stage(
             # by side, one table's planning and commits fill the cores while
             # another's tasks wait.
             staged = in_threads({
-                table: functools.partial(stage_rows, spark, table, df if where is None else df.where(where), hours,
-                                         run_id)
-                for table, (df, hours) in new.items() if table in tables
+                table: functools.partial(stage_rows, spark, table, df if where is None else df.where(where),
+                                         source_hours, run_id)
+                for table, (df, source_hours) in new.items() if table in tables
             })
             return {table: staged.get(table, 0) for table in T.TABLES}
 
