@@ -31,7 +31,8 @@ One run (``adpipe load --hour H``; the DAG's tasks do the same steps)
 
 One write where the design allows: ``adpipe load`` runs the three steps in
 one process, under one lock, and the new rows of the hours it publishes for
-the first time (the bulk of every hour) are not staged. It keeps them in
+the first time (the bulk of every hour; up to two hours, a backfill of more
+is staged) are not staged. It keeps them in
 memory (the rows step 1 computed), audits them with the hour's published
 and staged rows, and writes them once, into the published tables (a failed
 gate stages them, held as above). Its ``staged`` ledger row, which moves
@@ -186,6 +187,13 @@ class StagedRun:
         return cls(**data)
 
 
+# The most hours whose rows a load keeps instead of staging them: an hourly
+# load publishes one for the first time, two after a late run. Each hour's
+# audit scans every kept row (a checkpoint has no partitions to prune), so a
+# backfill of many hours is staged as before.
+KEEP_MAX_HOURS = 2
+
+
 def _alert_cross_region(settings: Settings, spark: SparkSession, run_id: int, kept: KeptRows | None) -> None:
     """One alert for the cross-region copies this run found (each copy is
     staged, or kept, once, by the run that found it first)."""
@@ -292,6 +300,8 @@ def _stage(
             hours, waiting = audited(set(pending_hours(spark, run_id)) | arrived)
             finalized = _finalized_hours(spark)
             first = [h for h in hours if hour_label(h) in arrived and hour_label(h) not in finalized]
+            if len(first) > KEEP_MAX_HOURS:  # a backfill: staged, each hour's audit then reads its own partition
+                first = []
         if first:
             firsts = {hour_label(h) for h in first}
             later = {table for table, by_hour in counts.items() if any(h not in firsts for h in by_hour)}
