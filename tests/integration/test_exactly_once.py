@@ -79,6 +79,13 @@ def test_steady_state_counts_late_and_dlq_exactly_then_verify_names_an_injected_
         expected_reasons[REASON_OF_KIND[kind]] += n
     assert Counter(r.header(S.HEADER_REASON) for r in dlq) == expected_reasons
     assert len({r.header(S.HEADER_SOURCE) for r in dlq}) == s1["malformed"]
+    # Each copy is its source record, key and value (carried through the
+    # query when small, fetched by position otherwise), read here directly.
+    raw = {(r.partition, r.offset): r for r in pipeline.read(settings.topics.events)}
+    for r in dlq:
+        topic, partition, offset = r.header(S.HEADER_SOURCE).rsplit("/", 2)
+        assert topic == settings.topics.events
+        assert (r.key, r.value) == (raw[int(partition), int(offset)].key, raw[int(partition), int(offset)].value)
 
     # A second copy of one aggregate, committed by another producer: verify
     # (the function and the CLI) names it.

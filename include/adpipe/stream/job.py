@@ -13,8 +13,9 @@ whose window had closed before the batch (late), late copies of an event
 seen before apart (repeats, not listed again). For batch N Spark records
 the batch's end offsets and watermark in ``offsets/N`` before running it,
 and a replay reads the very same entries and state version, so it decides
-the same. The driver fetches just the named rows' payloads from Kafka by
-position. A listener checks for every batch that Spark itself dropped no
+the same. Small malformed rows come with their key and value; the driver
+fetches just the other named rows' payloads from Kafka by position. A
+listener checks for every batch that Spark itself dropped no
 row (a dropped row would be neither counted nor listed)."""
 
 from __future__ import annotations
@@ -222,17 +223,25 @@ def _window(ad_id: str, start_ms: int, impressions: int, clicks: int) -> dict:
 
 def _with_records(settings: Settings, topic: str, rows: list[dict]) -> Iterator[dict]:
     """``rows`` (sorted by position) each with its record's ``key``, ``value``
-    and ``topic``, fetched from Kafka (no consumer at all for none)."""
-    if not rows:
-        return
+    and ``topic``: an ``inline`` row's as it came, the others' fetched from
+    Kafka (no consumer at all when none is to be fetched)."""
     wanted: dict[int, list[int]] = collections.defaultdict(list)
     for row in rows:
-        wanted[row["partition"]].append(row["offset"])
-    for row, record in zip(rows, kafka_io.read_positions(settings.kafka, topic, wanted), strict=True):
-        if (record.partition, record.offset) != _position(row):
-            got = (record.partition, record.offset)
+        if not row.get("inline"):
+            wanted[row["partition"]].append(row["offset"])
+    fetched = kafka_io.read_positions(settings.kafka, topic, wanted) if wanted else iter(())
+    for row in rows:
+        if row.get("inline"):
+            yield {**row, "topic": topic}
+            continue
+        record = next(fetched, None)
+        if record is None or (record.partition, record.offset) != _position(row):
+            got = None if record is None else (record.partition, record.offset)
             raise kafka_io.MissingRecordError(f"expected {topic} {_position(row)}, read {got}")
         yield {**row, "topic": topic, "key": record.key, "value": record.value}
+    extra = next(fetched, None)  # and the reader ends (its consumer closed) here
+    if extra is not None:
+        raise kafka_io.MissingRecordError(f"read {topic} {(extra.partition, extra.offset)}, which no row named")
 
 
 @dataclass(frozen=True)
@@ -305,6 +314,9 @@ class BatchHandler:
                         "event_id": row["event_id"],
                         "ad_id": row["ad_id"],
                         "event_ms": None if row["event_us"] is None else row["event_us"] // 1000,
+                        "inline": bool(row["inline"]),
+                        "key": row["key"],
+                        "value": row["value"],
                     }
                 )
         output.exceptions.sort(key=_position)

@@ -35,7 +35,13 @@ the parts up):
   identically, but Spark then runs an empty micro-batch on every trigger for
   ever and an ``--available-now`` run never ends: measured on Spark 4.1.)
 - malformed rows come under a key of their own (:data:`MALFORMED_KEY`),
-  leave no state and are all named (``malformed``).
+  leave no state and are all named (``malformed``); a small one carries its
+  key and value through (``inline``, :data:`INLINE_RECORD_BYTES`, up to
+  :data:`INLINE_BUDGET_BYTES` a task), so that the driver need not read the
+  batch's records again from Kafka to copy it to the DLQ (reading a
+  partition from its first malformed record to its last was an eighth of a
+  run of make bench's topic). Late rows, and malformed ones past those
+  limits, are named by position only and fetched by the driver.
 
 Rows reach the operator packed (:func:`pack_by_key`, a ``mapInArrow`` before
 the shuffle): one row per key and Arrow batch, holding that key's rows as
@@ -75,8 +81,16 @@ DIGEST_DTYPE = f"S{DIGEST_BYTES}"
 # per late, repeated-late or malformed input row (by position).
 OUTPUT_SCHEMA = (
     "kind string, ad_id string, window_start_ms long, impressions long, clicks long, partition int, "
-    "offset long, reject_reason string, event_id string, event_us long, watermark_ms long"
+    "offset long, reject_reason string, event_id string, event_us long, watermark_ms long, "
+    "inline boolean, key binary, value binary"
 )
+# A malformed record whose key and value together are at most this many
+# bytes may carry them through the operator (``inline``)...
+INLINE_RECORD_BYTES = 4096
+# ... while a task's inline records are at most this many bytes together, so
+# that the driver's collect of a hostile batch stays small.
+INLINE_BUDGET_BYTES = 4 << 20
+PAYLOAD_COLUMNS = ["inline", "key", "value"]
 KIND_AGGREGATE = "aggregate"
 KIND_LATE = "late"
 KIND_REPEAT = "repeat"  # a late row whose event_id came before it: not listed
@@ -138,14 +152,39 @@ def counts_from_bytes(raw: bytes) -> pd.DataFrame:
     return pa.ipc.open_stream(pa.py_buffer(raw)).read_all().to_pandas()
 
 
+def within_budget(table: pa.Table, spent: int, budget: int = INLINE_BUDGET_BYTES) -> tuple[pa.Table, int]:
+    """``table``'s rows with ``inline`` (and their key and value) kept while
+    the inline rows' bytes, after the ``spent`` before them, stay within
+    ``budget``; and the bytes spent with them."""
+    inline = table.column("inline").fill_null(False).to_numpy(zero_copy_only=False)
+    if not inline.any():
+        return table, spent
+    key, value = (pc.binary_length(table.column(name)).fill_null(0) for name in ("key", "value"))
+    sizes = np.where(inline, pc.add(key, value).to_numpy(zero_copy_only=False), 0)
+    keep = inline & (spent + np.cumsum(sizes) <= budget)
+    if (keep == inline).all():
+        return table, spent + int(sizes.sum())
+    mask = pa.array(keep)
+    for name in ("key", "value"):
+        carried = pc.if_else(mask, table.column(name), pa.scalar(None, pa.binary()))
+        table = table.set_column(table.schema.get_field_index(name), name, carried)
+    table = table.set_column(table.schema.get_field_index("inline"), "inline", mask)
+    return table, spent + int(sizes[keep].sum())
+
+
 def pack_by_key(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` function: each Arrow batch of rows (with the
     :data:`KEY_COLUMNS`) as one row per key holding that key's other columns
-    (:data:`PACKED_SCHEMA`); :func:`unpack` reads them back."""
+    (:data:`PACKED_SCHEMA`); :func:`unpack` reads them back. The
+    :data:`PAYLOAD_COLUMNS` are kept for malformed rows only, within the
+    task's :data:`INLINE_BUDGET_BYTES` (:func:`within_budget`)."""
+    spent = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         table = pa.Table.from_batches([batch])
+        if "inline" in table.column_names:
+            table, spent = within_budget(table, spent)
         table = table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in KEY_COLUMNS]))
         minutes = table.column("event_minute").to_numpy()
         buckets = table.column("id_bucket").to_numpy()
@@ -153,11 +192,18 @@ def pack_by_key(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         starts = np.concatenate([[0], change])
         lengths = np.diff(np.concatenate([starts, [table.num_rows]]))
         rows = table.drop_columns(KEY_COLUMNS)
+        events = rows.drop_columns([c for c in PAYLOAD_COLUMNS if c in rows.column_names])
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array(minutes[starts], pa.int64()),
                 pa.array(buckets[starts], pa.int32()),
-                pa.array([_ipc_bytes(rows.slice(s, n)) for s, n in zip(starts, lengths, strict=True)], pa.binary()),
+                pa.array(
+                    [
+                        _ipc_bytes((rows if minute == MALFORMED_KEY else events).slice(s, n))
+                        for minute, s, n in zip(minutes[starts], starts, lengths, strict=True)
+                    ],
+                    pa.binary(),
+                ),
             ],
             schema=_PACKED_ARROW,
         )
@@ -195,7 +241,7 @@ class MinuteState(StatefulProcessor):
         watermark_ms = max(int(timerValues.getCurrentWatermarkInMs()), 0)
         minute = int(key[0])
         if minute == MALFORMED_KEY:
-            yield _rows(batch, KIND_MALFORMED, watermark_ms)
+            yield _rows(batch, KIND_MALFORMED, watermark_ms, payload=True)
             return
         known = self.seen.exists()
         seen = np.frombuffer(self.seen.get()[0], dtype=DIGEST_DTYPE) if known else np.zeros(0, DIGEST_DTYPE)
@@ -261,21 +307,32 @@ def _aggregates(counts: pd.DataFrame, window_start_ms: int, watermark_ms: int) -
             "event_id": none,
             "event_us": none,
             "watermark_ms": np.full(n, watermark_ms, dtype=np.int64),
+            "inline": none,
+            "key": none,
+            "value": none,
         },
         columns=_OUT_COLUMNS,
     )
 
 
-def _rows(rows: pd.DataFrame, kind: str, watermark_ms: int) -> pd.DataFrame:
+def _rows(rows: pd.DataFrame, kind: str, watermark_ms: int, payload: bool = False) -> pd.DataFrame:
     """Input rows named by position, as plain numpy and object columns
     (Arrow-backed input columns would reach Spark's serializer as chunked
-    arrays)."""
+    arrays); with ``payload``, the key and value of those that carry them
+    (the rest are fetched by position)."""
 
     def objects(name: str) -> pd.Series:
+        if name not in rows.columns:
+            return none
         return pd.Series([None if pd.isna(v) else v for v in rows[name].tolist()], dtype=object)
 
     n = len(rows)
     none = pd.Series([None] * n, dtype=object)
+    inline = (
+        rows["inline"].fillna(False).to_numpy(dtype=bool)
+        if payload and "inline" in rows.columns
+        else np.zeros(n, dtype=bool)
+    )
     return pd.DataFrame(
         {
             "kind": pd.Series([kind] * n, dtype=object),
@@ -289,6 +346,9 @@ def _rows(rows: pd.DataFrame, kind: str, watermark_ms: int) -> pd.DataFrame:
             "event_id": objects("event_id"),
             "event_us": pd.Series([None if pd.isna(v) else int(v) for v in rows["event_us"].tolist()], dtype=object),
             "watermark_ms": np.full(n, watermark_ms, dtype=np.int64),
+            "inline": inline,
+            "key": objects("key") if payload else none,
+            "value": objects("value") if payload else none,
         },
         columns=_OUT_COLUMNS,
     )

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from adpipe.stream.minute_state import (
     ID_BUCKETS,
+    INLINE_RECORD_BYTES,
     KEY_COLUMNS,
     KIND_AGGREGATE,
     KIND_LATE,
@@ -101,8 +102,12 @@ def minute_state_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int)
     Malformed rows go through the watermark at the epoch, which never moves
     it (Spark takes the largest event time). The event time is dropped from
     the operator's input so that Spark hands it the late rows too (it would
-    drop them silently), while the watermark above still drives its timers."""
+    drop them silently), while the watermark above still drives its timers.
+    A small malformed row carries its key and value (``inline``): the driver
+    copies it to the DLQ without reading it again from Kafka."""
     valid = F.col("reject_reason").isNull()
+    record_bytes = F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))
+    inline = ~valid & (record_bytes <= INLINE_RECORD_BYTES)
     return (
         parsed_df.withColumn(
             "__watermark_time", F.when(valid, F.col("event_time")).otherwise(F.timestamp_millis(F.lit(0)))
@@ -123,6 +128,9 @@ def minute_state_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int)
             F.when(valid, F.col("ad_id")).alias("ad_id"),
             F.when(valid, F.col("event_type")).alias("event_type"),
             F.when(valid, F.unix_micros("event_time")).alias("event_us"),
+            inline.alias("inline"),
+            F.when(inline, F.col("key")).alias("key"),
+            F.when(inline, F.col("value")).alias("value"),
         )
         .mapInArrow(pack_by_key, PACKED_SCHEMA)
         .groupBy(*KEY_COLUMNS)

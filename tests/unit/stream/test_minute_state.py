@@ -17,7 +17,9 @@ import pyarrow as pa
 from adpipe.stream import transforms as T
 from adpipe.stream.minute_state import (
     DIGEST_DTYPE,
+    INLINE_RECORD_BYTES,
     KEY_COLUMNS,
+    MALFORMED_KEY,
     add_counts,
     count_by_ad,
     counts_from_bytes,
@@ -26,9 +28,10 @@ from adpipe.stream.minute_state import (
     find_repeats,
     pack_by_key,
     unpack,
+    within_budget,
 )
 from pyspark.sql import SparkSession
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 # --- find_repeats -------------------------------------------------------------
 
@@ -104,6 +107,42 @@ def test_packed_rows_unpack_per_key_in_position_order() -> None:
     assert by_key[(4, 1)]["event_id"].tolist() == ["c"] and list(by_key[(4, 1)].columns) == names[2:]
 
 
+def _payload_batch(rows: list[tuple]) -> pa.RecordBatch:
+    """(event_minute, offset, inline, key, value) rows as pack_by_key's input."""
+    names = [*KEY_COLUMNS, "partition", "offset", "inline", "key", "value"]
+    columns = [[r[0] for r in rows], [0] * len(rows), [0] * len(rows), *([r[i] for r in rows] for i in range(1, 5))]
+    types = [pa.int64(), pa.int32(), pa.int32(), pa.int64(), pa.bool_(), pa.binary(), pa.binary()]
+    return pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(columns, types, strict=True)], names=names)
+
+
+def test_malformed_rows_carry_their_payload_within_the_task_s_budget() -> None:
+    # Two batches of one task, budget 10 bytes: 4 + 4 fit, the 3 after them
+    # do not (nor anything after that in the batch), and the next batch has
+    # 2 bytes left. An inline row with neither key nor value costs nothing.
+    first = _payload_batch([
+        (MALFORMED_KEY, 0, True, b"k", b"abc"),
+        (MALFORMED_KEY, 1, True, None, b"wxyz"),
+        (MALFORMED_KEY, 2, True, b"k", b"xy"),
+        (MALFORMED_KEY, 3, True, None, None),
+    ])
+    table, spent = within_budget(pa.Table.from_batches([first]), 0, budget=10)
+    assert table.column("inline").to_pylist() == [True, True, False, False]
+    assert table.column("key").to_pylist() == [b"k", None, None, None]
+    assert table.column("value").to_pylist() == [b"abc", b"wxyz", None, None]
+    assert spent == 8
+    second = _payload_batch([(MALFORMED_KEY, 4, True, None, b"xyz"), (MALFORMED_KEY, 5, True, b"", b"z")])
+    table, spent = within_budget(pa.Table.from_batches([second]), spent, budget=10)
+    assert table.column("inline").to_pylist() == [False, False] and spent == 8
+
+
+def test_only_the_malformed_key_s_packed_rows_hold_payload_columns() -> None:
+    batch = _payload_batch([(MALFORMED_KEY, 0, True, b"k", b"{"), (7, 1, False, None, None)])
+    packed = pa.Table.from_batches(list(pack_by_key(iter([batch])))).to_pandas()
+    by_minute = {m: unpack(iter([packed.iloc[[i]]])) for i, m in enumerate(packed["event_minute"])}
+    assert list(by_minute[7].columns) == ["partition", "offset"]
+    assert by_minute[MALFORMED_KEY][["offset", "inline", "key", "value"]].values.tolist() == [[0, True, b"k", b"{"]]
+
+
 # --- the operator in a streaming query ----------------------------------------
 
 ROWS = StructType(
@@ -115,6 +154,8 @@ ROWS = StructType(
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("reject_reason", StringType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
     ]
 )
 
@@ -134,10 +175,10 @@ def run_batches(
     a reject reason is valid): per batch the (ad_id, window minute,
     impressions, clicks) emitted, the sorted (partition, offset, event_id)
     of the late rows, the (partition, offset) of the late repeats and of
-    the malformed rows (with their reason), and the watermarks the operator
-    ran with."""
+    the malformed rows (with their reason, and their key and value when they
+    carry them), and the watermarks the operator ran with."""
     for i, rows in enumerate(files):
-        with_reasons = [r if len(r) == 7 else (*r, None) for r in rows]
+        with_reasons = [(*r, *[None] * (len(ROWS.fields) - len(r))) for r in rows]
         spark.createDataFrame(with_reasons, ROWS).coalesce(1).write.parquet(str(tmp / "in" / f"{i:03d}"))
     source = spark.readStream.option("maxFilesPerTrigger", 1).schema(ROWS).parquet(str(tmp / "in" / "*"))
     out: dict[int, dict[str, list]] = {}
@@ -161,6 +202,10 @@ def run_batches(
             "malformed": sorted(
                 (r["partition"], r["offset"], r["reject_reason"]) for r in rows if r["kind"] == T.KIND_MALFORMED
             ),
+            "carried": sorted(
+                (r["partition"], r["offset"], r["key"], r["value"]) for r in rows if r["inline"]
+            ),
+            "payloads_of_others": [r for r in rows if not r["inline"] and (r["key"], r["value"]) != (None, None)],
             "watermarks": sorted({r["watermark_ms"] for r in rows}),
         }
 
@@ -207,13 +252,16 @@ def test_windows_late_rows_repeats_and_the_retention_batch_by_batch(spark: Spark
         # batch 2: "x" re-sent again (listed before: a repeat); "y" late and new
         [("x", "ad-1", "impression", at(1), 1, 3), ("y", "ad-1", "click", at(2), 1, 4)],
         # batch 3: "far" on time; the watermark moves to 12:13:10 for batch 4,
-        # past minutes 0 to 5 plus 5 minutes' retention. Two malformed rows:
+        # past minutes 0 to 5 plus 5 minutes' retention. Three malformed rows:
         # one with no event time, one timed 12:59 (which must not move the
-        # watermark: "far" would be forgotten in batch 5)
+        # watermark: "far" would be forgotten in batch 5), one too large to
+        # carry its value (named by position only). A key and value within
+        # the limit come through as they were, NUL and all.
         [
-            ("far", "ad-2", "impression", at(13, 40), 1, 5),
-            ("m1", "ad-9", "impression", at(59), 0, 4, "future_event_time"),
-            (None, None, None, None, 1, 6, "not_json"),
+            ("far", "ad-2", "impression", at(13, 40), 1, 5, None, b"ad-2", b"far"),
+            ("m1", "ad-9", "impression", at(59), 0, 4, "future_event_time", None, b"m1\0"),
+            (None, None, None, None, 1, 6, "not_json", b"k\0", b"{"),
+            (None, None, None, None, 1, 7, "not_json", b"k", b"x" * INLINE_RECORD_BYTES),
         ],
         # batch 4: on time in 12:13; the 12:05 window is emitted, minutes 0 to 5 forgotten
         [("filler", "ad-3", "impression", at(13, 30), 0, 5)],
@@ -240,7 +288,9 @@ def test_windows_late_rows_repeats_and_the_retention_batch_by_batch(spark: Spark
         5: [(0, 6, "a"), (0, 7, "y"), (0, 8, "b")],
     }
     assert by_batch(out, "repeats") == {1: [(0, 2), (1, 2)], 2: [(1, 3)]}
-    assert by_batch(out, "malformed") == {3: [(0, 4, "future_event_time"), (1, 6, "not_json")]}
+    assert by_batch(out, "malformed") == {3: [(0, 4, "future_event_time"), (1, 6, "not_json"), (1, 7, "not_json")]}
+    assert by_batch(out, "carried") == {3: [(0, 4, None, b"m1\0"), (1, 6, b"k\0", b"{")]}
+    assert by_batch(out, "payloads_of_others") == {}
     first, second, third = ms(at(4, 30)), ms(at(13, 10)), ms(at(19, 30))
     assert by_batch(out, "watermarks") == {1: [first], 2: [first], 3: [first], 4: [second], 5: [second], 7: [third]}
 
