@@ -174,6 +174,7 @@ class Settings(_Locations):
     spark_master: str = "local[2]"
     jvm_options: tuple[str, ...] = ()  # for every JVM adpipe starts (Spark, Kafka, HDFS)
     spark_jit: str = "auto"  # ADPIPE_SPARK_JIT: quick, full or auto (adpipe.spark.jit_options)
+    spark_gc: str = "auto"  # ADPIPE_SPARK_GC: serial, default or auto (adpipe.spark.gc_options)
     # The Spark drivers' heap (the stream job has its own: 1g peaks lower, runs slower), log level.
     spark_driver_memory: str = "2g"
     stream_driver_memory: str = "2g"
@@ -452,6 +453,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         spark_master=master,
         jvm_options=tuple(shlex.split(env.get("ADPIPE_JVM_OPTIONS", ""))),
         spark_jit=choice(env, "ADPIPE_SPARK_JIT", ("auto", "quick", "full")),
+        spark_gc=choice(env, "ADPIPE_SPARK_GC", ("auto", "serial", "default")),
         spark_driver_memory=jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
         stream_driver_memory=jvm_memory(env, "ADPIPE_STREAM_DRIVER_MEMORY", Settings.stream_driver_memory),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),

@@ -92,6 +92,30 @@ def jit_options(settings: Settings) -> list[str]:
     return list(QUICK_JIT) if mode == "quick" else []
 
 
+# ADPIPE_SPARK_GC=serial: the serial collector. On two cores G1's
+# concurrent threads and its write barriers (costly in C1's code) compete
+# with the tasks, and it grows the heap generously: over make bench's 1M topic
+# `adpipe stream --available-now` peaked at 1.14-1.18 GB instead of 1.38-1.58
+# GB (the JVM 0.72-0.79 GB instead of 0.96-1.19) at the same throughput or
+# better, and the 10,000-ad hour's load took 52.0-58.5 s instead of 56.8-60.2.
+# default: the JVM's choice (G1); auto: serial on SERIAL_GC_MAX_CORES or
+# fewer. Never added when ADPIPE_JVM_OPTIONS picks a collector (the JVM
+# refuses two).
+SERIAL_GC = ("-XX:+UseSerialGC",)
+SERIAL_GC_MAX_CORES = 2
+_COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w*GC")
+
+
+def gc_options(settings: Settings) -> list[str]:
+    """The Spark JVMs' garbage collector options (ADPIPE_SPARK_GC)."""
+    if any(_COLLECTOR_OPTION.fullmatch(option) for option in settings.jvm_options):
+        return []
+    mode = settings.spark_gc
+    if mode == "auto":
+        mode = "serial" if len(os.sched_getaffinity(0)) <= SERIAL_GC_MAX_CORES else "default"
+    return list(SERIAL_GC) if mode == "serial" else []
+
+
 def cluster_conf(settings: Settings) -> dict[str, str]:
     """What executors of a ``spark://`` master need (empty for ``local[N]``)."""
     if not on_cluster(settings):
@@ -102,7 +126,9 @@ def cluster_conf(settings: Settings) -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.executor.memory": settings.spark_executor_memory,
-        "spark.executor.extraJavaOptions": shlex.join([*jit_options(settings), *settings.jvm_options]),
+        "spark.executor.extraJavaOptions": shlex.join(
+            [*jit_options(settings), *gc_options(settings), *settings.jvm_options]
+        ),
     }
     if settings.spark_cores_max:
         conf["spark.cores.max"] = str(settings.spark_cores_max)
@@ -150,6 +176,7 @@ def spark_conf(settings: Settings, app_name: str, extra_conf: dict[str, str] | N
                 f"-Dderby.system.home={settings.home / 'derby'}",
                 *driver_log_options(settings, app_name),
                 *jit_options(settings),
+                *gc_options(settings),
                 *settings.jvm_options,
             ]
         ),

@@ -147,6 +147,7 @@ def test_jvm_options_reach_the_spark_driver_and_the_broker(tmp_path: Path) -> No
             "ADPIPE_HOME": str(tmp_path / "my home"),
             "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='a b'",
             "ADPIPE_SPARK_JIT": "full",  # the JVM's own tiers: no option of adpipe's
+            "ADPIPE_SPARK_GC": "default",  # nor a collector
         }
     )
     assert settings.jvm_options == ("-XX:TieredStopAtLevel=1", "-Dx=a b")

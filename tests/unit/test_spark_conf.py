@@ -91,6 +91,7 @@ def test_a_spark_master_tells_executors_the_python_heap_driver_address_and_jvm_o
         "ADPIPE_SPARK_EXECUTOR_MEMORY": "768m",
         "ADPIPE_JVM_OPTIONS": "-XX:TieredStopAtLevel=1",
         "ADPIPE_SPARK_JIT": "full",
+        "ADPIPE_SPARK_GC": "default",
     }
     conf = spark_conf(load_settings(env), "t")
     assert conf["spark.master"] == "spark://127.0.0.1:17077"
@@ -223,6 +224,35 @@ def test_the_jit_of_the_spark_jvms_is_quick_on_few_cores_unless_told(
         assert ("-XX:TieredStopAtLevel=1" in conf[name].split()) == bool(expected), name
         # C1 alone would reserve a code cache a load's driver fills.
         assert ("-XX:ReservedCodeCacheSize=256m" in conf[name].split()) == bool(expected), name
+
+
+@pytest.mark.parametrize(
+    ("gc", "cores", "expected"),
+    [("serial", 64, True), ("default", 2, False), ("auto", 1, True), ("auto", 2, True), ("auto", 4, False)],
+)
+def test_the_spark_jvms_collect_serially_on_two_cores_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc: str, cores: int, expected: bool
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_GC": gc, "ADPIPE_SPARK_MASTER": "spark://h:7077"})
+    conf = spark_conf(settings, "t")
+    for name in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert ("-XX:+UseSerialGC" in conf[name].split()) == expected, name
+
+
+@pytest.mark.parametrize("collector", ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseZGC"])
+def test_a_collector_in_the_jvm_options_is_the_only_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector: str
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    env = {"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_GC": "serial", "ADPIPE_JVM_OPTIONS": f"-Xss4m {collector}"}
+    options = spark_conf(load_settings(env), "t")["spark.driver.extraJavaOptions"].split()
+    assert collector in options and "-XX:+UseSerialGC" not in options  # the JVM refuses two collectors
+
+
+def test_an_unknown_collector_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="ADPIPE_SPARK_GC"):
+        load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_GC": "g1"})
 
 
 def test_an_unknown_jit_is_refused(tmp_path: Path) -> None:
