@@ -414,9 +414,7 @@ def publish(
             staged = staged.withColumn("load_run", F.lit(run.run_id).cast("long"))
             published = spark.table(table).where(_in_hours(hours)).select(*keys)
             new_rows = staged.join(published, list(keys), "left_anti")
-            label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
-            late_rows = new_rows.where(_in_hours(late_hours)).groupBy(label).count().collect() if late_hours else []
-            late = {r["h"]: int(r["count"]) for r in late_rows}
+            late = hour_counts(new_rows.where(_in_hours(late_hours))) if late_hours else {}
             rows = merge_new_rows(spark, table, new_rows, keys, hours)
             log.info("run %d: %s: %d rows published", run.run_id, table, rows)
             if fault_plan is not None:

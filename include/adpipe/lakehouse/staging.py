@@ -50,6 +50,7 @@ def stage_rows(spark: SparkSession, table: str, rows: DataFrame, hours: list[dat
 
 
 def hour_counts(df: DataFrame) -> dict[str, int]:
+    """Rows of ``df`` per hour label (``2026-11-22T12``), in one Spark job."""
     label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
     return {r["h"]: int(r["count"]) for r in df.groupBy(label).count().collect()}
 
