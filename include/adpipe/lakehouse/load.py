@@ -64,11 +64,12 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import alerting, faults, metrics
@@ -110,7 +111,16 @@ from adpipe.lakehouse.read import (
     kafka_facts,
     table_rows,
 )
-from adpipe.lakehouse.staging import KeptRows, hour_counts, pending_hours, rows_not_loaded, stage_rows
+from adpipe.lakehouse.staging import (
+    FirstHours,
+    KeptRows,
+    NewRows,
+    hour_counts,
+    hours_to_audit,
+    pending_hours,
+    rows_not_loaded,
+    stage_new,
+)
 from adpipe.settings import Settings
 from adpipe.spark import in_threads
 
@@ -265,53 +275,22 @@ def _stage(
                 "dlq %d",
                 run_id, rr.region, rr.raw.records(), rr.aggregates.records(), rr.late.records(), rr.dlq.records(),
             )
-        new: dict[str, tuple[DataFrame, list[datetime]]] = {}
+        new: NewRows = {}
         if any(rng.records() for rr in ranges for rng in rr.topics()):
             rows = table_rows(spark, settings, ranges, loaded_at, run_id)
             new = in_threads({table: functools.partial(rows_not_loaded, spark, table, source)
                               for table, source in rows.items()})
         else:  # a rerun, a backfill of loaded hours: no Kafka read, no MERGE of nothing
             log.info("run %d: no new record in any region's topics: nothing to stage", run_id)
-        held = held_hours(spark)
-
-        def audited(pending: set[str]) -> tuple[list[datetime], list[str]]:
-            """The hours to audit (asked, or pending and closed before the
-            read, not held) and the held ones left waiting."""
-            ready = {h for h in map(parse_hour, pending) if h not in asked and horizon is not None and h <= horizon}
-            waiting = sorted(hour_label(h) for h in ready if hour_label(h) in held)
-            return sorted({h for h in ready if hour_label(h) not in held} | set(asked)), waiting
-
-        def stage_new(tables: set[str], where: Column | None = None) -> dict[str, int]:
-            # The tables are independent (their own Delta logs): staged side
-            # by side, one table's planning and commits fill the cores while
-            # another's tasks wait.
-            staged = in_threads({
-                table: functools.partial(stage_rows, spark, table, df if where is None else df.where(where),
-                                         source_hours, run_id)
-                for table, (df, source_hours) in new.items() if table in tables
-            })
-            return {table: staged.get(table, 0) for table in T.TABLES}
-
-        kept = None
-        first: list[datetime] = []
-        if keep_first and new:
-            counts = in_threads({table: functools.partial(hour_counts, df) for table, (df, _h) in new.items()})
-            arrived = {h for by_hour in counts.values() for h, n in by_hour.items() if n}
-            hours, waiting = audited(set(pending_hours(spark, run_id)) | arrived)
-            finalized = _finalized_hours(spark)
-            first = [h for h in hours if hour_label(h) in arrived and hour_label(h) not in finalized]
-            if len(first) > KEEP_MAX_HOURS:  # a backfill: staged, each hour's audit then reads its own partition
-                first = []
-        if first:
-            firsts = {hour_label(h) for h in first}
-            later = {table for table, by_hour in counts.items() if any(h not in firsts for h in by_hour)}
-            staged = stage_new(later, ~_in_hours(first))
-            for table, by_hour in counts.items():
-                staged[table] += sum(n for h, n in by_hour.items() if h in firsts)
-            kept = KeptRows({table: df.where(_in_hours(first)) for table, (df, _h) in new.items()}, {})
+        audit_hours = functools.partial(hours_to_audit, asked=asked, horizon=horizon, held=held_hours(spark))
+        first = _first_hours(spark, run_id, new, audit_hours) if keep_first and new else None
+        if first is not None:
+            staged, kept = first.keep(spark, new, run_id)
+            hours, waiting = first.audited, first.waiting
         else:
-            staged = stage_new(set(new))
-            hours, waiting = audited(set(pending_hours(spark, run_id)))
+            kept = None
+            staged = stage_new(spark, new, run_id, set(new))
+            hours, waiting = audit_hours(set(pending_hours(spark, run_id)))
         if len(settings.regions) > 1:
             _alert_cross_region(settings, spark, run_id, kept)
         faults_plan = faults.FaultPlan.from_env()
@@ -322,7 +301,8 @@ def _stage(
         lost = sum(n for rr in ranges for rng in rr.topics() for n in rng.lost.values())
         run = StagedRun(
             run_id, "load", hour_label(hour), [hour_label(h) for h in hours], staged, [asdict(r) for r in ranges], lost,
-            asked=[hour_label(h) for h in asked], held=waiting, direct=[hour_label(h) for h in first],
+            asked=[hour_label(h) for h in asked], held=waiting,
+            direct=[hour_label(h) for h in first.hours] if first is not None else [],
         )
         ledger = dict(
             run_id=run_id, step="staged", kind="load", hour=hour,
@@ -338,6 +318,23 @@ def _stage(
     _write_manifest(settings, run_id, "staged", run.to_dict())
     metrics.load().staged(settings, run_id, staged, lost, time.monotonic() - started)
     return run, kept
+
+
+def _first_hours(
+    spark: SparkSession, run_id: int, new: NewRows, audit_hours: Callable[[set[str]], tuple[list[datetime], list[str]]]
+) -> FirstHours | None:
+    """For a load that audits and publishes in the same process: the hours
+    it publishes for the first time, whose new rows it keeps instead of
+    staging them; None for none, or for a backfill of more than
+    KEEP_MAX_HOURS (staged, so that each hour's audit reads its own partition)."""
+    counts = in_threads({table: functools.partial(hour_counts, df) for table, (df, _h) in new.items()})
+    arrived = {h for by_hour in counts.values() for h, n in by_hour.items() if n}
+    audited, waiting = audit_hours(set(pending_hours(spark, run_id)) | arrived)
+    finalized = _finalized_hours(spark)
+    first = [h for h in audited if hour_label(h) in arrived and hour_label(h) not in finalized]
+    if not first or len(first) > KEEP_MAX_HOURS:
+        return None
+    return FirstHours(first, counts, audited, waiting)
 
 
 def audit(

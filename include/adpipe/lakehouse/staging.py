@@ -10,17 +10,21 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.ledger import _append_ledger
 from adpipe.lakehouse.merge import merge_new_rows
-from adpipe.lakehouse.ranges import parse_hour
+from adpipe.lakehouse.ranges import hour_label, parse_hour
 from adpipe.lakehouse.read import _hour_labels, _in_hours
 from adpipe.spark import in_threads
 
 log = logging.getLogger(__name__)
+
+# Per table, the rows of a run not published nor staged yet (lazy), and the
+# hours of the run's rows of that table (rows_not_loaded).
+NewRows = dict[str, tuple[DataFrame, list[datetime]]]
 
 
 def pending_hours(spark: SparkSession, run_id: int) -> list[str]:
@@ -49,10 +53,57 @@ def stage_rows(spark: SparkSession, table: str, rows: DataFrame, hours: list[dat
     return staged
 
 
+def stage_new(
+    spark: SparkSession, new: NewRows, run_id: int, tables: set[str], where: Column | None = None
+) -> dict[str, int]:
+    """The new rows of ``tables`` (those in ``where``) into their staging
+    twins; rows staged per table (0 for the others). The tables are
+    independent (their own Delta logs): staged side by side, one table's
+    planning and commits fill the cores while another's tasks wait."""
+    staged = in_threads({
+        table: functools.partial(stage_rows, spark, table, df if where is None else df.where(where), hours, run_id)
+        for table, (df, hours) in new.items() if table in tables
+    })
+    return {table: staged.get(table, 0) for table in T.TABLES}
+
+
+def hours_to_audit(
+    pending: set[str], asked: list[datetime], horizon: datetime | None, held: dict[str, str]
+) -> tuple[list[datetime], list[str]]:
+    """The hours a run audits: those asked, and the ``pending`` ones closed
+    before its read (at or before ``horizon``) that no failed gate holds;
+    and the held ones, left waiting."""
+    ready = {h for h in map(parse_hour, pending) if h not in asked and horizon is not None and h <= horizon}
+    waiting = sorted(hour_label(h) for h in ready if hour_label(h) in held)
+    return sorted({h for h in ready if hour_label(h) not in held} | set(asked)), waiting
+
+
 def hour_counts(df: DataFrame) -> dict[str, int]:
     """Rows of ``df`` per hour label (``2026-11-22T12``), in one Spark job."""
     label = F.date_format("event_hour", "yyyy-MM-dd'T'HH").alias("h")
     return {r["h"]: int(r["count"]) for r in df.groupBy(label).count().collect()}
+
+
+@dataclass(frozen=True)
+class FirstHours:
+    """The hours an all-in-one load publishes for the first time (their new
+    rows kept, not staged), the new rows per table and hour label, and the
+    hours the run audits with the held ones it leaves waiting."""
+
+    hours: list[datetime]
+    counts: dict[str, dict[str, int]]
+    audited: list[datetime]
+    waiting: list[str]
+
+    def keep(self, spark: SparkSession, new: NewRows, run_id: int) -> tuple[dict[str, int], KeptRows]:
+        """Stage the new rows of the other hours and keep those of these
+        (:class:`KeptRows`); the rows per table, staged or kept."""
+        labels = {hour_label(h) for h in self.hours}
+        later = {table for table, by_hour in self.counts.items() if any(h not in labels for h in by_hour)}
+        rows = stage_new(spark, new, run_id, later, ~_in_hours(self.hours))
+        for table, by_hour in self.counts.items():
+            rows[table] += sum(n for h, n in by_hour.items() if h in labels)
+        return rows, KeptRows({table: df.where(_in_hours(self.hours)) for table, (df, _h) in new.items()}, {})
 
 
 @dataclass
