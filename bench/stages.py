@@ -96,9 +96,11 @@ def stream_caps(settings: Settings, caps: list[int], events: int = 200_000, seed
     plan = produce.plan(spec)
     produce.send(settings.kafka, bench_settings.topics.events, plan)
     rows = []
-    for cap in caps:
-        cap_env = {**env, "ADPIPE_JOB_ID": f"{env['ADPIPE_JOB_ID']}-cap{cap}"}
-        log_path = work / f"stream-cap{cap}.log"
+    for run, cap in enumerate(caps, start=1):
+        # A job id (so a checkpoint) per run: a cap given twice is measured twice.
+        name = f"run{run}-cap{cap}"
+        cap_env = {**env, "ADPIPE_JOB_ID": f"{env['ADPIPE_JOB_ID']}-{name}"}
+        log_path = work / f"stream-{name}.log"
         seconds = timed_command(cap_env, log_path, "stream", "--available-now", "--max-offsets-per-trigger", str(cap))
         row = {
             "max_offsets_per_trigger": cap,
