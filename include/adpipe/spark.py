@@ -71,6 +71,12 @@ def driver_log_options(settings: Settings, app_name: str) -> list[str]:
     ]
 
 
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container's
+    cpuset limits it), which the JVM options' ``auto`` modes go by."""
+    return len(os.sched_getaffinity(0))
+
+
 # ADPIPE_SPARK_JIT=quick: the JIT's first tier only (C1). On two cores a
 # Spark JVM's C2 compiler threads took as much CPU as its tasks for the first
 # minutes (17 of 39 CPU s of `adpipe stream --available-now` over make
@@ -89,7 +95,7 @@ def jit_options(settings: Settings) -> list[str]:
     """The Spark JVMs' JIT options (ADPIPE_SPARK_JIT)."""
     mode = settings.spark_jit
     if mode == "auto":
-        mode = "quick" if len(os.sched_getaffinity(0)) <= QUICK_JIT_MAX_CORES else "full"
+        mode = "quick" if host_cores() <= QUICK_JIT_MAX_CORES else "full"
     return list(QUICK_JIT) if mode == "quick" else []
 
 
@@ -113,7 +119,7 @@ def gc_options(settings: Settings) -> list[str]:
         return []
     mode = settings.spark_gc
     if mode == "auto":
-        mode = "serial" if len(os.sched_getaffinity(0)) <= SERIAL_GC_MAX_CORES else "default"
+        mode = "serial" if host_cores() <= SERIAL_GC_MAX_CORES else "default"
     return list(SERIAL_GC) if mode == "serial" else []
 
 
