@@ -49,12 +49,23 @@ def artifact_name(jar_name: str) -> str:
     return "-".join(parts)
 
 
+def spark_home() -> Path:
+    """Spark's home as pyspark hands it to Spark: SPARK_HOME when set (as
+    spark-submit sets it), else the pyspark package itself."""
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return Path(home)
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
 def pyspark_jars() -> Path:
     """Spark's jars: under spark-submit pyspark is imported from a zip, but
     SPARK_HOME is set; otherwise they ship inside the pyspark package."""
-    home = os.environ.get("SPARK_HOME")
-    if home and (Path(home) / "jars").is_dir():
-        return Path(home) / "jars"
+    jars = spark_home() / "jars"
+    if jars.is_dir():
+        return jars
     import pyspark
 
     return Path(pyspark.__file__).parent / "jars"

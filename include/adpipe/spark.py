@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
-import pyspark
 from pyspark.sql import SparkSession
 
 from adpipe import class_archive, raw_events
-from adpipe.jars import adpipe_spark_jar, ensure_classpath
+from adpipe.jars import adpipe_spark_jar, ensure_classpath, spark_home
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -272,8 +271,7 @@ def worker_python(settings: Settings) -> str:
         return sys.executable
     from adpipe.spark_worker import worker_python as local_worker_python
 
-    home = os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
-    return local_worker_python(settings.jar_cache / "python", home)
+    return local_worker_python(settings.jar_cache / "python", str(spark_home()))
 
 
 def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[str, str] | None = None) -> SparkSession:
@@ -283,8 +281,9 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
     settings.log_dir.mkdir(exist_ok=True)
     # Python workers (the stream job's stateful operator) run this
     # environment's interpreter, which has adpipe, pandas and pyarrow
-    # (in a local session through a shim: worker_python).
-    os.environ.setdefault("PYSPARK_PYTHON", worker_python(settings))
+    # (in a local session through a shim: worker_python). One set by the user stays.
+    if "PYSPARK_PYTHON" not in os.environ:
+        os.environ["PYSPARK_PYTHON"] = worker_python(settings)
     conf = spark_conf(settings, app_name, extra_conf)
     if on_cluster(settings):
         _warn_local_folders_on_a_cluster(settings)

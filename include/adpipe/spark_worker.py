@@ -20,10 +20,11 @@ Spark also starts Python processes of its own module, not from a daemon:
 the stream job's stateful operator has the driver run its ``init`` in a
 fresh ``pyspark.sql.streaming.transform_with_state_driver_worker`` at the
 start of every query, on the path of the first batch: 0.87 s of wall
-(async-profiler), half of it Python compiling pyspark from the zip again. :func:`worker_python` writes the
-interpreter a local session gives Spark: a shell shim that leaves the
-installed pyspark's own zips out of ``PYTHONPATH``, then runs this
-environment's Python (which has the same pyspark and py4j installed)."""
+(async-profiler), half of it Python compiling pyspark from the zip again.
+:func:`worker_python` writes the interpreter a local session gives Spark: a
+shell shim that leaves the installed pyspark's own zips out of
+``PYTHONPATH``, then runs this environment's Python (which has the same
+pyspark and py4j installed)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,14 @@ WORKER_IMPORTS_ENV = "ADPIPE_WORKER_IMPORTS"
 LIBRARIES = ("numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.ipc")
 
 
+def _installed(path: list[str]) -> list[str]:
+    """``path`` without its zips: where installed packages are found."""
+    return [p for p in path if not p.endswith(".zip")]
+
+
 def _own_zip_dir(path: list[str]) -> Path | None:
     """Where the zips of the pyspark installed on ``path`` are (``<pyspark>/python/lib``)."""
-    spec = PathFinder.find_spec("pyspark", [p for p in path if not p.endswith(".zip")])
+    spec = PathFinder.find_spec("pyspark", _installed(path))
     if spec is None or not spec.submodule_search_locations:
         return None
     return (Path(next(iter(spec.submodule_search_locations))) / "python" / "lib").resolve()
@@ -101,11 +107,9 @@ def worker_python(folder: Path, spark_home: str) -> str:
     if not lib.is_dir() or lib.resolve() != _own_zip_dir(sys.path):
         return sys.executable
     # Only the zips of what is installed too: pyspark (checked above), py4j.
-    installed = [p for p in sys.path if not p.endswith(".zip")]
+    py4j = PathFinder.find_spec("py4j", _installed(sys.path)) is not None
     zips = sorted(
-        str(lib / name)
-        for name in os.listdir(lib)
-        if name == "pyspark.zip" or (name.startswith("py4j") and PathFinder.find_spec("py4j", installed))
+        str(lib / name) for name in os.listdir(lib) if name == "pyspark.zip" or (py4j and name.startswith("py4j"))
     )
     # Spark joins SPARK_HOME as given; match the resolved path too.
     names = sorted({*zips, *(str(Path(z).resolve()) for z in zips)})

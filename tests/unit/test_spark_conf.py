@@ -210,6 +210,17 @@ def test_in_threads_runs_calls_at_once_and_raises_a_failure_after_all_ended() ->
     assert sorted(finished) == ["fails", "other", "slow"]
 
 
+def _jvm_options_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, env: dict[str, str]
+) -> dict[str, list[str]]:
+    """The driver's and the executors' JVM options of a cluster session on a
+    host of ``cores`` cores, under ``env``."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_MASTER": "spark://h:7077", **env})
+    conf = spark_conf(settings, "t")
+    return {name: conf[name].split() for name in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")}
+
+
 @pytest.mark.parametrize(
     ("jit", "cores", "expected"),
     [("quick", 64, True), ("full", 2, False), ("auto", 2, True), ("auto", 4, True), ("auto", 8, False)],
@@ -217,13 +228,10 @@ def test_in_threads_runs_calls_at_once_and_raises_a_failure_after_all_ended() ->
 def test_the_jit_of_the_spark_jvms_is_quick_on_few_cores_unless_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jit: str, cores: int, expected: bool
 ) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_JIT": jit, "ADPIPE_SPARK_MASTER": "spark://h:7077"})
-    conf = spark_conf(settings, "t")
-    for name in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
-        assert ("-XX:TieredStopAtLevel=1" in conf[name].split()) == bool(expected), name
+    for name, options in _jvm_options_on(tmp_path, monkeypatch, cores, {"ADPIPE_SPARK_JIT": jit}).items():
+        assert ("-XX:TieredStopAtLevel=1" in options) == bool(expected), name
         # C1 alone would reserve a code cache a load's driver fills.
-        assert ("-XX:ReservedCodeCacheSize=256m" in conf[name].split()) == bool(expected), name
+        assert ("-XX:ReservedCodeCacheSize=256m" in options) == bool(expected), name
 
 
 @pytest.mark.parametrize(
@@ -233,11 +241,8 @@ def test_the_jit_of_the_spark_jvms_is_quick_on_few_cores_unless_told(
 def test_the_spark_jvms_collect_serially_on_two_cores_unless_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc: str, cores: int, expected: bool
 ) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_GC": gc, "ADPIPE_SPARK_MASTER": "spark://h:7077"})
-    conf = spark_conf(settings, "t")
-    for name in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
-        assert ("-XX:+UseSerialGC" in conf[name].split()) == expected, name
+    for name, options in _jvm_options_on(tmp_path, monkeypatch, cores, {"ADPIPE_SPARK_GC": gc}).items():
+        assert ("-XX:+UseSerialGC" in options) == expected, name
 
 
 @pytest.mark.parametrize("collector", ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseZGC"])
