@@ -15,7 +15,7 @@ from adpipe import schemas as S
 
 _INTEGER_VARIANTS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 # What parse_raw_events keeps of the Kafka record, and what it adds.
-RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset")
+RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
 PARSED_FIELDS = ("event_id", "ad_id", "campaign_id", "event_type", "event_time", "reject_reason")
 
 

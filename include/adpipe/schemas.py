@@ -30,6 +30,9 @@ REASON_BAD_EVENT_TIME = "missing_or_invalid_event_time"
 REASON_FUTURE_EVENT_TIME = "future_event_time"
 # event_id, ad_id or campaign_id longer than MAX_FIELD_CHARS.
 REASON_FIELD_TOO_LONG = "field_too_long"
+# A later copy of an event_id already read with another event_time (a
+# re-stamped retry): the first copy read is counted, this one is not.
+REASON_CONFLICTING_DUPLICATE = "conflicting_duplicate"
 
 # The one length limit of every string field of an event (event_id, ad_id,
 # campaign_id), in characters (Unicode code points: Spark's length, Python's
@@ -52,6 +55,8 @@ HEADER_ORIGINAL_SIZE = "adpipe.original_size"
 HEADER_EVENT_ID = "adpipe.event_id"
 HEADER_EVENT_TIME_MS = "adpipe.event_time_ms"
 HEADER_SOURCE = "adpipe.source"  # topic/partition/offset of the raw record
+# On a conflicting duplicate's DLQ copy: the event time of the copy that counts.
+HEADER_FIRST_EVENT_TIME_MS = "adpipe.first_event_time_ms"
 HEADER_JOB = "adpipe.job"
 HEADER_BATCH = "adpipe.batch"
 HEADER_WATERMARK = "adpipe.watermark_ms"
@@ -73,6 +78,7 @@ PARSED_EVENT = StructType(
         StructField("topic", StringType()),
         StructField("partition", LongType()),
         StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
         StructField("event_id", StringType()),
         StructField("ad_id", StringType()),
         StructField("campaign_id", StringType()),
@@ -93,6 +99,8 @@ AGGREGATE_RECORD = StructType(
         StructField("window_end", StringType()),
         StructField("impressions", LongType()),
         StructField("clicks", LongType()),
+        # 0 for a window's first emission (absent in records before revisions), then 1, 2, ...
+        StructField("revision", LongType()),
     ]
 )
 

@@ -210,10 +210,20 @@ class Settings(_Locations):
     # state partitions across restarts of one query. Default: one per task
     # slot (local[2]: 2), 4 on a cluster without ADPIPE_SPARK_CORES_MAX.
     shuffle_partitions: int = 4
-    # Event-time watermark delay plus allowed lateness: a window closes when
-    # the watermark (max event time seen - delay - lateness) passes its end.
+    # The watermark is the slowest partition's highest event time (of those
+    # with records waiting) less this delay (adpipe.stream.watermark); a
+    # window closes when it passes the window's end. ADPIPE_WATERMARK_ALIGNMENT
+    # =off: the highest event time of all partitions instead (Spark's rule).
     watermark_delay_s: int = 30
-    allowed_lateness_s: int = 0
+    watermark_alignment: bool = True
+    # How long after its close, in event time, a window can still be revised
+    # by late events (a revision carries the window's full counts; the
+    # budget charges its difference): while the watermark is before the
+    # window's end plus this. Later events go to the late topic. Five
+    # minutes lets late events reach the budget within its pacing and holds
+    # five more minutes of windows' counts (about 40 bytes per ad and minute);
+    # hourly loads wait for it. Before it meant a delay of every window's close.
+    allowed_lateness_s: int = 300
     trigger_interval_s: int = 5
     # Records per micro-batch at most (0: no cap), so a backlog after an
     # outage becomes many bounded batches, never one giant one that outlives
@@ -226,9 +236,10 @@ class Settings(_Locations):
     # An event_time more than this after its Kafka record's own timestamp is
     # malformed (future_event_time): a clock far ahead never moves the watermark.
     max_future_skew_s: int = 300
-    # How long the stream job remembers an event_id to list each late event
-    # once, in event time: until the watermark passes the end of the event's
-    # minute plus this (adpipe.stream.minute_state says what happens after).
+    # How long the stream job remembers an event_id, in event time: until
+    # the watermark passes the end of the event's minute plus this. Within
+    # it a copy is a repeat (same event time) or a conflicting duplicate
+    # (another); after it, a copy is new again (adpipe.spark.EventIds).
     late_dedupe_retention_s: int = 86_400
     # The quality gate fails an hour whose late events are more than this
     # share of its valid events (a stream far behind, a producer replaying).
@@ -356,7 +367,9 @@ class Settings(_Locations):
 
     @property
     def lateness_ms(self) -> int:
-        """Spark's watermark delay: the configured delay plus allowed lateness."""
+        """How far behind the highest event time a window's counts become
+        final: the watermark delay plus the allowed lateness (a window ending
+        at t can change until the watermark passes t + allowed lateness)."""
         return (self.watermark_delay_s + self.allowed_lateness_s) * 1000
 
     @property
@@ -471,6 +484,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         topic_partitions=integer(env, "ADPIPE_TOPIC_PARTITIONS", Settings.topic_partitions, 1),
         shuffle_partitions=integer(env, "ADPIPE_SHUFFLE_PARTITIONS", slots or Settings.shuffle_partitions, 1),
         watermark_delay_s=integer(env, "ADPIPE_WATERMARK_DELAY_S", Settings.watermark_delay_s),
+        watermark_alignment=choice(env, "ADPIPE_WATERMARK_ALIGNMENT", ("on", "off")) == "on",
         allowed_lateness_s=integer(env, "ADPIPE_ALLOWED_LATENESS_S", Settings.allowed_lateness_s),
         trigger_interval_s=integer(env, "ADPIPE_TRIGGER_INTERVAL_S", Settings.trigger_interval_s, 1),
         max_offsets_per_trigger=integer(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", Settings.max_offsets_per_trigger),

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from adpipe.settings import load_settings
-from adpipe.spark import build_spark, worker_imports_conf
+from adpipe.spark import build_spark
 from pyspark.sql import SparkSession
 
 from tests.conftest import JVM_OPTIONS, TEST_HOME
@@ -19,7 +19,6 @@ UNIT_HOME = TEST_HOME / f"unit-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     settings = load_settings({"ADPIPE_HOME": str(UNIT_HOME), "ADPIPE_JVM_OPTIONS": JVM_OPTIONS})
-    # Workers preload the stateful operator's module, as the stream job's do.
-    session = build_spark(settings, "adpipe-unit-tests", worker_imports_conf("adpipe.stream.minute_state"))
+    session = build_spark(settings, "adpipe-unit-tests")
     yield session
     session.stop()

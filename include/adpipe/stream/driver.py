@@ -36,6 +36,7 @@ from adpipe.stream.offset_log import (
     query_id,
 )
 from adpipe.stream.sink import TransactionalSink
+from adpipe.stream.watermark import ProgressLog
 
 # The job's lines read "adpipe.stream: ...", wherever they come from.
 log = logging.getLogger("adpipe.stream")
@@ -83,8 +84,13 @@ def build_query_df(spark: SparkSession, settings: Settings, starting_offsets: st
     return (
         reader.load()
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
-        .transform(T.minute_state_rows, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
+        .transform(stream_rows, settings)
     )
+
+
+def stream_rows(parsed_df: DataFrame, settings: Settings) -> DataFrame:
+    """The job's stateful operators over parsed rows, with its lateness and retention."""
+    return T.stream_rows(parsed_df, settings.allowed_lateness_s * 1000, settings.late_dedupe_retention_s * 1000)
 
 
 def _sink(
@@ -335,8 +341,19 @@ def _rate_rows(spark: SparkSession, settings: Settings) -> DataFrame:
             F.col("value").alias("offset"), F.col("timestamp"), F.lit(0).alias("timestampType"),
         )
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
-        .transform(T.minute_state_rows, settings.lateness_ms, settings.late_dedupe_retention_s * 1000)
+        .transform(stream_rows, settings)
     )
+
+
+def _collect_at_watermark(spark: SparkSession, batch_df: DataFrame, watermark_ms: int) -> list:
+    """A batch of the job's query collected as its driver would, with the
+    watermark its operators need (a warm-up's is the epoch's)."""
+    context = spark.sparkContext
+    context.setLocalProperty(T.WATERMARK_PROPERTY, str(watermark_ms))
+    try:
+        return batch_df.collect()
+    finally:
+        context.setLocalProperty(T.WATERMARK_PROPERTY, None)  # type: ignore[arg-type] - None clears it
 
 
 # A warm-up query still running after this long is stopped.
@@ -351,7 +368,7 @@ def _warm_up_query(spark: SparkSession, rows: DataFrame, source: str, cut: threa
     query = (
         rows.writeStream.outputMode("append").option("checkpointLocation", str(scratch))
         .trigger(availableNow=True)
-        .foreachBatch(lambda batch_df, batch_id: (batch_df.collect(), batches.append(batch_id)))
+        .foreachBatch(lambda batch_df, batch_id: (_collect_at_watermark(spark, batch_df, 0), batches.append(batch_id)))
         .start()
     )
     deadline = time.monotonic() + WARM_UP_MAX_S
@@ -388,7 +405,8 @@ def _run_query(
         checkpointed = None
         if last is not None:
             batch = batch_offsets(checkpoint, last)
-            checkpointed = (last, batch.end, batch.watermark_ms)
+            progress = ProgressLog(checkpoint).at(last)
+            checkpointed = (last, batch.end, progress.watermark_ms if progress is not None else 0)
         sink.start(checkpointed, accept_empty_ledger)
         handler = BatchHandler(spark, settings, sink, limits, checkpoint, took_over)
         handler.metrics.restored(checkpointed)

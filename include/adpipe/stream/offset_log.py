@@ -32,13 +32,20 @@ class BatchOffsets:
     topic: str
     start: dict[int, int]
     end: dict[int, int]
-    # The watermark this batch runs with (from the batches before it): a
-    # window whose end is <= it is emitted now, a row of such a window is late.
-    watermark_ms: int
+    # Spark's own watermark of the batch (on the batch ids, see
+    # adpipe.spark.StreamOperators); the event-time watermark is adpipe.stream.watermark's.
+    spark_watermark_ms: int
 
     @property
     def input_offsets(self) -> int:
         return sum(self.end[p] - self.start.get(p, 0) for p in self.end)
+
+    @property
+    def waiting(self) -> list[int]:
+        """The partitions this batch reads: those that had records waiting
+        when Spark planned it (offsets moved; a partition new since the
+        previous batch from its first offset)."""
+        return sorted(p for p, end in self.end.items() if end > self.start.get(p, 0))
 
     def kafka_json(self, which: str) -> str:
         """Spark's ``startingOffsets`` / ``endingOffsets`` of this batch, over
@@ -66,6 +73,12 @@ class CheckpointFiles(Protocol):
     def names(self, relative: str) -> list[str]:
         """The entries of a folder; empty when it does not exist."""
 
+    def write(self, relative: str, text: str) -> None:
+        """Write a file whole (a reader sees all of it or none), replacing it."""
+
+    def delete(self, relative: str) -> None:
+        """Delete a file if it is there."""
+
 
 @dataclass(frozen=True)
 class LocalCheckpoint:
@@ -86,6 +99,16 @@ class LocalCheckpoint:
         folder = self.root / relative
         return [p.name for p in folder.iterdir()] if folder.is_dir() else []
 
+    def write(self, relative: str, text: str) -> None:
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+    def delete(self, relative: str) -> None:
+        (self.root / relative).unlink(missing_ok=True)
+
 
 class HadoopCheckpoint:
     """A checkpoint at any URI Spark writes (``file://``, ``hdfs://``,
@@ -95,8 +118,9 @@ class HadoopCheckpoint:
     def __init__(self, spark: SparkSession, uri: str) -> None:
         jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j gateway
         self._jvm = jvm
+        self._conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
         self._root = jvm.org.apache.hadoop.fs.Path(uri)
-        self._fs = self._root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
+        self._fs = self._root.getFileSystem(self._conf)
         self.uri = uri
 
     def __str__(self) -> str:
@@ -120,6 +144,13 @@ class HadoopCheckpoint:
         if not self._fs.exists(path):
             return []
         return [status.getPath().getName() for status in self._fs.listStatus(path)]
+
+    def write(self, relative: str, text: str) -> None:
+        # Through Spark's own checkpoint file manager (adpipe.spark.CheckpointWrites), as its logs are.
+        self._jvm.adpipe.spark.CheckpointWrites.write(self.uri, relative, text, self._conf)
+
+    def delete(self, relative: str) -> None:
+        self._jvm.adpipe.spark.CheckpointWrites.delete(self.uri, relative, self._conf)
 
 
 def _json_lines(files: CheckpointFiles, relative: str) -> list[str]:
