@@ -237,27 +237,11 @@ def worker_imports_conf(*modules: str) -> dict[str, str]:
     return {f"spark.executorEnv.{WORKER_IMPORTS_ENV}": ",".join(modules)}
 
 
-# The stream job's stateful operator (adpipe.stream.minute_state), which its
-# Python workers import before they fork.
-STREAM_OPERATOR_MODULE = "adpipe.stream.minute_state"
-
-
 def stream_job_conf(settings: Settings) -> dict[str, str]:
     """The stream job's own conf, whether pyspark or spark-submit starts its
     driver: its heap (ADPIPE_STREAM_DRIVER_MEMORY, apart from the loads':
-    over make bench's 1M topic 1g peaked about 120 MB lower than 2g but ran
-    9 % slower), its workers' preloads, and one Python worker daemon: Spark
-    keys its daemons by the workers' environment, and with simplified
-    tracebacks on the stateful operator's workers get one variable more
-    than the others, so a second daemon (and its forks) ran beside the
-    first. Off, a Python error's traceback keeps pyspark's own frames; over
-    make bench's 1M topic the peak went 1.52-1.65 -> 1.36-1.53 GB at the same
-    throughput."""
-    return {
-        "spark.driver.memory": settings.stream_driver_memory,
-        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
-        **worker_imports_conf(STREAM_OPERATOR_MODULE),
-    }
+    its operators' in-memory tables of event ids live in it on ``local[N]``)."""
+    return {"spark.driver.memory": settings.stream_driver_memory}
 
 
 def worker_python(settings: Settings) -> str:
@@ -313,7 +297,7 @@ def keep_zip_directories() -> None:
     entries, first on a worker's path): about 0.1 s of CPU per task, 4.6 s of
     a 1M-record stream run (py-spy). Later Pythons re-read lazily (their
     zipimporter has ``_get_files``); there this does nothing. Called where a
-    worker imports adpipe (adpipe.stream.minute_state)."""
+    worker imports adpipe (the load's pandas functions)."""
     import zipimport
 
     importer = zipimport.zipimporter

@@ -36,7 +36,7 @@ from adpipe.stream.offset_log import (
     query_id,
 )
 from adpipe.stream.sink import TransactionalSink
-from adpipe.stream.watermark import ProgressLog
+from adpipe.stream.watermark import ProgressLog, check_progress
 
 # The job's lines read "adpipe.stream: ...", wherever they come from.
 log = logging.getLogger("adpipe.stream")
@@ -200,10 +200,10 @@ def run(
             kafka_io.check_broker_time(settings.kafka, settings.topics.events)
             if spark is None:
                 spark = _session(settings, name)
-                start_python_workers(spark)
             try:
                 checkpoint = HadoopCheckpoint(spark, settings.checkpoint_uri)
                 check_query_shape(checkpoint, QUERY_SOURCES)
+                check_progress(checkpoint)
                 handler = _run_query(spark, settings, checkpoint, available_now, fault, accept_empty_ledger, took_over)
             finally:
                 spark.stop()
@@ -215,30 +215,6 @@ def run(
             spark.stop()
     log.info("stream job %s stopped after %d batches", settings.job_id, handler.batches)
     return handler.batches
-
-
-def start_python_workers(spark: SparkSession) -> threading.Thread:
-    """Start the session's Python workers (their daemon imports pandas,
-    pyarrow and the operator, adpipe.spark_worker) with a job of one empty
-    task per core, on a thread of its own, while the driver checks its
-    checkpoint and ledger and plans the first batch: else the first batch's
-    tasks wait for them. Over make bench's 1M topic, `adpipe stream
-    --available-now` took 0.4-0.9 s less (78.4k -> 81.2k events/s, three runs
-    each side by side). Best effort: a failure is logged and the tasks start
-    their workers themselves."""
-
-    def run() -> None:
-        started = time.monotonic()
-        try:
-            cores = spark.sparkContext.defaultParallelism
-            spark.range(0, cores, 1, cores).mapInArrow(lambda batches: batches, "id long").collect()
-            log.debug("Python workers started in %.1f s", time.monotonic() - started)
-        except Exception as exc:  # noqa: BLE001 - the query's tasks start them anyway
-            log.info("Python workers not started ahead (%s); the first batch starts them", str(exc).splitlines()[0])
-
-    thread = threading.Thread(target=run, name="python-workers-start", daemon=True)
-    thread.start()
-    return thread
 
 
 def _session(settings: Settings, name: str) -> SparkSession:

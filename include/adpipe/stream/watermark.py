@@ -34,7 +34,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from adpipe.stream.offset_log import CheckpointFiles, CheckpointVersionError
+from adpipe.stream.offset_log import CheckpointFiles, CheckpointVersionError, last_committed_batch
 
 log = logging.getLogger("adpipe.stream")
 
@@ -84,8 +84,10 @@ class Progress:
             int(body["batch_id"]),
             int(body["watermark_ms"]),
             {
-                int(p): PartitionProgress(None if s["event_ms"] is None else int(s["event_ms"]), bool(s["last_read_valid"]))
-                for p, s in body["partitions"].items()
+                int(p): PartitionProgress(
+                    None if entry["event_ms"] is None else int(entry["event_ms"]), bool(entry["last_read_valid"])
+                )
+                for p, entry in body["partitions"].items()
             },
         )
 
@@ -129,6 +131,20 @@ def after_batch(
             event_ms = highest if event_ms is None else max(event_ms, highest)
         partitions[partition] = PartitionProgress(event_ms, highest is not None)
     return Progress(batch_id, watermark_ms, partitions)
+
+
+def check_progress(files: CheckpointFiles) -> None:
+    """Before the query starts: a checkpoint with committed batches must
+    have the progress entry of its last one. One without was written by a
+    version of the job whose watermark was Spark's and whose one stateful
+    operator kept its state otherwise; this version cannot resume it."""
+    last = last_committed_batch(files)
+    if last is not None and files.read(f"{PROGRESS_DIR}/{last}") is None:
+        raise CheckpointVersionError(
+            f"the checkpoint {files} was written by an earlier version of the stream job (its batch {last} has no "
+            f"{PROGRESS_DIR} entry): its state cannot be resumed by this one. See docs/operations.md, "
+            "'Upgrading a running stream job'."
+        )
 
 
 class ProgressLog:

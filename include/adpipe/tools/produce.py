@@ -52,10 +52,12 @@ class ProduceSpec:
     duplicate_rate: float = 0.0
     late_rate: float = 0.0
     late_by_minutes: int = 5
-    # Late events are timed at least this long before ``start``, so their
-    # window closed once a stream saw events up to ``start`` (the window
-    # just before ``start`` may still be open: watermark delay < 1 minute).
-    late_gap_minutes: int = 2
+    # Late events are timed at least this long before ``start``, so that
+    # once a stream saw events up to ``start`` their window closed and its
+    # allowed lateness (five minutes by default) passed too: they go to the
+    # late topic (the window just before ``start`` may still be open:
+    # watermark delay < 1 minute).
+    late_gap_minutes: int = 7
     malformed_rate: float = 0.0
     events_per_second: float = 0.0
 

@@ -81,39 +81,3 @@ def test_a_takeover_cuts_a_running_warm_up_short(spark, settings, monkeypatch: p
     assert time.monotonic() - started < 30  # not the UDF's 30 s
     assert "warm-up query on a rate source stopped after 0 batches" in caplog.text
     assert "taking over" in caplog.text and "warm in" not in caplog.text
-
-
-def _python_workers() -> list[str]:
-    """Command lines of this machine's Spark Python workers (forked from
-    their daemon, adpipe.spark_worker, so they share its command line)."""
-    lines = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "adpipe.spark_worker" in cmdline:
-            lines.append(cmdline)
-    return lines
-
-
-def test_the_python_workers_start_ahead_with_one_empty_task_per_core(spark) -> None:  # noqa: ANN001
-    tracker = spark.sparkContext.statusTracker()
-    before = set(tracker.getJobIdsForGroup(None))
-    driver.start_python_workers(spark).join(120)
-    (job,) = set(tracker.getJobIdsForGroup(None)) - before
-    (stage,) = tracker.getJobInfo(job).stageIds
-    cores = spark.sparkContext.defaultParallelism
-    assert tracker.getStageInfo(stage).numTasks == cores and tracker.getJobInfo(job).status == "SUCCEEDED"
-    assert len(_python_workers()) >= 1 + cores  # the daemon and a worker per task, kept for the query
-
-
-def test_python_workers_not_started_ahead_leave_it_to_the_tasks(caplog) -> None:  # noqa: ANN001
-    class Stopped:
-        @property
-        def sparkContext(self):  # noqa: ANN202, N802 - Spark's name
-            raise RuntimeError("the session was stopped")
-
-    with caplog.at_level("INFO", logger="adpipe.stream"):
-        driver.start_python_workers(Stopped()).join(10)  # type: ignore[arg-type]
-    assert "Python workers not started ahead (the session was stopped)" in caplog.text

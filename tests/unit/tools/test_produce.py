@@ -78,9 +78,9 @@ def test_late_events_are_sent_last_and_are_before_start() -> None:
     assert "late" not in kinds[:-15]
     late = [classify(m.value) for m in the_plan.messages[-15:]]
     assert all(isinstance(e, RawEvent) for e in late)
-    # At least late_gap_minutes (2) and at most 2 + late_by_minutes (5) before start.
-    assert all(START_MS - 7 * 60_000 <= e.event_ms < START_MS - 2 * 60_000 for e in late)
-    assert all(w["window_start"] < "2026-11-22T11:58:00Z" for w in the_plan.summary["late_events"])
+    # At least late_gap_minutes (7) and at most 7 + late_by_minutes (5) before start.
+    assert all(START_MS - 12 * 60_000 <= e.event_ms < START_MS - 7 * 60_000 for e in late)
+    assert all(w["window_start"] < "2026-11-22T11:53:00Z" for w in the_plan.summary["late_events"])
     assert [(e.event_id, e.ad_id, e.event_type, e.window_start) for e in late] == [
         (w["event_id"], w["ad_id"], w["event_type"], w["window_start"]) for w in the_plan.summary["late_events"]
     ]
