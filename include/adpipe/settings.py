@@ -210,19 +210,12 @@ class Settings(_Locations):
     # state partitions across restarts of one query. Default: one per task
     # slot (local[2]: 2), 4 on a cluster without ADPIPE_SPARK_CORES_MAX.
     shuffle_partitions: int = 4
-    # The watermark is the slowest partition's highest event time (of those
-    # with records waiting) less this delay (adpipe.stream.watermark); a
-    # window closes when it passes the window's end. ADPIPE_WATERMARK_ALIGNMENT
-    # =off: the highest event time of all partitions instead (Spark's rule).
+    # The watermark: the slowest partition's highest event time (of those with
+    # records waiting) less this delay; =off: of all partitions (Spark's rule).
     watermark_delay_s: int = 30
     watermark_alignment: bool = True
-    # How long after its close, in event time, a window can still be revised
-    # by late events (a revision carries the window's full counts; the
-    # budget charges its difference): while the watermark is before the
-    # window's end plus this. Later events go to the late topic. Five
-    # minutes lets late events reach the budget within its pacing and holds
-    # five more minutes of windows' counts (about 40 bytes per ad and minute);
-    # hourly loads wait for it. Before it meant a delay of every window's close.
+    # How long after its close (event time) late events still revise a window
+    # (docs/operations.md); later ones go to the late topic.
     allowed_lateness_s: int = 300
     trigger_interval_s: int = 5
     # Records per micro-batch at most (0: no cap), so a backlog after an

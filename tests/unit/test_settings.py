@@ -23,7 +23,8 @@ def test_defaults() -> None:
         "ad-events", "ad-aggregates", "ad-events-dlq", "ad-events-late", "ad-budget-events"
     )
     assert (settings.topic_partitions, settings.shuffle_partitions) == (4, 2)  # a state partition per task slot
-    assert (settings.watermark_delay_s, settings.allowed_lateness_s, settings.lateness_ms) == (30, 0, 30_000)
+    assert (settings.watermark_delay_s, settings.allowed_lateness_s, settings.lateness_ms) == (30, 300, 330_000)
+    assert settings.watermark_alignment
     assert (settings.trigger_interval_s, settings.max_offsets_per_trigger) == (5, 500_000)
     assert settings.job_id == "region-local"
     assert settings.transaction_timeout_ms == 120_000
@@ -76,6 +77,7 @@ def test_overrides(tmp_path: Path) -> None:
             "ADPIPE_TOPIC_DLQ": "dlq-eu",
             "ADPIPE_WATERMARK_DELAY_S": "10",
             "ADPIPE_ALLOWED_LATENESS_S": "5",
+            "ADPIPE_WATERMARK_ALIGNMENT": "off",
             "ADPIPE_MAX_OFFSETS_PER_TRIGGER": "1000",
             "ADPIPE_SHUFFLE_PARTITIONS": "",  # empty means the default
         }
@@ -86,6 +88,7 @@ def test_overrides(tmp_path: Path) -> None:
     assert settings.topics.dlq == "dlq-eu"
     assert settings.topics.events == "ad-events"
     assert settings.lateness_ms == 15_000
+    assert not settings.watermark_alignment
     assert settings.max_offsets_per_trigger == 1000
     assert settings.shuffle_partitions == 2
     assert settings.checkpoint_dir == tmp_path / "home" / "checkpoints" / "region-eu"

@@ -44,14 +44,14 @@ def _worker_facts(batches):  # noqa: ANN001, ANN202 - runs in a Spark Python wor
     facts = {
         "daemon": getattr(main.__spec__, "name", None),
         "pyspark": pyspark.__file__,
-        "preloaded": "adpipe.stream.minute_state" in sys.modules,
+        "preloaded": "pyarrow.compute" in sys.modules,
     }
     for _ in batches:
         yield pa.RecordBatch.from_pydict({"facts": [json.dumps(facts)]})
 
 
 def test_a_python_worker_forks_from_adpipes_daemon_with_the_jobs_modules_loaded(spark: SparkSession) -> None:
-    # The unit tests' session preloads the stateful operator's module (conftest).
+    # The daemon preloads the libraries every worker uses (adpipe.spark_worker.LIBRARIES).
     rows = spark.range(2, numPartitions=2).mapInArrow(_worker_facts, "facts string").collect()
     facts = [json.loads(row.facts) for row in rows]
     assert facts and all(f["daemon"] == "adpipe.spark_worker" for f in facts)

@@ -55,6 +55,7 @@ def checkpoint_progress(root: Path) -> CheckpointProgress | None:
     ``offsets/N`` before it runs batch N and ``commits/N`` after its sink
     returned (:mod:`adpipe.stream.offset_log`)."""
     from adpipe.stream.offset_log import LocalCheckpoint, OffsetLogError, batch_offsets, last_committed_batch
+    from adpipe.stream.watermark import ProgressLog
 
     if not root.is_dir():
         return None
@@ -66,8 +67,9 @@ def checkpoint_progress(root: Path) -> CheckpointProgress | None:
     if last is not None:
         try:
             committed_at = (root / "commits" / str(last)).stat().st_mtime
-            batch = batch_offsets(files, last)
-            watermark, end = batch.watermark_ms, batch.end
+            end = batch_offsets(files, last).end
+            progress = ProgressLog(files).at(last)
+            watermark = progress.watermark_ms if progress is not None else None
         except (OSError, OffsetLogError, ValueError):  # a checkpoint being written, or damaged: say what is known
             pass
     newest = max(planned) if planned else None

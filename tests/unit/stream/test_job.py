@@ -81,12 +81,23 @@ def test_aggregate_record() -> None:
         "window_end": "2026-11-22T12:01:00Z",
         "impressions": 7,
         "clicks": 2,
+        "revision": 0,
     }
     assert list(record.headers) == [
         ("adpipe.kind", b"aggregate"),
         ("adpipe.job", b"region-local"),
         ("adpipe.batch", b"12"),
     ]
+
+
+def test_a_revision_keeps_its_window_and_has_a_record_uuid_of_its_own() -> None:
+    settings = load_settings({"ADPIPE_JOB_ID": "region-local"})
+    row = {"ad_id": "ad-000001", "window_start": NOON_MS, "window_end": NOON_MS + 60_000, "impressions": 9, "clicks": 3}
+    first = json.loads(aggregate_record(settings, row, 12).value)
+    second = json.loads(aggregate_record(settings, {**row, "revision": 2}, 14).value)
+    assert first["record_uuid"] == "642a194a-8dd8-5646-aab9-489275eb6560"  # revision 0: as before revisions
+    assert second == {**first, "record_uuid": record_uuid("region-local", "ad-000001", NOON_MS, 2), "revision": 2}
+    assert len({record_uuid("region-local", "ad-000001", NOON_MS, r) for r in range(4)}) == 4
 
 
 
@@ -101,17 +112,12 @@ def exception_records(  # noqa: ANN201
     limits: dict | None = None,
 ):
     """The copies of rows given in (partition, offset) order, and the counts."""
-    copies = ExceptionCopies(settings, offsets, limits or {})
+    copies = ExceptionCopies(settings, offsets.batch_id, WATERMARK_MS, limits or {})
     records = list(copies.records(sorted(rows, key=lambda r: (r["partition"], r["offset"]))))
     return records, copies.dlq, copies.late
 
-OFFSETS = BatchOffsets(
-    batch_id=7,
-    topic="ad-events",
-    start={0: 10, 1: 20},
-    end={0: 30, 1: 40},
-    watermark_ms=1_795_349_070_000,
-)
+OFFSETS = BatchOffsets(batch_id=7, topic="ad-events", start={0: 10, 1: 20}, end={0: 30, 1: 40}, spark_watermark_ms=8)
+WATERMARK_MS = 1_795_349_070_000
 
 
 def exception_row(
@@ -123,8 +129,12 @@ def exception_row(
     ad_id: str | None = None,
     key: bytes | None = b"raw-key",
     event_ms: int | None = 1,
+    kind: str | None = None,
+    first_event_ms: int | None = None,
 ) -> dict:
     return {
+        "kind": kind or ("late" if reason is None else "malformed"),
+        "first_event_ms": first_event_ms,
         "key": bytearray(key) if key is not None else None,
         "value": bytearray(value) if value is not None else None,
         "topic": "ad-events",
@@ -189,6 +199,32 @@ def test_exception_records_route_dlq_and_late() -> None:
         ),
     ]
     assert all(type(r.value) is bytes for r in records)
+
+
+def test_a_conflicting_copy_goes_to_the_dlq_with_both_event_times() -> None:
+    settings = load_settings({"ADPIPE_JOB_ID": "region-eu"})
+    value = b'{"event_id":"e-1","ad_id":"ad-9","event_type":"click","event_time":120000}'
+    rows = [exception_row(1, 3, value, event_id="e-1", ad_id="ad-9", event_ms=120_000, kind="conflict",
+                          first_event_ms=1_000)]
+    records, dlq, late = exception_records(settings, rows, OFFSETS)
+    assert (dlq, late) == (1, 0)
+    assert records == [
+        OutRecord(
+            "ad-events-dlq",
+            b"raw-key",
+            value,
+            [
+                ("adpipe.kind", b"dlq"),
+                ("adpipe.reason", b"conflicting_duplicate"),
+                ("adpipe.source", b"ad-events/1/3"),
+                ("adpipe.event_id", b"e-1"),
+                ("adpipe.event_time_ms", b"120000"),
+                ("adpipe.first_event_time_ms", b"1000"),
+                ("adpipe.job", b"region-eu"),
+                ("adpipe.batch", b"7"),
+            ],
+        )
+    ]
 
 
 def test_copies_over_their_topics_limit_are_truncated_with_what_they_were() -> None:

@@ -77,7 +77,7 @@ def test_batch_zero_starts_at_the_initial_offsets(checkpoint: Path) -> None:
         topic=TOPIC,
         start={0: 0, 1: 0, 2: 0, 3: 0},
         end={0: 799, 1: 729, 2: 762, 3: 706},
-        watermark_ms=0,
+        spark_watermark_ms=0,
     )
 
 
@@ -87,9 +87,9 @@ def test_batch_n_starts_where_batch_n_minus_1_ended(checkpoint: Path) -> None:
         topic=TOPIC,
         start={0: 799, 1: 729, 2: 762, 3: 706},
         end={0: 1000, 1: 729, 2: 800, 3: 900},
-        watermark_ms=1795348987545,
+        spark_watermark_ms=1795348987545,
     )
-    assert batch_offsets(LocalCheckpoint(checkpoint), 2).watermark_ms == 1795349047545
+    assert batch_offsets(LocalCheckpoint(checkpoint), 2).spark_watermark_ms == 1795349047545
 
 
 def test_input_offsets(checkpoint: Path) -> None:

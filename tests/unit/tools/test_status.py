@@ -1,5 +1,5 @@
 """``adpipe status`` (adpipe.tools.status): its pure parts. A real Spark
-checkpoint (tests/data/stream_checkpoint: batch 5 started, never committed)
+checkpoint (tests/data/stream_checkpoint: batch 9 started, never committed)
 read as the stream row reads it, the stream row judged from a real lock,
 the command lines taken for the budget service, the table, and the deadline
 that keeps a silent probe from hanging the command. The servers' rows are
@@ -22,7 +22,7 @@ from adpipe.tools.status import DEGRADED, DOWN, UNKNOWN, UP, Component
 
 REAL_CHECKPOINT = Path(__file__).parents[2] / "data" / "stream_checkpoint"
 NOW = 1_795_553_500.0  # 2026-11-24T20:51:40Z
-COMMITTED_AT = NOW - 90  # commits/4 written 90 s before NOW
+COMMITTED_AT = NOW - 90  # commits/8 written 90 s before NOW
 
 
 def _settings(tmp_path: Path, **env: str) -> Settings:
@@ -31,12 +31,12 @@ def _settings(tmp_path: Path, **env: str) -> Settings:
 
 def _lay_out_checkpoint(settings: Settings, started_s_before_now: float = 30.0) -> Path:
     """The real checkpoint where the settings put it, its entries written
-    at known times: commits/4 at COMMITTED_AT, offsets/5 (the uncommitted
+    at known times: commits/8 at COMMITTED_AT, offsets/9 (the uncommitted
     batch) ``started_s_before_now`` before NOW."""
     root = settings.checkpoint_dir
     shutil.copytree(REAL_CHECKPOINT, root, ignore=shutil.ignore_patterns("README.md"))
-    os.utime(root / "commits" / "4", (COMMITTED_AT, COMMITTED_AT))
-    os.utime(root / "offsets" / "5", (NOW - started_s_before_now, NOW - started_s_before_now))
+    os.utime(root / "commits" / "8", (COMMITTED_AT, COMMITTED_AT))
+    os.utime(root / "offsets" / "9", (NOW - started_s_before_now, NOW - started_s_before_now))
     return root
 
 
@@ -44,19 +44,19 @@ def test_a_real_checkpoint_gives_its_last_committed_batch_and_the_one_started_af
     root = _lay_out_checkpoint(_settings(tmp_path), started_s_before_now=30)
     progress = status.checkpoint_progress(root)
     assert progress is not None
-    assert (progress.last_committed, progress.newest_planned, progress.uncommitted) == (4, 5, 5)
+    assert (progress.last_committed, progress.newest_planned, progress.uncommitted) == (8, 9, 9)
     assert progress.committed_at == COMMITTED_AT
     assert progress.planned_at == NOW - 30
-    # offsets/4: the watermark batch 4 ran with, and where it stopped reading.
-    assert progress.watermark_ms == 1795352669999
-    assert progress.end_offsets == {0: 5957, 1: 5664, 2: 5717, 3: 5661}
+    # adpipe/progress/8 and offsets/8: the watermark batch 8 ran with, and where it stopped reading.
+    assert progress.watermark_ms == 1795349369980
+    assert progress.end_offsets == {0: 6343, 1: 6299, 2: 6126, 3: 6232}
 
 
 def test_a_checkpoint_whose_newest_batch_is_committed_has_nothing_uncommitted(tmp_path: Path) -> None:
     root = _lay_out_checkpoint(_settings(tmp_path))
-    (root / "offsets" / "5").unlink()
+    (root / "offsets" / "9").unlink()
     progress = status.checkpoint_progress(root)
-    assert progress is not None and (progress.last_committed, progress.uncommitted) == (4, None)
+    assert progress is not None and (progress.last_committed, progress.uncommitted) == (8, None)
 
 
 def test_no_checkpoint_or_one_without_a_commit(tmp_path: Path) -> None:
@@ -76,10 +76,10 @@ def test_a_stream_job_nobody_runs_is_down_with_its_last_batch_and_the_batch_in_d
     assert row.state == DOWN
     assert row.address == f"file://{settings.checkpoint_dir}"
     assert row.detail == (
-        "not running; last batch 4 at 2026-11-24T20:50:10Z (90 s ago); "
-        "batch 5 started, not committed: replayed at the next start; lag unknown (the broker does not answer)"
+        "not running; last batch 8 at 2026-11-24T20:50:10Z (90 s ago); "
+        "batch 9 started, not committed: replayed at the next start; lag unknown (the broker does not answer)"
     )
-    assert row.facts["last_batch"] == 4 and row.facts["uncommitted_batch"] == 5 and row.facts["lag"] is None
+    assert row.facts["last_batch"] == 8 and row.facts["uncommitted_batch"] == 9 and row.facts["lag"] is None
 
 
 def test_a_driver_holding_the_checkpoint_lock_is_the_running_job_and_a_batch_running_too_long_is_stalled(
@@ -90,11 +90,11 @@ def test_a_driver_holding_the_checkpoint_lock_is_the_running_job_and_a_batch_run
     with checkpoint_lock(settings):  # this process is the driver now, as far as the kernel knows
         row = status.stream_component(settings, kafka_up=False, now=NOW)
         assert (row.state, row.facts["pid"]) == (UP, os.getpid())
-        assert row.detail.startswith(f"pid {os.getpid()}; last batch 4 at ")
-        assert "batch 5 running for 30 s" in row.detail
-        os.utime(settings.checkpoint_dir / "offsets" / "5", (NOW - 301, NOW - 301))
+        assert row.detail.startswith(f"pid {os.getpid()}; last batch 8 at ")
+        assert "batch 9 running for 30 s" in row.detail
+        os.utime(settings.checkpoint_dir / "offsets" / "9", (NOW - 301, NOW - 301))
         stalled = status.stream_component(settings, kafka_up=False, now=NOW)
-        assert stalled.state == DEGRADED and "batch 5 stalled: running for 301 s" in stalled.detail
+        assert stalled.state == DEGRADED and "batch 9 stalled: running for 301 s" in stalled.detail
     assert status.stream_component(settings, kafka_up=False, now=NOW).state == DOWN  # lock released
 
 
@@ -288,7 +288,7 @@ def test_after_a_demo_the_stream_row_describes_the_demos_job_until_the_homes_own
 
     settings = _settings(tmp_path)
     demo = load_settings({"ADPIPE_HOME": str(tmp_path / "home"), **isolated_env("demo-20261126")})
-    _lay_out_checkpoint(demo)  # the demo's job committed batch 4
+    _lay_out_checkpoint(demo)  # the demo's job committed batch 8
     (settings.home / "demo").mkdir(parents=True)
     (settings.home / "demo" / "latest.json").write_text(
         json.dumps({"run_id": "20261126", "env": isolated_env("demo-20261126")})
@@ -297,9 +297,9 @@ def test_after_a_demo_the_stream_row_describes_the_demos_job_until_the_homes_own
     stream = rows["stream"]
     assert stream.address == demo.checkpoint_uri
     assert stream.detail.startswith(
-        "the last demo's job demo-20261126 (job region-local never ran here): not running; last batch 4 at "
+        "the last demo's job demo-20261126 (job region-local never ran here): not running; last batch 8 at "
     )
-    assert stream.facts["job_id"] == "demo-20261126" and stream.facts["last_batch"] == 4
+    assert stream.facts["job_id"] == "demo-20261126" and stream.facts["last_batch"] == 8
     _lay_out_checkpoint(settings)  # the home's own job ran: its row again
     own = {row.name: row for row in status.collect(settings, stage_timeout_s=20)}["stream"]
     assert own.facts["job_id"] == "region-local" and "described" not in own.facts
