@@ -305,19 +305,38 @@ def window_end_ms(window_start: str) -> int:
     return int(datetime.fromisoformat(window_start).timestamp() * 1000) + 60_000
 
 
+def latest_revisions(aggregates: list[dict]) -> dict[tuple[str, str], dict]:
+    """Each window's latest revision (the contract: consumers keep the highest)."""
+    latest: dict[tuple[str, str], dict] = {}
+    for a in aggregates:
+        key = (a["ad_id"], a["window_start"])
+        if key not in latest or a.get("revision", 0) > latest[key].get("revision", 0):
+            latest[key] = a
+    return latest
+
+
 def assert_exactly_once(pipeline, summaries: list[dict], min_windows: int) -> list[dict]:  # noqa: ANN001
+    """The aggregates against the producers' summaries: each (window,
+    revision) once, revisions 0..n with no gap, each window's latest
+    revision equal to the summaries' count; then ``adpipe verify``. Returns
+    the records read."""
     aggregates = pipeline.aggregates()
-    keys = Counter((a["ad_id"], a["window_start"]) for a in aggregates)
-    assert [k for k, n in keys.items() if n > 1] == [], "an (ad_id, window_start) was emitted twice"
+    keys = Counter((a["ad_id"], a["window_start"], a.get("revision", 0)) for a in aggregates)
+    assert [k for k, n in keys.items() if n > 1] == [], "an (ad_id, window_start, revision) was emitted twice"
     assert len({a["record_uuid"] for a in aggregates}) == len(aggregates)
+    revisions: dict[tuple[str, str], set[int]] = {}
+    for ad_id, window_start, revision in keys:
+        revisions.setdefault((ad_id, window_start), set()).add(revision)
+    assert [k for k, found in revisions.items() if found != set(range(len(found)))] == [], "a revision is missing"
     watermark = closed_watermark_ms(pipeline)
     expected = {k: v for k, v in expected_windows(*summaries).items() if window_end_ms(k[1]) <= watermark}
-    actual = {(a["ad_id"], a["window_start"]): (a["impressions"], a["clicks"]) for a in aggregates}
+    latest = latest_revisions(aggregates)
+    actual = {key: (a["impressions"], a["clicks"]) for key, a in latest.items()}
     assert len(expected) >= min_windows
     assert actual == expected
     for a in aggregates:
         assert a["record_uuid"] == stream_job.record_uuid(
-            pipeline.settings.job_id, a["ad_id"], datetime.fromisoformat(a["window_start"])
+            pipeline.settings.job_id, a["ad_id"], datetime.fromisoformat(a["window_start"]), a.get("revision", 0)
         )
         assert window_end_ms(a["window_start"]) == window_end_ms(a["window_end"]) - 60_000
     report = pipeline.verify()

@@ -120,10 +120,11 @@ def test_hostile_input_on_a_non_utc_host_killed_then_partitions_added_and_restar
     admin.create_partitions([NewPartitions(topic, 6)])[topic].result()
     # After the 2099 event: on-time events go on being counted, late ones listed.
     s2 = pipeline.produce(events=300, seed=32, minutes=2, start=START + timedelta(minutes=5), late_rate=0.05)
-    long_late = _event("l" * LONG_ID, "ad-000001", "impression", "2026-11-01T05:57:10Z")  # its window closed
+    # Late past the allowed lateness (five minutes): listed in the late topic.
+    long_late = _event("l" * LONG_ID, "ad-000001", "impression", "2026-11-01T05:50:10Z")  # its window closed
     _send_compressed(
         pipeline,
-        [_event("big-late", "ad-big", "impression", "2026-11-01T05:58:00Z", pad=BIG), (b"ad-000001", long_late)],
+        [_event("big-late", "ad-big", "impression", "2026-11-01T05:50:00Z", pad=BIG), (b"ad-000001", long_late)],
     )
     ends = kafka_io.end_offsets(pipeline.settings.kafka_bootstrap, topic)
     assert len(ends) == 6 and ends[4] > 0 and ends[5] > 0

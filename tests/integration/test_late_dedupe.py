@@ -1,4 +1,5 @@
-"""``ad-events-late`` lists each late event once, with real processes: late
+"""``ad-events-late`` lists each late event once, with real processes (no
+allowed lateness, so that every event of a closed window is late): late
 copies of events already counted on time are duplicates, a new late event
 and its retries (in the same batch, in a later run) are listed once, and a
 batch SIGKILLed after producing its late copies is replayed from the same
@@ -17,7 +18,7 @@ from adpipe import schemas as S
 from adpipe.faults import AFTER_PRODUCE
 from confluent_kafka import Producer
 
-from tests.integration.helpers import assert_exactly_once
+from tests.integration.helpers import assert_exactly_once, make_pipeline
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -35,7 +36,8 @@ def _late_event(n: int) -> bytes:
     return json.dumps(body).encode()
 
 
-def test_each_late_event_is_listed_once_through_retries_copies_of_counted_events_and_a_replay(pipeline) -> None:  # noqa: ANN001
+def test_each_late_event_is_listed_once_through_retries_copies_of_counted_events_and_a_replay(broker, tmp_path) -> None:  # noqa: ANN001
+    pipeline = make_pipeline(tmp_path, {"ADPIPE_ALLOWED_LATENESS_S": "0"})
     s1 = pipeline.produce(events=800, seed=41, minutes=4, start=START, duplicate_rate=0.03)
     first = pipeline.stream(max_offsets=300)
     assert first.returncode == 0, first.log[-3000:]
@@ -62,13 +64,13 @@ def test_each_late_event_is_listed_once_through_retries_copies_of_counted_events
     assert killed.returncode == -9, killed.log[-3000:]
     replayed = pipeline.stream(max_offsets=300)
     assert replayed.returncode == 0, replayed.log[-3000:]
-    assert "late 10 (repeats skipped 25)" in replayed.log  # 15 copies of counted events, 10 retries
+    assert "late 10, repeats skipped 25 (late 25)" in replayed.log  # 15 copies of counted events, 10 retries
 
     # The same late events once more, in a later run.
     _send(pipeline, late)
     again = pipeline.stream(max_offsets=300)
     assert again.returncode == 0, again.log[-3000:]
-    assert "late 0 (repeats skipped 10)" in again.log
+    assert "late 0, repeats skipped 10 (late 10)" in again.log
     assert "Spark dropped" not in first.log + replayed.log + again.log
 
     listed = Counter(r.header(S.HEADER_EVENT_ID) for r in pipeline.read(pipeline.settings.topics.late))

@@ -3,9 +3,13 @@
 Deliberately independent of the stream job's code: the raw events are read
 with a plain Kafka consumer and validated by this module's own reading of
 the contract (in Python, not Spark), and the expected counts are recomputed
-from them. Only the closing watermark (how far the job has got) and which
-events it listed as late are taken from the job's own records, and both are
-cross-checked."""
+from them. Only the closing watermark (how far the job has got), which
+events it listed as late and which copy of a re-stamped event it counted
+(the first it read, which depends on its batches) are taken from the job's
+own records, and each is cross-checked: a late listing after its window's
+allowed lateness, every other copy of a re-stamped event in the DLQ, and
+each window's latest revision equal to the recount, its revisions 0, 1, ...
+each with more events than the one before."""
 
 from __future__ import annotations
 
@@ -161,26 +165,70 @@ def _limited(items: list) -> list:
 @dataclass
 class RawRead:
     """The raw topic as verify reads it: the first valid copy of each
-    event, where each event's first copies are, and the malformed messages
-    ("topic/partition/offset" -> reason)."""
+    event, where each event's first copies are, the malformed messages
+    ("topic/partition/offset" -> reason), and the events sent again with
+    another event time (event id -> event time -> that time's first copy
+    and the sources of all its copies)."""
 
     records: int = 0
     valid: dict[str, RawEvent] = field(default_factory=dict)
     firsts: FirstCopies = field(default_factory=FirstCopies)
     malformed: dict[str, str] = field(default_factory=dict)
+    restamped: dict[str, dict[int, tuple[RawEvent, list[str]]]] = field(default_factory=dict)
 
 
 def read_raw(settings: Settings) -> RawRead:
     raw = RawRead()
+    times: dict[str, dict[int, tuple[RawEvent, list[str]]]] = {}
     for rec in kafka_io.read_topic(settings.kafka, settings.topics.events):
         raw.records += 1
+        source = f"{rec.topic}/{rec.partition}/{rec.offset}"
         verdict = classify_record(rec.value, rec.timestamp_ms, settings.max_future_skew_ms)
         if isinstance(verdict, str):
-            raw.malformed[f"{rec.topic}/{rec.partition}/{rec.offset}"] = verdict
-        else:
-            raw.valid.setdefault(verdict.event_id, verdict)
-            raw.firsts.add(rec, verdict.event_id)
+            raw.malformed[source] = verdict
+            continue
+        raw.valid.setdefault(verdict.event_id, verdict)
+        raw.firsts.add(rec, verdict.event_id)
+        times.setdefault(verdict.event_id, {}).setdefault(verdict.event_ms, (verdict, []))[1].append(source)
+    raw.restamped = {e: by_time for e, by_time in times.items() if len(by_time) > 1}
     return raw
+
+
+def _conflict_section(settings: Settings, raw: RawRead) -> tuple[dict, dict[str, str]]:
+    """The events sent again with another event time: the stream counts
+    the copy it read first and sends every copy with another time to the DLQ
+    (``conflicting_duplicate``). Which it read first depends on its batches,
+    so the DLQ says which; here, for each such event, the copies it names
+    must be exactly those of every time but one, never a copy of that one (a
+    plain retry). ``raw.valid`` then holds the copy it counted. Returns the
+    section and the DLQ copies it expects (source -> reason) beside the
+    malformed ones."""
+    listed: dict[str, set[str]] = {}
+    for rec in kafka_io.read_topic(settings.kafka, settings.topics.dlq):
+        reason = rec.header(S.HEADER_REASON)
+        if reason == S.REASON_OVERSIZED:
+            reason = rec.header(S.HEADER_ORIGINAL_REASON)
+        if reason == S.REASON_CONFLICTING_DUPLICATE:
+            listed.setdefault(rec.header(S.HEADER_EVENT_ID) or "?", set()).add(rec.header(S.HEADER_SOURCE) or "?")
+    expected: dict[str, str] = {}
+    wrong: list[dict] = []
+    for event_id, by_time in raw.restamped.items():
+        named = listed.get(event_id, set())
+        kept = [t for t, (_event, sources) in by_time.items() if not set(sources) & named]
+        others = [source for t, (_event, sources) in by_time.items() if t not in kept for source in sources]
+        if len(kept) != 1 or set(others) != named:
+            wrong.append({"event_id": event_id, "event_times_ms": sorted(by_time), "listed": sorted(named)})
+            continue
+        raw.valid[event_id] = by_time[kept[0]][0]
+        expected.update(dict.fromkeys(others, S.REASON_CONFLICTING_DUPLICATE))
+    unknown = sorted(set(listed) - set(raw.restamped))
+    section = {
+        "events": len(raw.restamped),
+        "copies_listed": len(expected),
+        "wrong": _limited(wrong),
+        "listed_without_another_time": _limited(unknown),
+    }
+    return {**section, "problems": len(wrong) + len(unknown)}, expected
 
 
 def _late_section(settings: Settings, raw: RawRead) -> tuple[dict, Counter[str]]:
@@ -197,8 +245,10 @@ def _late_section(settings: Settings, raw: RawRead) -> tuple[dict, Counter[str]]
             not_late.append({"source": rec.header(S.HEADER_SOURCE), "why": f"malformed: {verdict}"})
             continue
         cut = int(rec.header(S.HEADER_WATERMARK) or -1)
-        if verdict.event_ms > cut:
-            not_late.append({"event_id": verdict.event_id, "why": f"event time after the watermark {cut}"})
+        window_end_ms = (verdict.event_ms // 60_000 + 1) * 60_000
+        if window_end_ms + settings.allowed_lateness_s * 1000 > cut:
+            why = f"its window's allowed lateness had not passed the watermark {cut}"
+            not_late.append({"event_id": verdict.event_id, "why": why})
         if is_relisting(raw.firsts, verdict, rec, retention_ms):
             relisted[verdict.event_id] += 1
         else:
@@ -217,22 +267,24 @@ def _late_section(settings: Settings, raw: RawRead) -> tuple[dict, Counter[str]]
     return {**section, "problems": problems}, late_counts
 
 
-def _dlq_section(settings: Settings, raw: RawRead) -> dict:
-    """The DLQ: exactly the malformed messages, once each, with their reasons."""
+def _dlq_section(settings: Settings, raw: RawRead, conflicting: dict[str, str]) -> dict:
+    """The DLQ: exactly the malformed messages and the conflicting copies
+    of re-stamped events, once each, with their reasons."""
     dlq_counts: Counter[str] = Counter()
     mismatch: list[dict] = []
+    expected = {**raw.malformed, **conflicting}
     for rec in kafka_io.read_topic(settings.kafka, settings.topics.dlq):
         source = rec.header(S.HEADER_SOURCE) or "?"
         dlq_counts[source] += 1
-        expected_reason = raw.malformed.get(source)
+        expected_reason = expected.get(source)
         reason = rec.header(S.HEADER_REASON)
         if reason == S.REASON_OVERSIZED:  # truncated: the reason it had is kept beside
             reason = rec.header(S.HEADER_ORIGINAL_REASON)
         if expected_reason is not None and expected_reason != reason:
             mismatch.append({"source": source, "dlq": rec.header(S.HEADER_REASON), "expected": expected_reason})
-    missing = sorted(set(raw.malformed) - set(dlq_counts))
+    missing = sorted(set(expected) - set(dlq_counts))
     dups = [s for s, n in dlq_counts.items() if n > 1]
-    unexpected = sorted(set(dlq_counts) - set(raw.malformed))
+    unexpected = sorted(set(dlq_counts) - set(expected))
     return {
         "records": sum(dlq_counts.values()),
         "missing_count": len(missing),
@@ -261,19 +313,24 @@ def expected_aggregates(
 
 
 def _aggregates_section(settings: Settings, expected: dict[tuple[str, str], dict[str, int]]) -> dict:
-    """The aggregates read_committed against ``expected``: none missing,
-    unexpected, wrong or written twice (by key or by record_uuid)."""
-    seen: Counter[tuple[str, str]] = Counter()
+    """The aggregates read_committed against ``expected``: each window's
+    latest revision with its counts, none missing or unexpected; each
+    (window, revision) and each record_uuid once; a window's revisions 0, 1,
+    ... with no gap, each counting more events than the one before (a
+    revision comes only from late events not counted yet)."""
+    copies: Counter[tuple[str, str, int]] = Counter()
     uuid_seen: Counter[str] = Counter()
-    actual: dict[tuple[str, str], dict] = {}
+    revisions: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     records = 0
     for rec in kafka_io.read_topic(settings.kafka, settings.topics.aggregates):
         records += 1
         body = json.loads(rec.value)
         key = (body["ad_id"], body["window_start"])
-        seen[key] += 1
+        revision = int(body.get("revision") or 0)
+        copies[(*key, revision)] += 1
         uuid_seen[body["record_uuid"]] += 1
-        actual.setdefault(key, body)
+        revisions[key].setdefault(revision, body)
+    actual = {key: by_revision[max(by_revision)] for key, by_revision in revisions.items()}
     missing = sorted(set(expected) - set(actual))
     unexpected = sorted(set(actual) - set(expected))
     wrong = [
@@ -281,45 +338,72 @@ def _aggregates_section(settings: Settings, expected: dict[tuple[str, str], dict
             "ad_id": k[0],
             "window_start": k[1],
             "expected": expected[k],
-            "actual": {"impressions": actual[k]["impressions"], "clicks": actual[k]["clicks"]},
+            "actual": {"impressions": actual[k]["impressions"], "clicks": actual[k]["clicks"],
+                       "revision": int(actual[k].get("revision") or 0)},
         }
         for k in sorted(set(expected) & set(actual))
         if (actual[k]["impressions"], actual[k]["clicks"]) != (expected[k]["impressions"], expected[k]["clicks"])
     ]
-    duplicated = [{"ad_id": k[0], "window_start": k[1], "copies": n} for k, n in sorted(seen.items()) if n > 1]
+    duplicated = [{"ad_id": k[0], "window_start": k[1], "revision": k[2], "copies": n}
+                  for k, n in sorted(copies.items()) if n > 1]
     uuid_dups = [u for u, n in uuid_seen.items() if n > 1]
+    unjustified = [
+        {"ad_id": k[0], "window_start": k[1], "revisions": sorted(by_revision)}
+        for k, by_revision in sorted(revisions.items())
+        if not _revisions_add_events(by_revision)
+    ]
     return {
         "records": records,
         "expected_windows": len(expected),
+        "revisions": records - len(revisions),
         "missing_count": len(missing),
         "duplicated_count": len(duplicated),
         "wrong_count": len(wrong),
         "unexpected_count": len(unexpected),
         "record_uuid_duplicated_count": len(uuid_dups),
+        "unjustified_revisions_count": len(unjustified),
         "missing": _limited([{"ad_id": a, "window_start": w} for a, w in missing]),
         "duplicated": _limited(duplicated),
         "wrong": _limited(wrong),
         "unexpected": _limited([{"ad_id": a, "window_start": w} for a, w in unexpected]),
-        "problems": len(missing) + len(unexpected) + len(wrong) + len(duplicated) + len(uuid_dups),
+        "unjustified_revisions": _limited(unjustified),
+        "problems": len(missing) + len(unexpected) + len(wrong) + len(duplicated) + len(uuid_dups)
+        + len(unjustified),
     }
+
+
+def _revisions_add_events(by_revision: dict[int, dict]) -> bool:
+    """Revisions 0..n, each with at least the counts of the one before and more events in all."""
+    if sorted(by_revision) != list(range(len(by_revision))):
+        return False
+    counts = [(by_revision[r]["impressions"], by_revision[r]["clicks"]) for r in range(len(by_revision))]
+    return all(
+        imp >= prev_imp and clk >= prev_clk and imp + clk > prev_imp + prev_clk
+        for (prev_imp, prev_clk), (imp, clk) in zip(counts, counts[1:], strict=False)
+    )
 
 
 def reconcile(settings: Settings, ledger_group: str) -> dict:
     """Exactly-once, checked from Kafka alone: every topic read again
     (read_committed) and recomputed with verify's own reading of the raw
-    records (:func:`classify`, not the stream job's parser). The aggregates
-    of the windows the ledger's watermark closed equal the distinct on-time
-    events' counts, once each; every late listing is a valid event's, after
-    its batch's watermark, once; the DLQ holds every malformed message once;
-    and the budget's spend matches the aggregates (``adpipe.budget.verify``).
+    records (:func:`classify`, not the stream job's parser). The latest
+    revision of each window the ledger's watermark closed equals the count
+    of its distinct events not listed late, once each; every late listing
+    is a valid event's, after its window's allowed lateness, once; the DLQ
+    holds every malformed message and every other-time copy of a re-stamped
+    event once; and the budget's spend matches the aggregates
+    (``adpipe.budget.verify``).
     ``ok`` only when nothing is off and the job has committed a batch;
     ``problems`` counts what is off, each section lists up to LIST_LIMIT."""
     raw = read_raw(settings)
     watermark = ledger_watermark_ms(settings, ledger_group)
+    conflicts, conflicting = _conflict_section(settings, raw)
     late, late_counts = _late_section(settings, raw)
-    dlq = _dlq_section(settings, raw)
+    dlq = _dlq_section(settings, raw, conflicting)
     aggregates = _aggregates_section(settings, expected_aggregates(raw, set(late_counts), watermark))
-    problems = late.pop("problems") + dlq.pop("problems") + aggregates.pop("problems")
+    problems = (
+        conflicts.pop("problems") + late.pop("problems") + dlq.pop("problems") + aggregates.pop("problems")
+    )
     budget = budget_verify.check(settings)
     return {
         "ok": problems == 0 and watermark is not None and budget["ok"],
@@ -331,6 +415,7 @@ def reconcile(settings: Settings, ledger_group: str) -> dict:
         "aggregates": aggregates,
         "late": late,
         "dlq": dlq,
+        "conflicting_copies": conflicts,
         "budget": budget,
         "problems": problems,
     }
