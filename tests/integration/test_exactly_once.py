@@ -98,7 +98,7 @@ def test_steady_state_counts_late_and_dlq_exactly_then_verify_names_an_injected_
     report = pipeline.verify()
     assert not report["ok"]
     assert report["aggregates"]["duplicated"] == [
-        {"ad_id": victim["ad_id"], "window_start": victim["window_start"], "copies": 2}
+        {"ad_id": victim["ad_id"], "window_start": victim["window_start"], "revision": 0, "copies": 2}
     ]
     assert report["aggregates"]["record_uuid_duplicated_count"] == 1
     cli = subprocess.run(
