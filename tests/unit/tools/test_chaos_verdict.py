@@ -292,3 +292,37 @@ def test_without_deltalake_the_reader_says_why(tmp_path: Path) -> None:
     assert isinstance(result, str)  # no package, or no table there
     if importlib.util.find_spec("deltalake") is None:
         assert "pin deltalake==1.6.6" in result
+
+
+def _revision(ad: str, window: str, impressions: int, clicks: int, revision: int) -> bytes:
+    body = json.loads(aggregate(ad, window, impressions, clicks, record_uuid=f"u-{ad}-{window}-r{revision}"))
+    return json.dumps({**body, "revision": revision}).encode()
+
+
+LATENESS_2_MIN = C.StreamRules(10_000, 300_000, 86_400_000, allowed_lateness_ms=120_000)
+
+
+def test_a_late_event_within_the_lateness_counts_in_the_window_s_latest_revision() -> None:
+    # l1 (12:00:40) read at 12:02:10, before 12:01:00 + 2 min: it revises 12:00 instead of being listed.
+    revised = [*GOOD_AGGREGATES, _revision("ad-1", M12, 3, 1, 1)]
+    result = verdict(revised, [], LATENESS_2_MIN)
+    assert result["problems"] == []
+    assert (result["ok"], result["events_counted"], result["late_justified"]) == (True, 6, 0)
+
+
+def test_a_listing_before_its_window_s_lateness_passed_fails() -> None:
+    result = verdict(GOOD_AGGREGATES, GOOD_LATE, LATENESS_2_MIN)
+    assert (result["ok"], result["late_unjustified"]) == (False, 1)
+    assert "can be revised until" in result["problems"][0]
+
+
+def test_a_revision_without_a_new_event_or_with_a_gap_fails() -> None:
+    same = [*GOOD_AGGREGATES, _revision("ad-2", M12_01, 1, 0, 1)]
+    result = verdict(same, GOOD_LATE)
+    assert not result["ok"] and "adds no event" in " ".join(result["problems"])
+    gap = [*GOOD_AGGREGATES, _revision("ad-2", M12_01, 1, 0, 2)]
+    assert "not 0..1" in " ".join(verdict(gap, GOOD_LATE)["problems"])
+    twice = [*GOOD_AGGREGATES, _revision("ad-2", M12_02, 0, 1, 0)]  # revision 0 written again
+    result = verdict(twice, GOOD_LATE)
+    assert result["duplicated"] == 2  # the record written twice, and its click counted twice
+    assert "revision 0 written 2 times" in " ".join(result["problems"])

@@ -110,7 +110,9 @@ def check_events(rig: Rig, main: produce.Plan, closer_minute: str) -> tuple[dict
         rig.monitor.note_boundary(kafka_io.stream_commits(s))
     except Exception as exc:  # noqa: BLE001 - the sampled ones still bound the watermarks
         log.warning("reading the ledger once more: %s", exc)
-    rules = check.StreamRules(s.lateness_ms, s.max_future_skew_ms, s.late_dedupe_retention_s * 1000)
+    rules = check.StreamRules(
+        s.watermark_delay_s * 1000, s.max_future_skew_ms, s.late_dedupe_retention_s * 1000, s.allowed_lateness_s * 1000
+    )
     raw = check.RawTopic(
         (
             check.RawRecord(r.partition, r.offset, r.timestamp_ms, r.value)

@@ -8,16 +8,17 @@ with plain Kafka consumers and SQL, and the arithmetic is plain Python.
 On-time and late output are judged apart, so that a loss in one cannot be
 made up by a surplus in the other (:func:`check_stream_output`):
 
-- every late listing must be justified: its window had closed by the
-  watermark its batch ran with (the ``adpipe.watermark_ms`` header), and
-  that watermark is no higher than the raw records allow (the largest valid
-  event time read before the batch, less the allowed lateness; the batch
-  boundaries come from the ledger's commits, sampled during the run);
+- every late listing must be justified: its window's allowed lateness had
+  passed by the watermark its batch ran with (the ``adpipe.watermark_ms``
+  header), and that watermark is no higher than the raw records allow (the
+  largest valid event time read before the batch, less the watermark delay;
+  the batch boundaries come from the ledger's commits, sampled during the run);
 - an event is never counted and listed: a listing of an event one of whose
   copies was read while its window was certainly open is a double;
-- per (ad, minute, type) the aggregates count exactly the events sent less
-  the justified listings; a lost and a doubled event cannot cancel, since
-  each listing is judged on its own before the counts are compared.
+- per (ad, minute, type) the aggregates (each window's latest revision)
+  count exactly the events sent less the justified listings; a lost and a
+  doubled event cannot cancel, since each listing is judged on its own
+  before the counts are compared; a revision that adds no event is a failure.
 
 A malformed message must be in the DLQ once; the spend of each ad must be
 the sum of its aggregates' charges to the micro-unit.

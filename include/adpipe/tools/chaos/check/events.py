@@ -129,24 +129,48 @@ def check_events(truth: Truth, aggregates: list[bytes], late: list[bytes], dlq_s
 
 
 def check_aggregates(aggregates: list[bytes], verdict: Verdict) -> Counter[Key]:
-    """The events counted per key (every copy: a window written twice counts
-    twice); a window or record_uuid on more than one aggregate is a problem."""
-    counted: Counter[Key] = Counter()
-    windows: Counter[tuple[str, str]] = Counter()
+    """The events counted per key: each window's latest revision (the
+    contract: counted means in the latest revision), every copy of it (a
+    revision written twice counts twice). A (window, revision) or
+    record_uuid on more than one aggregate is a problem, and so is a
+    revision that is not justified by late events: revisions 0, 1, ... with
+    no gap, each with at least the counts of the one before and more events."""
+    revisions: dict[tuple[str, str], dict[int, list[tuple[int, int]]]] = {}
     uuids: Counter[str] = Counter()
     for value in aggregates:
         body = json.loads(value)
-        windows[(body["ad_id"], body["window_start"])] += 1
+        window = (body["ad_id"], body["window_start"])
+        revision = int(body.get("revision") or 0)
+        revisions.setdefault(window, {}).setdefault(revision, []).append((body["impressions"], body["clicks"]))
         uuids[body["record_uuid"]] += 1
-        counted[(body["ad_id"], body["window_start"], "impression")] += body["impressions"]
-        counted[(body["ad_id"], body["window_start"], "click")] += body["clicks"]
-    for (ad, window), n in windows.items():
-        if n > 1:
-            verdict.add(0, n - 1, f"aggregate ({ad}, {window}) written {n} times")
+    counted: Counter[Key] = Counter()
+    for (ad, window), by_revision in revisions.items():
+        for revision, copies in sorted(by_revision.items()):
+            if len(copies) > 1:
+                written = f"aggregate ({ad}, {window}) revision {revision} written {len(copies)} times"
+                verdict.add(0, len(copies) - 1, written)
+        latest = by_revision[max(by_revision)]
+        for impressions, clicks in latest:
+            counted[(ad, window, "impression")] += impressions
+            counted[(ad, window, "click")] += clicks
+        why = _unjustified_revisions({r: copies[0] for r, copies in by_revision.items()})
+        if why:
+            verdict.add(0, 0, f"aggregate ({ad}, {window}): {why}")
     for record_uuid, n in uuids.items():
         if n > 1:
             verdict.add(0, 0, f"record_uuid {record_uuid} on {n} aggregates")
     return +counted  # zero counts (an ad without clicks) are no key
+
+
+def _unjustified_revisions(counts: dict[int, tuple[int, int]]) -> str | None:
+    """Why a window's revisions are not justified by late events (None: they are)."""
+    if sorted(counts) != list(range(len(counts))):
+        return f"revisions {sorted(counts)}, not 0..{len(counts) - 1}"
+    for revision in range(1, len(counts)):
+        (imp0, clk0), (imp, clk) = counts[revision - 1], counts[revision]
+        if imp < imp0 or clk < clk0 or imp + clk <= imp0 + clk0:
+            return f"revision {revision} ({imp}, {clk}) adds no event to revision {revision - 1} ({imp0}, {clk0})"
+    return None
 
 
 def check_dlq(malformed: int, dlq_sources: list[str | None], verdict: Verdict) -> None:

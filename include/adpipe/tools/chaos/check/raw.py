@@ -23,9 +23,12 @@ class StreamRules:
     """The contract's parameters the verdict applies, from the run's
     configuration (never from the job's code)."""
 
-    lateness_ms: int  # watermark delay plus allowed lateness
+    lateness_ms: int  # the watermark delay: the watermark is at most the highest event time read less it
     max_future_skew_ms: int
     late_dedupe_retention_ms: int
+    # How long after its close a window can be revised: an event is late
+    # (listed) only once the watermark passes its window's end plus this.
+    allowed_lateness_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,9 +189,11 @@ class RawTopic:
 class WatermarkBounds:
     """Upper bounds on the watermark each batch ran with, from the raw
     records and the batch boundaries seen in the ledger. Batch B runs with
-    the largest event time read in batches before it less the lateness, and
-    watermarks never fall; when B-1's boundary was not seen, the next seen
-    one (later end offsets) gives a looser bound that still holds."""
+    at most the largest event time read in batches before it less the
+    watermark delay (the slowest partition's, when it waits for one, is
+    lower still), and watermarks never fall; when B-1's boundary was not
+    seen, the next seen one (later end offsets) gives a looser bound that
+    still holds."""
 
     def __init__(self, raw: RawTopic, boundaries: Iterable[LedgerBoundary], lateness_ms: int) -> None:
         self.raw, self.lateness_ms = raw, lateness_ms
@@ -202,8 +207,9 @@ class WatermarkBounds:
         return max(0, self.raw.max_event_ms_below(end) - self.lateness_ms)
 
     def certainly_open(self, position: tuple[int, int], window_end_ms: int) -> bool:
-        """Whether the raw record at ``position`` was read while a window
-        ending at ``window_end_ms`` was still open (False: cannot tell)."""
+        """Whether the raw record at ``position`` was read while the
+        watermark was certainly below ``window_end_ms`` (a window's end plus
+        its allowed lateness: it could still be counted; False: cannot tell)."""
         partition, offset = position
         for boundary in self.boundaries:
             if offset < boundary.end_offsets.get(partition, -1):

@@ -45,7 +45,7 @@ def check_stream_output(
             continue
         if closed_before is not None and event.key[1] >= closed_before:
             continue
-        why_not = _unjustified(listing, event, raw, bounds)
+        why_not = _unjustified(listing, event, raw, bounds, rules.allowed_lateness_ms)
         if why_not:
             # Its event belonged in an aggregate: a listing too many, and if
             # the aggregate lacks it, the per-key count below says lost.
@@ -62,7 +62,7 @@ def check_stream_output(
             (
                 pos
                 for pos in raw.copies[event.event_id]
-                if pos != listing.source and bounds.certainly_open(pos, event.window_end_ms)
+                if pos != listing.source and bounds.certainly_open(pos, event.window_end_ms + rules.allowed_lateness_ms)
             ),
             None,
         )
@@ -71,7 +71,7 @@ def check_stream_output(
                 0,
                 1,
                 f"late event {event.event_id} {event.key}: its copy at {counted_copy} was read while its "
-                "window was open (counted), and it is listed too",
+                "window could still be revised (counted), and it is listed too",
             )
             doubles += 1
             continue
@@ -107,20 +107,26 @@ def check_stream_output(
     )
 
 
-def _unjustified(listing: LateListing, event: RawEvent, raw: RawTopic, bounds: WatermarkBounds) -> str | None:
+def _unjustified(
+    listing: LateListing, event: RawEvent, raw: RawTopic, bounds: WatermarkBounds, allowed_lateness_ms: int
+) -> str | None:
     """Why a listing is not justified by the watermark of its batch (None: it is)."""
     if listing.watermark_ms is None or listing.batch_id is None or listing.source is None:
         return "no watermark, batch or source header"
     if listing.source not in raw.copies[event.event_id]:
         return f"its source {listing.source} is not a copy of the event"
-    if event.window_end_ms > listing.watermark_ms:
-        return f"its window ends at {event.window_end_ms}, after its batch's watermark {listing.watermark_ms}"
+    final_ms = event.window_end_ms + allowed_lateness_ms
+    if final_ms > listing.watermark_ms:
+        return (
+            f"its window ends at {event.window_end_ms} and can be revised until {final_ms}, after its batch's "
+            f"watermark {listing.watermark_ms}"
+        )
     highest = bounds.watermark_at_most(listing.batch_id)
     if listing.watermark_ms > highest:
         return (
             f"batch {listing.batch_id}'s watermark {listing.watermark_ms} is above what the raw records before it "
             f"allow ({highest})"
         )
-    if bounds.certainly_open(listing.source, event.window_end_ms):
-        return f"its copy at {listing.source} was read while its window was open"
+    if bounds.certainly_open(listing.source, final_ms):
+        return f"its copy at {listing.source} was read while its window could still be revised"
     return None
