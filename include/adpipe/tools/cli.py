@@ -31,6 +31,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         duplicate_rate=args.duplicate_rate,
         late_rate=args.late_rate,
         late_by_minutes=args.late_by_minutes,
+        revise_rate=args.revise_rate,
         malformed_rate=args.malformed_rate,
         events_per_second=args.rate,
     )
@@ -203,10 +204,17 @@ def add_produce_parser(sub: argparse._SubParsersAction) -> None:
         "--late-rate",
         type=float,
         default=0.0,
-        help="fraction of extra events timed 2 to 2+--late-by-minutes minutes before --start, sent last "
-        "(late for a stream that has already processed events up to --start)",
+        help="fraction of extra events timed 7 to 7+--late-by-minutes minutes before --start, sent last "
+        "(late, past the allowed lateness, for a stream that has already processed events up to --start)",
     )
     p.add_argument("--late-by-minutes", type=int, default=5)
+    p.add_argument(
+        "--revise-rate",
+        type=float,
+        default=0.0,
+        help="fraction of extra events timed 90 s to 4 min before the event they are sent beside "
+        "(counted, in a revision of their window when it had closed)",
+    )
     p.add_argument("--malformed-rate", type=float, default=0.0)
     p.add_argument("--rate", type=float, default=0.0, help="messages per second (0: as fast as possible)")
     p.add_argument("--summary", help="where to write the summary JSON")

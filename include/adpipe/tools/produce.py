@@ -58,13 +58,17 @@ class ProduceSpec:
     # late topic (the window just before ``start`` may still be open:
     # watermark delay < 1 minute).
     late_gap_minutes: int = 7
+    # Extra events timed 90 s to 4 min before the on-time event they are
+    # sent beside: out of order by minutes, so a stream may read them after
+    # their window closed but within its allowed lateness (a revision).
+    revise_rate: float = 0.0
     malformed_rate: float = 0.0
     events_per_second: float = 0.0
 
     def __post_init__(self) -> None:
         if self.events < 0 or self.ads < 1 or self.minutes < 1 or self.campaigns < 1 or self.ad_offset < 0:
             raise ValueError("events and ad_offset must be >= 0; ads, campaigns and minutes >= 1")
-        for name in ("click_rate", "duplicate_rate", "late_rate", "malformed_rate"):
+        for name in ("click_rate", "duplicate_rate", "late_rate", "revise_rate", "malformed_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
         if self.start.tzinfo is None:
@@ -75,7 +79,7 @@ class ProduceSpec:
 class Message:
     key: bytes | None
     value: bytes
-    kind: str  # on_time | duplicate | late | malformed:<reason>
+    kind: str  # on_time | revising | duplicate | late | malformed:<reason>
 
 
 @dataclass
@@ -151,7 +155,9 @@ def plan(spec: ProduceSpec) -> Plan:
 
     On-time events are spread over ``minutes`` from ``start`` in event-time
     order with a little jitter (out-of-order within seconds). A duplicate is
-    a producer retry: the same bytes again, a few messages later. Late events
+    a producer retry: the same bytes again, a few messages later. Revising
+    events are timed 90 s to 4 minutes before the on-time event they follow
+    (counted, perhaps in a revision of their window). Late events
     have event times before ``start`` and are sent last, so they are late for
     a stream whose watermark has already passed ``start - late_gap_minutes``
     (for example after an earlier run up to ``start`` was processed)."""
@@ -167,12 +173,21 @@ def plan(spec: ProduceSpec) -> Plan:
     for event in on_time:
         msg = _encode(event)
         messages.append(msg)
+    revising = []
+    for _ in range(round(spec.events * spec.revise_rate) if on_time else 0):
+        i = rng.randrange(len(on_time))
+        back = timedelta(milliseconds=90_000 + rng.randrange(150_000))
+        revising.append((i, _event(rng, spec, max(spec.start, on_time[i]["_ts"] - back))))
+    for i, event in sorted(revising, key=lambda r: r[0], reverse=True):
+        msg = _encode(event)
+        msg.kind = "revising"
+        messages.insert(i + 1, msg)
     for _ in range(round(spec.events * spec.duplicate_rate)):
         if not on_time:
             break
         i = rng.randrange(len(messages))
         original = messages[i]
-        if original.kind != "on_time":
+        if original.kind not in ("on_time", "revising"):
             continue
         messages.insert(
             min(len(messages), i + 1 + rng.randrange(5)), Message(original.key, original.value, "duplicate")
@@ -194,7 +209,8 @@ def plan(spec: ProduceSpec) -> Plan:
         msg.kind = "late"
         messages.append(msg)
 
-    counts = Counter((e["ad_id"], _minute(e["_ts"]), e["event_type"]) for e in on_time)
+    counted = [*on_time, *(event for _i, event in revising)]
+    counts = Counter((e["ad_id"], _minute(e["_ts"]), e["event_type"]) for e in counted)
     kinds = Counter(m.kind for m in messages)
     summary = {
         "seed": spec.seed,
@@ -202,6 +218,7 @@ def plan(spec: ProduceSpec) -> Plan:
         "minutes": spec.minutes,
         "messages": len(messages),
         "distinct_on_time": len(on_time),
+        "revising": len(revising),
         "duplicates": kinds["duplicate"],
         "late": len(late),
         "malformed": sum(n for k, n in kinds.items() if k.startswith("malformed:")),

@@ -148,3 +148,21 @@ def test_parse_start() -> None:
     assert parse_start("2026-11-22T13:00:00+01:00") == datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
     with pytest.raises(ValueError):
         parse_start("2026-11-22T12:00:00")
+
+
+def test_revising_events_are_counted_and_timed_minutes_before_their_neighbour() -> None:
+    spec = ProduceSpec(events=300, seed=7, minutes=5, revise_rate=0.1)
+    the_plan = plan(spec)
+    messages = the_plan.messages
+    revising = [i for i, m in enumerate(messages) if m.kind == "revising"]
+    assert len(revising) == 30 == the_plan.summary["revising"]
+    for i in revising:
+        neighbour = max(j for j in range(i) if messages[j].kind == "on_time")
+        event, before = classify(messages[i].value), classify(messages[neighbour].value)
+        assert isinstance(event, RawEvent) and isinstance(before, RawEvent)
+        assert event.event_ms >= START_MS
+        assert event.event_ms == START_MS or before.event_ms - 240_000 <= event.event_ms <= before.event_ms - 90_000
+    counted = [classify(m.value) for m in messages if m.kind in ("on_time", "revising")]
+    recount = Counter((e.ad_id, e.window_start, e.event_type) for e in counted)
+    assert recount == Counter({(r["ad_id"], r["window_start"], r["event_type"]): r["events"]
+                               for r in the_plan.summary["counts"]})
