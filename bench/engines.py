@@ -16,13 +16,17 @@ from adpipe.tools import demo
 
 from bench.peers.peer_common import READY_LINE
 
-ENGINES = ("io_floor", "spark_batch", "spark_alo", "adpipe", "adpipe_cluster", "quixstreams", "pyflink")
+ENGINES = (
+    "io_floor", "spark_batch", "spark_alo", "adpipe", "adpipe_unaligned", "adpipe_cluster", "quixstreams", "pyflink"
+)
 # The rows that run `adpipe stream` itself (its log says when it processed).
-ADPIPE_ROWS = ("adpipe", "adpipe_cluster")
+ADPIPE_ROWS = ("adpipe", "adpipe_unaligned", "adpipe_cluster")
+# adpipe with its watermark by Spark's rule (ADPIPE_WATERMARK_ALIGNMENT=off):
+# what waiting for the slowest partition costs.
 # adpipe on a local Spark standalone cluster of this many one-core workers
 # (bench.comparison starts it for the row and stops it after).
 CLUSTER_WORKERS = 2
-STREAMING = ("adpipe", "spark_alo", "quixstreams", "pyflink")  # the rows of --latency
+STREAMING = ("adpipe", "adpipe_unaligned", "spark_alo", "quixstreams", "pyflink")  # the rows of --latency
 BASELINE = "spark_batch"
 PEERS_DIR = Path(__file__).parent / "peers"
 # Where the harness is importable from: the project root, which is not
@@ -88,13 +92,15 @@ def launch(ctx: Context, engine: str, source: str, messages: int, continuous: bo
     job_id = f"bench-{ctx.run_id}-{name}"
     common = ["--bootstrap", settings.kafka_bootstrap, "--input", source, "--aggregates", aggregates, "--dlq", dlq]
     common += ["--job-id", job_id, "--work", str(folder)]
-    bounded = ["--messages", "0" if continuous else str(messages), "--lateness-s", str(settings.lateness_ms // 1000)]
+    bounded = ["--messages", "0" if continuous else str(messages), "--lateness-s", str(settings.watermark_delay_s)]
     if engine in ADPIPE_ROWS:
         env = {**demo.demo_env(settings, f"{ctx.run_id}-{name}"), "ADPIPE_TOPIC_EVENTS": source}
         if engine == "adpipe_cluster":
             from adpipe.local import spark_cluster
 
             env["ADPIPE_SPARK_MASTER"] = spark_cluster.master_url(settings)
+        if engine == "adpipe_unaligned":
+            env["ADPIPE_WATERMARK_ALIGNMENT"] = "off"
         own = load_settings(env)
         args = ["stream"] if continuous else ["stream", "--available-now"]
         return Launch(

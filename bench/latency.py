@@ -1,8 +1,8 @@
 """``make bench ARGS="--latency"``: each streaming row (``STREAMING``) runs
 continuously on a topic of its own while a producer sends at a fixed rate,
 events timed now; a read_committed consumer (:class:`Watcher`) notes when
-each window's aggregate first becomes visible, and the delay is measured
-from the window's close (its end plus the watermark delay)."""
+each window's aggregate first becomes visible (its first revision), and the
+delay is measured from the window's close (its end plus the watermark delay)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from bench.processes import Running
 
 
 def latency_stats(
-    arrivals: Iterable[tuple[str, float]], lateness_ms: int, until_ms: float, send_lag_ms: float = 0.0
+    arrivals: Iterable[tuple[str, float]], delay_ms: int, until_ms: float, send_lag_ms: float = 0.0
 ) -> dict:
     """Seconds from each window's close (its end plus the watermark delay)
     to its aggregate being visible, for the windows that closed by
@@ -33,7 +33,7 @@ def latency_stats(
     before it sends them): a window closes that much later on the wall clock."""
     delays = []
     for window_end, seen_ms in arrivals:
-        close_ms = datetime.fromisoformat(window_end).timestamp() * 1000 + lateness_ms
+        close_ms = datetime.fromisoformat(window_end).timestamp() * 1000 + delay_ms
         if close_ms <= until_ms:
             delays.append((seen_ms - close_ms - send_lag_ms) / 1000)
     return {
@@ -145,11 +145,11 @@ def latency_row(ctx: Context, engine: str, rate: float, duration_s: float, ads: 
     # The job's CPU while it kept up with the producer (its start-up left out).
     cpu_per_min = (running.cpu_s_now() - cpu_before) / max(1e-9, time.monotonic() - sending) * 60
     until_ms = min(time.time() * 1000 - send_lag_ms, (start + timedelta(minutes=minutes)).timestamp() * 1000)
-    time.sleep(settings.lateness_ms / 1000 + settings.trigger_interval_s + 30)  # the last closed windows' output
+    time.sleep(settings.watermark_delay_s + settings.trigger_interval_s + 30)  # the last closed windows' output
     watcher.stop()
     running.terminate()
     measured = running.finish(120)
-    stats = latency_stats(watcher.arrivals(), settings.lateness_ms, until_ms, send_lag_ms)
+    stats = latency_stats(watcher.arrivals(), settings.watermark_delay_s * 1000, until_ms, send_lag_ms)
     return {
         "engine": engine,
         **stats,

@@ -100,6 +100,22 @@ def add_ratios(rows: list[dict], baseline: str = BASELINE) -> None:
         row["ratio_to_batch"] = round(row["events_per_s"] / base, 2) if ranked else None
 
 
+def alignment_cost(result: dict) -> str | None:
+    """adpipe's watermark waiting for the slowest partition against Spark's
+    rule (the ``adpipe`` and ``adpipe_unaligned`` rows): events/s and, with
+    --latency, p99; the goal is within 10 %."""
+    rows = {r["engine"]: r for r in result.get("rows", [])}
+    on, off = rows.get("adpipe"), rows.get("adpipe_unaligned")
+    if not on or not off or not on.get("events_per_s") or not off.get("events_per_s"):
+        return None
+    parts = [f"watermark alignment: {on['events_per_s'] / off['events_per_s']:.2f} x the events/s without it"]
+    latency = {r["engine"]: r for r in result.get("latency") or []}
+    on_p99, off_p99 = (latency.get(e, {}).get("p99_s") for e in ("adpipe", "adpipe_unaligned"))
+    if on_p99 is not None and off_p99:
+        parts.append(f"{on_p99 / off_p99:.2f} x its p99 latency")
+    return ", ".join(parts) + " (goal: within 10 %)"
+
+
 def cell(value: object, spec: str = "") -> str:
     """A table cell: the value formatted, or - when there is none."""
     return "-" if value is None else format(value, spec)
@@ -125,6 +141,9 @@ def render_table(result: dict) -> str:
         check = row.get("check")
         if check and not check["ok"]:
             lines.append(f"  {row['engine']} counts WRONG (not ranked): {'; '.join(check['problems'][:3])}")
+    alignment = alignment_cost(result)
+    if alignment:
+        lines += ["", alignment]
     if result.get("latency"):
         lines += [
             "",

@@ -92,7 +92,7 @@ def alo_query_df(spark: SparkSession, settings: Settings, args: argparse.Namespa
     if settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
     parsed_df = parse_raw_events(reader.load(), settings.max_future_skew_ms)
-    watermarked_df = valid_events(parsed_df).withWatermark("event_time", f"{settings.lateness_ms} milliseconds")
+    watermarked_df = valid_events(parsed_df).withWatermark("event_time", f"{settings.watermark_delay_s} seconds")
     windows_df = aggregate_values(minute_windows(watermarked_df), args.job_id).withColumn(
         "topic", F.lit(args.aggregates)
     )

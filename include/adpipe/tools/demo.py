@@ -158,7 +158,7 @@ def summary_rows(
     crashes the stream runs went through, and what verify, the tables'
     check and Great Expectations found (``report``, as in verify.json)."""
     messages = sum(s["messages"] for s in sent)
-    distinct = sum(s["distinct_on_time"] + s["late"] for s in sent)
+    distinct = sum(s["distinct_on_time"] + s.get("revising", 0) + s["late"] for s in sent)
     agg, late, dlq, tables = report["aggregates"], report["late"], report["dlq"], report.get("tables")
     gx = report.get("great_expectations")
     crashes = [r for r in stream_runs if r.killed]
@@ -178,8 +178,9 @@ def summary_rows(
         ("late", f"{sum(s['late'] for s in sent):,} sent; {late['records']:,} in the late topic"),
         (
             "windows",
-            f"{agg['records']:,} minute aggregates of {agg['expected_windows']:,} expected: "
-            f"{agg['missing_count']} missing, {agg['duplicated_count']} duplicated, {agg['wrong_count']} wrong",
+            f"{agg['expected_windows']:,} expected, {agg['missing_count']} missing, {agg['duplicated_count']} "
+            f"duplicated, {agg['wrong_count']} wrong; {agg.get('revisions', 0)} revised by events minutes late "
+            f"({sum(s.get('revising', 0) for s in sent)} sent)",
         ),
         ("crashes injected", "; ".join([str(len(crashes)), *(r.where_killed() for r in crashes)])),
         ("recovery", f"the restarted stream job {'finished (exit 0)' if recovered else 'DID NOT finish'}"),
@@ -241,14 +242,14 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
     story.note(f"{broker.describe()}; topics {prefix}{{{names}}}")
 
     spec = produce.ProduceSpec(
-        events=events, seed=seed, minutes=5, start=start, duplicate_rate=0.05, malformed_rate=0.01
+        events=events, seed=seed, minutes=10, start=start, duplicate_rate=0.05, malformed_rate=0.01
     )
     plan = produce.plan(spec)
     _send(story, settings, topics.events, plan)
     produce.write_summary(plan.summary, work / "produce-1.json")
     story.step(
-        f"produced {plan.summary['messages']:,} messages: {plan.summary['distinct_on_time']:,} events over 5 minutes "
-        f"from {plan.summary['start']}, {plan.summary['duplicates']} producer-retry duplicates, "
+        f"produced {plan.summary['messages']:,} messages: {plan.summary['distinct_on_time']:,} events over 10 "
+        f"minutes from {plan.summary['start']}, {plan.summary['duplicates']} producer-retry duplicates, "
         f"{plan.summary['malformed']} malformed"
     )
 
@@ -268,25 +269,27 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
         story.note(f"the stream job failed (exit {restarted.returncode}); see {restarted.log_path}")
         return 1
 
-    # Late events timed 12:00..12:03 (2 to 5 minutes before this batch's
-    # start), windows already closed: late, and in the demo's own hour (an
-    # hour of nothing but late events would fail the late-share gate).
+    # Late events timed 12:00..12:03 (7 to 10 minutes before this batch's
+    # start): their windows closed and their allowed lateness (5 minutes)
+    # passed, so they are late, and in the demo's own hour (an hour of
+    # nothing but late events would fail the late-share gate). Events a few
+    # minutes out of order beside them: some revise windows that closed.
     spec2 = produce.ProduceSpec(
         events=max(1, events // 3),
         seed=seed + 1,
         minutes=3,
-        start=spec.start + timedelta(minutes=5),
+        start=spec.start + timedelta(minutes=10),
         late_rate=0.03,
         late_by_minutes=3,
+        revise_rate=0.05,
     )
     plan2 = produce.plan(spec2)
     _send(story, settings, topics.events, plan2)
     produce.write_summary(plan2.summary, work / "produce-2.json")
     # A few events of the next hour: time moves on, the watermark passes the
-    # end of the demo's hour and closes it for Union & Load.
-    spec3 = produce.ProduceSpec(
-        events=20, seed=seed + 2, minutes=1, start=spec.start.replace(minute=0) + timedelta(hours=1, minutes=1)
-    )
+    # end of the demo's hour plus its allowed lateness and closes it for Union & Load.
+    next_hour = spec.start.replace(minute=0) + timedelta(hours=1, seconds=demo_settings.lateness_ms // 1000 + 60)
+    spec3 = produce.ProduceSpec(events=20, seed=seed + 2, minutes=1, start=next_hour)
     plan3 = produce.plan(spec3)
     _send(story, settings, topics.events, plan3)
     produce.write_summary(plan3.summary, work / "produce-3.json")
@@ -294,8 +297,9 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
     pending = plan2.summary["messages"] + plan3.summary["messages"]
     story.step(
         f"produced {pending:,} more: "
-        f"{plan2.summary['distinct_on_time']:,} events of the next minutes, {plan2.summary['late']} late ones for "
-        f"windows already closed, {plan3.summary['distinct_on_time']} of the next hour (closes the demo's hour)"
+        f"{plan2.summary['distinct_on_time']:,} events of the next minutes, {plan2.summary['revising']} minutes out "
+        f"of order, {plan2.summary['late']} late ones for windows past their allowed lateness, "
+        f"{plan3.summary['distinct_on_time']} of the next hour (closes the demo's hour)"
     )
     third = _stream(story, env, work / "stream-3.log", max_offsets, pending)
     stream_runs.append(third)

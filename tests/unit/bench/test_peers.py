@@ -258,3 +258,15 @@ def test_proportional_bytes_reads_smaps_rollup(tmp_path: Path) -> None:
     (tmp_path / "7" / "smaps_rollup").write_text("0-f ---p 0 00:00 0 [rollup]\nRss: 900 kB\nPss: 300 kB\n")
     assert processes.proportional_bytes(7, tmp_path) == 300 * 1024
     assert processes.proportional_bytes(8, tmp_path) is None
+
+
+def test_the_alignment_cost_compares_the_two_adpipe_rows() -> None:
+    from bench.results import alignment_cost
+
+    rows = [{"engine": "adpipe", "events_per_s": 45_000}, {"engine": "adpipe_unaligned", "events_per_s": 50_000}]
+    assert alignment_cost({"rows": rows}) == (
+        "watermark alignment: 0.90 x the events/s without it (goal: within 10 %)"
+    )
+    latency = [{"engine": "adpipe", "p99_s": 6.6}, {"engine": "adpipe_unaligned", "p99_s": 6.0}]
+    assert "1.10 x its p99 latency" in alignment_cost({"rows": rows, "latency": latency})
+    assert alignment_cost({"rows": rows[:1]}) is None

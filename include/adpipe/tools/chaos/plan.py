@@ -111,6 +111,7 @@ def event_plans(spec: ChaosSpec, seed: int, lateness_ms: int) -> tuple[produce.P
             malformed_rate=0.01,
             late_rate=0.002,
             late_by_minutes=3,
+            revise_rate=0.005,
         )
     )
     end = start + timedelta(minutes=minutes)
