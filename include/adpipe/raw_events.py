@@ -95,6 +95,27 @@ def fast_path_kind(value: Column) -> Column:
     return _kind(_canonical_event(value))
 
 
+# The id fields the bad-characters rule reads (event_type and event_time have
+# rules of their own that admit no such character).
+ID_FIELDS = ("event_id", "ad_id", "campaign_id")
+_C0 = "[\\x00-\\x1F]"
+
+
+def _bad_characters(v: Column, text: Column, fields: dict[str, Column]) -> Column:
+    """Whether an id field (read by the variant route) holds a C0 control
+    character, or an unpaired surrogate: Spark's JSON readers decode a lone
+    ``\\ud800`` escape as "?", where ``get_json_object`` gives null, so a
+    field that is a string to the one and null to the other holds one (looked
+    at only when the record has a ``\\u`` escape: the rest cannot)."""
+    escaped = text.contains("\\u")
+    bad = F.lit(False)
+    for name, value in fields.items():
+        is_string = _true(_field_type(v, name) == "STRING")
+        lone_surrogate = escaped & is_string & F.get_json_object(text, f"$.{name}").isNull()
+        bad = bad | _true(is_string & value.rlike(_C0)) | _true(lone_surrogate)
+    return bad
+
+
 def _event_time(time_type: Column, time_text: Column, time_millis: Column) -> Column:
     """The event time of an integer of epoch milliseconds or an ISO-8601
     text with a zone; null for anything else."""
@@ -169,6 +190,10 @@ def parse_raw_events(kafka_df: DataFrame, max_future_skew_ms: int | None, fast_p
         .when(
             ~(_true(_field_type(v, "event_type") == "STRING") & _true(event_type.isin(*S.EVENT_TYPES))),
             F.lit(S.REASON_BAD_EVENT_TYPE),
+        )
+        .when(
+            _bad_characters(v, text, {"event_id": event_id, "ad_id": ad_id, "campaign_id": campaign_id}),
+            F.lit(S.REASON_BAD_CHARACTERS),
         )
         .otherwise(time_reason)
     )

@@ -30,6 +30,10 @@ REASON_BAD_EVENT_TIME = "missing_or_invalid_event_time"
 REASON_FUTURE_EVENT_TIME = "future_event_time"
 # event_id, ad_id or campaign_id longer than MAX_FIELD_CHARS.
 REASON_FIELD_TOO_LONG = "field_too_long"
+# event_id, ad_id or campaign_id holding a C0 control character (NUL..U+001F)
+# or an unpaired surrogate (only a JSON \u escape can make one): no id of a
+# table, a record key or the budget database ever holds one.
+REASON_BAD_CHARACTERS = "bad_characters"
 # A later copy of an event_id already read with another event_time (a
 # re-stamped retry): the first copy read is counted, this one is not.
 REASON_CONFLICTING_DUPLICATE = "conflicting_duplicate"

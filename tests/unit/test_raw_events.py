@@ -53,6 +53,13 @@ CASES = [
         RECORD_MS + SKEW_MS,
     ),
     ("event_time_past_the_skew", body(event_time=RECORD_MS + SKEW_MS + 1), S.REASON_FUTURE_EVENT_TIME, None, None),
+    # Escaped characters that are no C0 control and no lone surrogate: valid.
+    ("escaped_surrogate_pair_id", body(ad_id="ad-\U0001f600", event_id="e-\u00e9"), None,
+     datetime(2026, 11, 22, 12, 0, 0, 250_000), 1_795_348_800_250),
+    ("del_and_tab_outside_the_ids", body(ad_id="ad\x7f", note="a\tb\u0001"), None,
+     datetime(2026, 11, 22, 12, 0, 0, 250_000), 1_795_348_800_250),
+    ("nul_in_ad_id", body(ad_id="ad\x00x"), S.REASON_BAD_CHARACTERS, None, None),
+    ("lone_surrogate_in_campaign_id", body(campaign_id="c\udbff"), S.REASON_BAD_CHARACTERS, None, None),
 ]
 CASE_IDS = [c[0] for c in CASES]
 
@@ -78,7 +85,7 @@ def test_parse_raw_events_reason_and_time(parsed: dict[int, dict], offset: int, 
     if reason is None:
         assert row["event_time"] == event_time
         assert row["event_id"] == json.loads(case[1])["event_id"]
-        assert row["ad_id"] == "ad-1"
+        assert row["ad_id"] == json.loads(case[1])["ad_id"]
         assert row["event_type"] == json.loads(case[1])["event_type"]
 
 
@@ -169,7 +176,7 @@ def test_classify_gives_the_table_verdict(case: tuple) -> None:
     verdict = classify_record(value, RECORD_MS, SKEW_MS)
     if reason is None:
         event = json.loads(value)
-        assert verdict == RawEvent(event["event_id"], "ad-1", event["event_type"], event_ms)
+        assert verdict == RawEvent(event["event_id"], event["ad_id"], event["event_type"], event_ms)
     else:
         assert verdict == reason
 

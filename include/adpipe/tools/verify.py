@@ -59,6 +59,17 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return dict(pairs)
 
 
+def _bad_characters(text: str) -> bool:
+    """A C0 control character (NUL..U+001F) or an unpaired surrogate."""
+    if any(ch < " " for ch in text):
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def classify(value: bytes | None) -> RawEvent | str:
     """A valid event, or the reason the message is malformed."""
     try:
@@ -80,6 +91,8 @@ def classify(value: bytes | None) -> RawEvent | str:
         return S.REASON_BAD_EVENT_TYPE
     campaign_id = body.get("campaign_id")
     fields = (body["event_id"], body["ad_id"], campaign_id if isinstance(campaign_id, str) else "")
+    if any(_bad_characters(text) for text in fields):
+        return S.REASON_BAD_CHARACTERS
     if any(len(text) > S.MAX_FIELD_CHARS for text in fields):
         return S.REASON_FIELD_TOO_LONG
     raw_time = body.get("event_time")
