@@ -14,7 +14,10 @@ correction (`ads.late_corrections`).
 
 Schedule: `CronDataIntervalTimetable("0 * * * *", UTC)` — each run's data
 interval is one hour (a plain cron schedule in Airflow 3 has a zero-length
-interval). `catchup=True` from `ADPIPE_LOAD_START`, one run at a time;
+interval). A new deployment loads from its first hour on: without
+`ADPIPE_LOAD_START` the first run is the hour that closed last when the DAG
+is unpaused (no catch-up of earlier hours), then one run per hour; with it,
+`catchup=True` from that hour. One run at a time.
 `airflow backfill create --dag-id ad_union_and_load --from-date ... --to-date ...`
 runs past hours the same way. A manual run may name its hour in the `hour`
 param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
@@ -56,7 +59,7 @@ from datetime import timedelta
 from adpipe.orchestration.alerts import notify_failure
 from adpipe.orchestration.assets import TABLE_ASSETS
 from adpipe.orchestration.hour_closed import HourClosedSensor
-from adpipe.orchestration.load_tasks import LoadStepOperator
+from adpipe.orchestration.load_tasks import FIRST_START, LoadStepOperator
 from adpipe.settings import load_settings
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
@@ -66,8 +69,8 @@ _settings = load_settings()
 with DAG(
     dag_id="ad_union_and_load",
     schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
-    start_date=_settings.load_start,
-    catchup=True,
+    start_date=_settings.load_start or FIRST_START,
+    catchup=_settings.load_start is not None,
     max_active_runs=1,
     doc_md=__doc__,
     tags=["adpipe", "load"],

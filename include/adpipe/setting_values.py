@@ -54,8 +54,8 @@ def integer(env: dict[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
-def utc_time(env: dict[str, str], name: str, default: datetime) -> datetime:
-    """An ISO-8601 time with a zone, as UTC."""
+def utc_time(env: dict[str, str], name: str, default: datetime | None) -> datetime | None:
+    """An ISO-8601 time with a zone, as UTC (``default`` when unset)."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default

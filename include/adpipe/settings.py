@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from adpipe.kafka_access import (
@@ -321,8 +321,9 @@ class Settings(_Locations):
     stream_lease_s: int = 4
     # The stream DAG keeps a warm standby driver beside the active one.
     stream_standby: bool = False
-    # First hour the hourly Union & Load DAG loads (catchup from there).
-    load_start: datetime = datetime(2026, 11, 22, tzinfo=UTC)
+    # First hour the hourly Union & Load DAG loads, catching up from there;
+    # unset: the hour before the DAG is first unpaused, then each hour after.
+    load_start: datetime | None = None
     # How long the load DAG waits for an hour to close before failing.
     load_wait_timeout_s: int = 6 * 3600
     # How the load DAG runs its Spark steps: "warm" (in the home's warm load

@@ -40,6 +40,10 @@ from adpipe.settings import PROJECT_ROOT, Settings
 log = logging.getLogger(__name__)
 
 ONE_HOUR = timedelta(hours=1)
+# The load DAG's start date when ADPIPE_LOAD_START is unset: any past date
+# (no catch-up then: the first run is the hour that closed last when the DAG
+# is unpaused).
+FIRST_START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class IntervalError(ValueError):

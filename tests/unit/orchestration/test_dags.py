@@ -72,7 +72,7 @@ def test_load_dag_hourly_data_interval_catchup_and_doc(dagbag) -> None:  # noqa:
     from airflow.timetables.base import TimeRestriction
 
     dag = dagbag.dags["ad_union_and_load"]
-    assert dag.catchup is True
+    assert dag.catchup is False  # no ADPIPE_LOAD_START here: no backlog (the tests below)
     assert dag.max_active_runs == 1
     assert "Uber" in dag.doc_md and "hourly by design" in dag.doc_md.lower()
     timetable = coerce_to_core_timetable(dag.timetable)
@@ -119,10 +119,40 @@ def test_a_manual_run_names_its_hour_else_the_interval_decides() -> None:
 
 
 def test_load_start_is_configurable(dagbag) -> None:  # noqa: ANN001
-    assert dagbag.dags["ad_union_and_load"].start_date == load_settings().load_start
     assert load_settings({"ADPIPE_LOAD_START": "2026-11-20T05:00:00Z"}).load_start == datetime(
         2026, 11, 20, 5, tzinfo=UTC
     )
+
+
+def test_a_new_deployment_without_a_start_loads_from_its_first_hour_not_a_backlog(dagbag) -> None:  # noqa: ANN001
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    assert load_settings({}).load_start is None
+    dag = dagbag.dags["ad_union_and_load"]
+    assert dag.catchup is False
+    # The first run the scheduler would create now (the DAG's schedule, as
+    # the scheduler holds it): the hour that closed last, not 2026's first.
+    first = coerce_to_core_timetable(dag.timetable).next_dagrun_info(
+        last_automated_data_interval=None, restriction=TimeRestriction(dag.start_date, None, dag.catchup)
+    )
+    now = datetime.now(UTC)
+    last_closed = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    assert first is not None and first.data_interval.start in (last_closed, last_closed + timedelta(hours=1))
+    assert first.data_interval.end - first.data_interval.start == timedelta(hours=1)
+
+
+def test_a_configured_start_catches_up_from_its_hour(monkeypatch) -> None:  # noqa: ANN001
+    import importlib.util
+
+    from adpipe.settings import PROJECT_ROOT
+
+    monkeypatch.setenv("ADPIPE_LOAD_START", "2026-11-20T05:00:00Z")
+    spec = importlib.util.spec_from_file_location("load_dag_with_start", PROJECT_ROOT / "dags" / "ad_union_and_load.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    assert module.dag.catchup is True
+    assert module.dag.start_date == datetime(2026, 11, 20, 5, tzinfo=UTC)
 
 
 def test_hour_of_interval_takes_only_whole_utc_hours() -> None:
