@@ -26,6 +26,8 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     if args.standby and args.available_now:
         log.error("--standby waits to take over a running job: it cannot be --available-now")
         return 2
+    if args.upgrade_checkpoint:
+        return _upgrade(settings)
     if args.max_offsets_per_trigger is not None:
         settings = settings.with_overrides(max_offsets_per_trigger=args.max_offsets_per_trigger)
     try:
@@ -42,6 +44,23 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     except TransactionTimedOutError as exc:  # a restart replays the batch: the supervisor's to do
         log.error("%s", exc)
         return 1
+    return 0
+
+
+def _upgrade(settings: Settings) -> int:
+    from adpipe.spark import build_spark, stream_job_conf
+    from adpipe.stream import upgrade
+    from adpipe.stream.checkpoint_lock import CheckpointInUseError
+
+    spark = build_spark(settings, f"adpipe-stream-upgrade-{settings.job_id}", stream_job_conf(settings))
+    try:
+        windows = upgrade.upgrade(settings, spark)
+    except (upgrade.UpgradeError, CheckpointInUseError) as exc:
+        log.error("%s", exc)
+        return EXIT_FENCED
+    finally:
+        spark.stop()
+    print(f"upgraded the checkpoint {settings.checkpoint_uri}: {windows} open windows carried over; start the job")
     return 0
 
 
@@ -68,5 +87,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="start although the checkpoint has committed batches and the ledger group holds nothing (its offsets "
         "expired, or another cluster); only when no batch can be in doubt",
+    )
+    p.add_argument(
+        "--upgrade-checkpoint",
+        action="store_true",
+        help="once, with the job stopped: carry a checkpoint the earlier version of the job wrote (one stateful "
+        "operator, Spark's watermark) over to this version's: its event ids, open windows and input offsets "
+        "(the old checkpoint is kept beside it); then start the job as usual",
     )
     p.set_defaults(func=cmd_stream)

@@ -24,6 +24,7 @@ from adpipe.faults import FaultPlan
 from adpipe.settings import Settings
 from adpipe.spark import build_spark, stream_job_conf
 from adpipe.stream import transforms as T
+from adpipe.stream import upgrade
 from adpipe.stream.checkpoint_lock import STANDBY_WARM_LINE, checkpoint_lock
 from adpipe.stream.job import RECORD_OVERHEAD_BYTES, BatchHandler, Takeover, transactional_id, value_limits
 from adpipe.stream.liveness import mark_polled
@@ -68,9 +69,15 @@ class _DropCheck(StreamingQueryListener):
             log.error("batch %d: Spark dropped %d rows by the watermark", progress.batchId, dropped)
 
 
-def build_query_df(spark: SparkSession, settings: Settings, starting_offsets: str = "earliest") -> DataFrame:
+def build_query_df(
+    spark: SparkSession,
+    settings: Settings,
+    starting_offsets: str = "earliest",
+    initial: tuple[DataFrame, DataFrame] | None = None,
+) -> DataFrame:
     """The job's query up to its foreachBatch: the raw topic read
-    read_committed, parsed, through the stateful operator."""
+    read_committed, parsed, through the stateful operators (with an upgraded
+    checkpoint's initial states on its first start)."""
     reader = (
         spark.readStream.format("kafka")
         .options(**settings.kafka.spark_options())
@@ -84,16 +91,19 @@ def build_query_df(spark: SparkSession, settings: Settings, starting_offsets: st
     return (
         reader.load()
         .transform(raw_events.parse_raw_events, settings.max_future_skew_ms)
-        .transform(stream_rows, settings)
+        .transform(stream_rows, settings, initial)
     )
 
 
-def stream_rows(parsed_df: DataFrame, settings: Settings) -> DataFrame:
+def stream_rows(
+    parsed_df: DataFrame, settings: Settings, initial: tuple[DataFrame, DataFrame] | None = None
+) -> DataFrame:
     """The job's stateful operators over parsed rows, with its lateness and retention."""
-    return T.stream_rows(parsed_df, settings.allowed_lateness_s * 1000, settings.late_dedupe_retention_s * 1000)
+    lateness_ms, retention_ms = settings.allowed_lateness_s * 1000, settings.late_dedupe_retention_s * 1000
+    return T.stream_rows(parsed_df, lateness_ms, retention_ms, initial)
 
 
-def _sink(
+def sink_for(
     settings: Settings, fault: FaultPlan | None, checkpoint: CheckpointFiles
 ) -> tuple[TransactionalSink, dict[str, int]]:
     """The transactional sink, sized to the output topics, and the largest
@@ -114,9 +124,18 @@ def _sink(
     return sink, value_limits(topic_limits)
 
 
-def _start_query(spark: SparkSession, settings: Settings, handler: BatchHandler, available_now: bool) -> StreamingQuery:
+def _start_query(
+    spark: SparkSession, settings: Settings, handler: BatchHandler, available_now: bool, checkpoint: CheckpointFiles
+) -> StreamingQuery:
+    upgraded = upgrade.pending(checkpoint)
+    if upgraded is None:
+        query_df = build_query_df(spark, settings)
+    else:  # an upgraded checkpoint's first start (adpipe.stream.upgrade)
+        log.info("the upgraded checkpoint's first batch reads on from %s", upgraded["end_offsets"])
+        initial = upgrade.initial_states(spark, settings.checkpoint_uri)
+        query_df = build_query_df(spark, settings, upgrade.starting_offsets(upgraded), initial)
     writer = (
-        build_query_df(spark, settings)
+        query_df
         .writeStream.outputMode("append")
         .option("checkpointLocation", settings.checkpoint_uri)
         .queryName(f"adpipe_agg_{settings.job_id}".replace("-", "_"))
@@ -375,7 +394,7 @@ def _run_query(
     accept_empty_ledger: bool,
     took_over: Takeover | None = None,
 ) -> BatchHandler:
-    sink, limits = _sink(settings, fault, checkpoint)
+    sink, limits = sink_for(settings, fault, checkpoint)
     try:
         last = last_committed_batch(checkpoint)
         checkpointed = None
@@ -390,7 +409,7 @@ def _run_query(
         listener = _DropCheck(handler)
         spark.streams.addListener(listener)
         try:
-            query = _start_query(spark, settings, handler, available_now)
+            query = _start_query(spark, settings, handler, available_now, checkpoint)
             log.info(
                 "stream job %s started: query %s, checkpoint %s, %s",
                 settings.job_id,

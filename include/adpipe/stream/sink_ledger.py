@@ -107,7 +107,7 @@ class SinkLedger(SinkClients):
         is another cluster: a replay would then be produced twice, so the job
         refuses; told to accept it, it writes the checkpoint's last batch to
         the ledger again, so that the next start finds them in step."""
-        producer = self._ensure_producer()
+        self._ensure_producer()  # Step 1: fence older instances
         ledger = self.check_ledger_owner()
         if ledger is not None or checkpointed is None:
             return ledger
@@ -119,11 +119,19 @@ class SinkLedger(SinkClients):
                 "cluster's offsets.retention.minutes) or this is another cluster. A replayed batch could be "
                 "written twice. Pass --accept-empty-ledger to go on if you know no batch is in doubt."
             )
+        self.write_entry(batch_id, end_offsets, watermark_ms)
+        log.warning("empty ledger accepted: written again from the checkpoint's last batch %d", batch_id)
+        return self.read_ledger()
+
+    def write_entry(self, batch_id: int, end_offsets: dict[int, int], watermark_ms: int) -> None:
+        """A ledger entry of its own, in a transaction of the sink's
+        ``transactional.id`` (which fences older producers first): a
+        checkpoint's last batch written again (an accepted empty ledger), or
+        an upgraded checkpoint's start (batch -1)."""
+        producer = self._ensure_producer()
         producer.begin_transaction()
         self._add_ledger_offsets(producer, batch_id, end_offsets, watermark_ms)
         producer.commit_transaction(60)
-        log.warning("empty ledger accepted: written again from the checkpoint's last batch %d", batch_id)
-        return self.read_ledger()
 
     def check_ledger_owner(self) -> LedgerEntry | None:
         entry = self.read_ledger()

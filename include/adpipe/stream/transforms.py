@@ -80,7 +80,12 @@ def minute_windows(watermarked_df: DataFrame) -> DataFrame:
     )
 
 
-def stream_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> DataFrame:
+def stream_rows(
+    parsed_df: DataFrame,
+    lateness_ms: int,
+    retention_ms: int,
+    initial: tuple[DataFrame, DataFrame] | None = None,
+) -> DataFrame:
     """The stream job's query over parsed rows (adpipe.raw_events): its two
     stateful operators, ``adpipe.spark.StreamOperators`` in adpipe's jar
     (why the JVM: the dedupe of event ids across minutes needs a lookup per
@@ -90,7 +95,12 @@ def stream_rows(parsed_df: DataFrame, lateness_ms: int, retention_ms: int) -> Da
     each partition's highest event time and records read (``progress``) and
     the repeats skipped (``counters``). Its jobs need the local property
     :data:`WATERMARK_PROPERTY` (the driver's, adpipe.stream.watermark).
-    Streaming only."""
+    ``initial``: an upgraded checkpoint's initial states (ids, windows;
+    adpipe.stream.upgrade), for its first start. Streaming only."""
     spark = parsed_df.sparkSession
     operators = spark._jvm.adpipe.spark.StreamOperators  # noqa: SLF001 - py4j gateway
-    return DataFrame(operators.apply(parsed_df._jdf, lateness_ms, retention_ms), spark)  # noqa: SLF001
+    if initial is None:
+        return DataFrame(operators.apply(parsed_df._jdf, lateness_ms, retention_ms), spark)  # noqa: SLF001
+    ids, windows = initial
+    query = operators.apply(parsed_df._jdf, lateness_ms, retention_ms, ids._jdf, windows._jdf)  # noqa: SLF001
+    return DataFrame(query, spark)

@@ -142,8 +142,8 @@ def check_progress(files: CheckpointFiles) -> None:
     if last is not None and files.read(f"{PROGRESS_DIR}/{last}") is None:
         raise CheckpointVersionError(
             f"the checkpoint {files} was written by an earlier version of the stream job (its batch {last} has no "
-            f"{PROGRESS_DIR} entry): its state cannot be resumed by this one. See docs/operations.md, "
-            "'Upgrading a running stream job'."
+            f"{PROGRESS_DIR} entry): this version cannot resume its state. With the job stopped, run "
+            "`adpipe stream --upgrade-checkpoint` once, then start it (docs/operations.md, 'Upgrading the stream job')."
         )
 
 
@@ -156,17 +156,19 @@ class ProgressLog:
         self._last: Progress | None = None
 
     def before(self, batch_id: int) -> Progress | None:
-        """The progress after ``batch_id - 1`` (None before batch 0)."""
+        """The progress after ``batch_id - 1``: before batch 0 none, but for
+        an upgraded checkpoint (``adpipe/progress/-1``, adpipe.stream.upgrade)."""
         if batch_id == 0:
-            return None
+            raw = self.files.read(f"{PROGRESS_DIR}/-1")
+            return None if raw is None else Progress.from_json(raw.decode())
         if self._last is not None and self._last.batch_id == batch_id - 1:
             return self._last
         raw = self.files.read(f"{PROGRESS_DIR}/{batch_id - 1}")
         if raw is None:
             raise CheckpointVersionError(
-                f"the checkpoint {self.files} has no {PROGRESS_DIR}/{batch_id - 1}: it was written by a version "
-                "whose watermark did not wait for the slowest partition. See docs/operations.md, "
-                "'Upgrading a running stream job'."
+                f"the checkpoint {self.files} has no {PROGRESS_DIR}/{batch_id - 1}: it was written by an earlier "
+                "version of the job; run `adpipe stream --upgrade-checkpoint` once (docs/operations.md, "
+                "'Upgrading the stream job')."
             )
         self._last = Progress.from_json(raw.decode())
         return self._last

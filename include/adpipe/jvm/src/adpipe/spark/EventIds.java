@@ -15,7 +15,7 @@ import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
-import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.StatefulProcessorWithInitialState;
 import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
@@ -50,8 +50,12 @@ import scala.jdk.javaapi.CollectionConverters;
  * only when it was last brought up to date by the very batch that last wrote the bucket's state (so a
  * retried task, a replayed batch or a bucket that ran elsewhere meanwhile rebuilds it from the state).
  */
-public final class EventIds extends StatefulProcessor<Integer, Row, Row> {
+public final class EventIds extends StatefulProcessorWithInitialState<Integer, Row, Row, Row> {
   private static final long serialVersionUID = 1L;
+  /** The event time of an id whose first copy's time is not known (ids carried over from an earlier version). */
+  public static final long UNKNOWN_TIME = Long.MIN_VALUE + 1;
+  /** The batch that last wrote a bucket whose state came from an initial state (an upgrade). */
+  private static final long INITIAL = -2L;
   private static final int ENTRY_BYTES = 24;
   private static final int HEADER_BYTES = 12;
   private static final Comparator<Row> READ_ORDER =
@@ -85,6 +89,53 @@ public final class EventIds extends StatefulProcessor<Integer, Row, Row> {
   public void init(OutputMode outputMode, TimeMode timeMode) {
     segments = getHandle().getMapState("id_segments", Encoders.LONG(), Encoders.BINARY(), TTLConfig.NONE());
     lastBatch = getHandle().getValueState("last_batch", Encoders.LONG(), TTLConfig.NONE());
+  }
+
+  /**
+   * An upgrade's initial state (applied by Spark in a new checkpoint's first
+   * batch only): a segment of ids (``segment`` id, its blob as this class
+   * writes them), kept as it is; the bucket's table is rebuilt from the state
+   * at its first input.
+   */
+  @Override
+  public void handleInitialState(Integer bucket, Row initial, TimerValues timerValues) {
+    segments.updateValue(initial.getLong(1), (byte[]) initial.get(2));
+    lastBatch.update(INITIAL);
+  }
+
+  /**
+   * An earlier version's ids of one event minute (its state held them as
+   * concatenated 16-byte digests) as this version's segments, one per id
+   * bucket (null where the bucket has none): their first event time is not
+   * known ({@link #UNKNOWN_TIME}), they expire with the minute.
+   */
+  public static byte[][] upgradeSegments(byte[] digests, long minute) {
+    List<List<long[]>> byBucket = new ArrayList<>();
+    for (int b = 0; b < StreamOperators.ID_BUCKETS; b++) {
+      byBucket.add(new ArrayList<>());
+    }
+    for (int at = 0; at + 16 <= digests.length; at += 16) {
+      byte[] digest = java.util.Arrays.copyOfRange(digests, at, at + 16);
+      long[] longs = StreamOperators.digestLongs(digest);
+      byBucket.get(StreamOperators.idBucket(digest)).add(new long[] {longs[0], longs[1], UNKNOWN_TIME});
+    }
+    byte[][] blobs = new byte[StreamOperators.ID_BUCKETS][];
+    for (int b = 0; b < blobs.length; b++) {
+      if (!byBucket.get(b).isEmpty()) {
+        blobs[b] = segmentBlob(byBucket.get(b).toArray(new long[0][]), (minute + 1) * StreamOperators.MINUTE_MS);
+      }
+    }
+    return blobs;
+  }
+
+  /** A segment blob of ids (digest as two longs, first event time), all expiring with {@code latestEnd}. */
+  static byte[] segmentBlob(long[][] ids, long latestEnd) {
+    ByteBuffer blob = ByteBuffer.allocate(HEADER_BYTES + ENTRY_BYTES * ids.length);
+    blob.putInt(ids.length).putLong(latestEnd);
+    for (long[] id : ids) {
+      blob.putLong(id[0]).putLong(id[1]).putLong(id[2]);
+    }
+    return blob.array();
   }
 
   @Override
@@ -175,10 +226,10 @@ public final class EventIds extends StatefulProcessor<Integer, Row, Row> {
       seen[0] = Math.max(seen[0], Math.floorDiv(eventUs, 1000));
       long minute = StreamOperators.minuteOf(eventUs);
       long windowEnd = (minute + 1) * StreamOperators.MINUTE_MS;
-      long[] digest = Blake2b128.digest(row.getString(StreamOperators.IN_EVENT_ID));
+      long[] digest = StreamOperators.digestLongs((byte[]) row.get(StreamOperators.IN_DIGEST));
       long first = index.table.get(digest[0], digest[1]);
       if (first != IdTable.MISSING) {
-        if (first == eventUs) {
+        if (first == eventUs || first == UNKNOWN_TIME) {
           repeats++;
           if (windowEnd + latenessMs <= watermark) {
             lateRepeats++;

@@ -14,7 +14,7 @@ import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.streaming.ExpiredTimerInfo;
 import org.apache.spark.sql.streaming.OutputMode;
-import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.StatefulProcessorWithInitialState;
 import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
@@ -44,7 +44,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p><b>State</b>: one value per key, the ads' counts, last emitted revision and whether they changed
  * since (read and written whole: a batch touches a few keys, never a call per event).
  */
-public final class MinuteWindows extends StatefulProcessor<Long, Row, Row> {
+public final class MinuteWindows extends StatefulProcessorWithInitialState<Long, Row, Row, Row> {
   private static final long serialVersionUID = 1L;
   private static final int IMPRESSIONS = 0;
   private static final int CLICKS = 1;
@@ -61,6 +61,21 @@ public final class MinuteWindows extends StatefulProcessor<Long, Row, Row> {
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
     windows = getHandle().getValueState("windows", Encoders.BINARY(), TTLConfig.NONE());
+  }
+
+  /**
+   * An upgrade's initial state (a new checkpoint's first batch only): an
+   * open window's counts (group key, ad, impressions, clicks), not emitted yet.
+   */
+  @Override
+  public void handleInitialState(Long group, Row initial, TimerValues timerValues) {
+    Map<String, long[]> ads = load();
+    long[] ad = ads.computeIfAbsent(initial.getString(1), a -> new long[] {0, 0, -1, 0});
+    ad[IMPRESSIONS] += initial.getLong(2);
+    ad[CLICKS] += initial.getLong(3);
+    ad[CHANGED] = 1;
+    windows.update(encode(ads));
+    nextBatchTimer(timerValues);
   }
 
   @Override

@@ -5,12 +5,10 @@ import static org.apache.spark.sql.functions.col;
 import static org.apache.spark.sql.functions.lit;
 import static org.apache.spark.sql.functions.not;
 import static org.apache.spark.sql.functions.octet_length;
-import static org.apache.spark.sql.functions.pmod;
 import static org.apache.spark.sql.functions.udf;
 import static org.apache.spark.sql.functions.unix_micros;
 import static org.apache.spark.sql.functions.unix_millis;
 import static org.apache.spark.sql.functions.when;
-import static org.apache.spark.sql.functions.xxhash64;
 
 import java.sql.Timestamp;
 import org.apache.spark.TaskContext;
@@ -20,6 +18,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.api.java.UDF0;
+import org.apache.spark.sql.api.java.UDF1;
 import org.apache.spark.sql.expressions.UserDefinedFunction;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.TimeMode;
@@ -74,7 +73,7 @@ public final class StreamOperators {
   /** What {@link EventIds} reads: the parsed rows, projected (see {@link #operatorInput}). */
   static final StructType INPUT =
       new StructType()
-          .add("id_bucket", DataTypes.IntegerType)
+          .add("digest", DataTypes.BinaryType)
           .add("partition", DataTypes.IntegerType)
           .add("offset", DataTypes.LongType)
           .add("record_ms", DataTypes.LongType)
@@ -88,6 +87,7 @@ public final class StreamOperators {
           .add("value", DataTypes.BinaryType)
           .add("batch_time", DataTypes.TimestampType);
 
+  static final int IN_DIGEST = 0;
   static final int IN_PARTITION = 1;
   static final int IN_OFFSET = 2;
   static final int IN_RECORD_MS = 3;
@@ -147,6 +147,18 @@ public final class StreamOperators {
   private static final UserDefinedFunction BATCH_TIME =
       udf(new BatchTime(), DataTypes.TimestampType).asNondeterministic();
 
+  /** An event id's 16-byte BLAKE2b digest ({@link Blake2b128}), which keys the dedupe state. */
+  public static final class EventDigest implements UDF1<String, byte[]> {
+    private static final long serialVersionUID = 1L;
+
+    @Override
+    public byte[] call(String eventId) {
+      return eventId == null ? null : Blake2b128.digestBytes(eventId);
+    }
+  }
+
+  private static final UserDefinedFunction EVENT_DIGEST = udf(new EventDigest(), DataTypes.BinaryType);
+
   private StreamOperators() {}
 
   static long batchId() {
@@ -174,6 +186,28 @@ public final class StreamOperators {
     return Math.floorDiv(eventUs, MINUTE_MS * 1000);
   }
 
+  /**
+   * {@link EventIds}' key of a record: a bucket of its event id's digest (so
+   * the ids of a checkpoint written before digests keyed it map to buckets
+   * too), or for a malformed record one of its partition.
+   */
+  static int idBucket(Row row) {
+    if (row.isNullAt(IN_DIGEST)) {
+      return Math.floorMod(row.getInt(IN_PARTITION), ID_BUCKETS);
+    }
+    return idBucket((byte[]) row.get(IN_DIGEST));
+  }
+
+  public static int idBucket(byte[] digest) {
+    return (digest[0] & 0xff) % ID_BUCKETS;
+  }
+
+  /** A digest's bytes as {@link IdTable}'s two longs (little endian, as {@link Blake2b128} gives them). */
+  public static long[] digestLongs(byte[] digest) {
+    java.nio.ByteBuffer bytes = java.nio.ByteBuffer.wrap(digest).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    return new long[] {bytes.getLong(0), bytes.getLong(8)};
+  }
+
   static int adBucket(String adId) {
     return Math.floorMod(adId.hashCode(), AD_BUCKETS);
   }
@@ -198,10 +232,7 @@ public final class StreamOperators {
         .withColumn("batch_time", BATCH_TIME.apply())
         .withWatermark("batch_time", "0 seconds")
         .select(
-            when(valid, pmod(xxhash64(col("event_id")), lit(ID_BUCKETS)))
-                .otherwise(pmod(col("partition"), lit(ID_BUCKETS)))
-                .cast("int")
-                .alias("id_bucket"),
+            when(valid, EVENT_DIGEST.apply(col("event_id"))).alias("digest"),
             col("partition").cast("int").alias("partition"),
             col("offset").cast("long").alias("offset"),
             unix_millis(col("timestamp")).alias("record_ms"),
@@ -216,18 +247,70 @@ public final class StreamOperators {
             col("batch_time"));
   }
 
+  /** An initial state of {@link EventIds}: a segment of ids per bucket (an upgrade's). */
+  public static final StructType INITIAL_IDS =
+      new StructType()
+          .add("id_bucket", DataTypes.IntegerType)
+          .add("segment", DataTypes.LongType)
+          .add("blob", DataTypes.BinaryType);
+
+  /** An initial state of {@link MinuteWindows}: an open window's counts (an upgrade's). */
+  public static final StructType INITIAL_WINDOWS =
+      new StructType()
+          .add("window_minute", DataTypes.LongType)
+          .add("ad_id", DataTypes.StringType)
+          .add("impressions", DataTypes.LongType)
+          .add("clicks", DataTypes.LongType);
+
   /**
    * The job's query from parsed raw events to the rows its driver collects
    * ({@link #OUTPUT}): windows emitted or revised, late, malformed and
    * conflicting records by position, each partition's progress, counters.
+   * The two initial states ({@link #INITIAL_IDS}, {@link #INITIAL_WINDOWS};
+   * empty but for an upgrade) are used by Spark in a new checkpoint's first
+   * batch only.
    *
    * @param latenessMs how long after its close a window can still be revised (event time)
    * @param retentionMs how long after its minute an event id is remembered (event time)
    */
+  public static Dataset<Row> apply(
+      Dataset<Row> parsed,
+      long latenessMs,
+      long retentionMs,
+      Dataset<Row> initialIds,
+      Dataset<Row> initialWindows) {
+    Dataset<Row> ids =
+        operatorInput(parsed)
+            .groupByKey((MapFunction<Row, Integer>) StreamOperators::idBucket, Encoders.INT())
+            .transformWithState(
+                new EventIds(latenessMs, retentionMs),
+                OutputMode.Append(),
+                initialIds.groupByKey((MapFunction<Row, Integer>) row -> row.getInt(0), Encoders.INT()),
+                "batch_time",
+                Encoders.row(OUTPUT),
+                Encoders.row(INITIAL_IDS),
+                Encoders.row(OUTPUT),
+                Encoders.row(INITIAL_IDS));
+    return ids.groupByKey((MapFunction<Row, Long>) row -> row.getLong(OUT_GROUP), Encoders.LONG())
+        .transformWithState(
+            new MinuteWindows(latenessMs),
+            TimeMode.EventTime(),
+            OutputMode.Append(),
+            initialWindows.groupByKey(
+                (MapFunction<Row, Long>) row -> windowGroup(row.getLong(0), row.getString(1)), Encoders.LONG()),
+            Encoders.row(OUTPUT),
+            Encoders.row(INITIAL_WINDOWS));
+  }
+
+  /**
+   * The query without initial states: every start but an upgraded
+   * checkpoint's first (an empty initial state would still cost each batch
+   * its plan's extra branches).
+   */
   public static Dataset<Row> apply(Dataset<Row> parsed, long latenessMs, long retentionMs) {
     Dataset<Row> ids =
         operatorInput(parsed)
-            .groupByKey((MapFunction<Row, Integer>) row -> row.getInt(0), Encoders.INT())
+            .groupByKey((MapFunction<Row, Integer>) StreamOperators::idBucket, Encoders.INT())
             .transformWithState(
                 new EventIds(latenessMs, retentionMs), "batch_time", OutputMode.Append(), Encoders.row(OUTPUT));
     return ids.groupByKey((MapFunction<Row, Long>) row -> row.getLong(OUT_GROUP), Encoders.LONG())
