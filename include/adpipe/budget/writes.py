@@ -91,7 +91,7 @@ def pairs_in(
         return sa.tuple_(first, second).in_(list(keys))
     pairs = sa.func.unnest(
         _array_param(None, [k[0] for k in keys], first.type), _array_param(None, [k[1] for k in keys], second.type)
-    ).table_valued("a", "b")
+    ).table_valued("a", "b").render_derived(name="keys")
     return sa.tuple_(first, second).in_(sa.select(pairs.c.a, pairs.c.b))
 
 
