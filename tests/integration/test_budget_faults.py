@@ -486,3 +486,54 @@ def test_two_first_writers_of_a_partition_without_offsets_row(budget: BudgetEnv)
     assert outcome == {"refused": [0]}, outcome
     assert budget.db_offsets() == {0: 3}
     assert budget.query("SELECT count(*), sum(clicks) FROM budget_ledger") == [(3, 9)]  # 3 records of 3 clicks
+
+
+def test_a_batch_applied_again_after_a_revoke_and_reassignment_never_moves_the_offset_back(budget: BudgetEnv) -> None:
+    """A batch held through a revoke and a re-assignment of its partition (the
+    service holds one while it waits out a database outage: its polls run
+    the rebalance callbacks) and committed again after the partition's offset
+    moved past it: the stored offset stays. The real consumer group and the
+    real database; the service's own assignment and commit objects."""
+    records = [record(aggregate("ad-000001", minute, 10 + minute, minute % 2), 0) for minute in range(30)]
+    budget.copy(records, chunks=1)
+    service = BudgetService(budget.settings)
+    schema.ensure_schema(service.engine, budget.settings)
+    held, committer = service.assignment, service.committer
+    service._configure_group()
+    held.consumer = consumer = service._consumer()
+    read: list = []
+
+    def pump() -> None:
+        for m in consumer.consume(50, 0.2):
+            if m.error() is None and m.partition() in held.started_from:
+                read.append(m)
+
+    try:
+        consumer.subscribe([budget.topic], on_assign=held.on_assign, on_revoke=held.on_revoke)
+        wait_until("partition 0 read", lambda: pump() or len(read) == 30)
+        applied_first = read[:10]
+        committer.apply(applied_first)
+        assert budget.db_offsets() == {0: 10}
+        committer.apply(read[10:])
+        assert budget.db_offsets() == {0: 30}
+        # A real revoke and re-assignment by the group: the member leaves and joins again.
+        consumer.unsubscribe()
+        wait_until("partition 0 revoked", lambda: pump() or 0 not in held.started_from)
+        consumer.subscribe([budget.topic], on_assign=held.on_assign, on_revoke=held.on_revoke)
+        wait_until("partition 0 assigned again at 30", lambda: pump() or held.started_from.get(0) == 30)
+        again = committer.apply(applied_first)  # the batch applied first, committed again
+        assert (again.applied, again.already_applied) == (0, 10)
+        assert budget.db_offsets() == {0: 30}, "the stored offset moved backwards"
+        assert held.started_from[0] == 30
+        more = [record(aggregate("ad-000001", minute, 10 + minute, 1), 0) for minute in range(30, 35)]
+        budget.copy(more, chunks=1)
+        wait_until("the new records read", lambda: pump() or len(read) == 35)
+        committer.apply(read[30:])
+    finally:
+        consumer.close()
+        service.engine.dispose()
+    assert budget.db_offsets() == {0: read[-1].offset() + 1} and read[-1].offset() > 30  # past the marker at 30
+    expected = independent_spend(as_kafka(records + more))
+    assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
+    assert budget.query("SELECT count(*) FROM budget_ledger") == [(35,)]
+    assert budget_verify.check(budget.settings)["ok"]

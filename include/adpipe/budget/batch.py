@@ -47,7 +47,9 @@ transaction; nothing is committed here.
           compare-and-set: an UPDATE of the value Step 1 saw, or for a
           partition with no row yet an insert that must not meet one. If
           another instance created the row meanwhile, :class:`StaleOffsets`
-          aborts the whole transaction.
+          aborts the whole transaction. An offset never moves backwards: a
+          batch applied already (held through a revoke and a re-assignment,
+          e.g. while an outage was waited out) keeps the stored offset.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ def _claim_partitions(
                 result.already_applied += 1
             else:
                 usable.append(msg)
-        result.next_offsets[p] = by_partition[p][-1].offset() + 1
+        # Never backwards: records below the stored offset were applied already.
+        result.next_offsets[p] = max(by_partition[p][-1].offset() + 1, start)
     return usable
 
 
@@ -480,18 +483,24 @@ def _store_next_offsets(
     conn: Connection, group: str, topic: str, next_offsets: dict[int, int], started_from: dict[int, int | None]
 ) -> None:
     """Step 6: the partitions' next offsets, in the same transaction as the
-    ledger rows they cover, as a compare-and-set on what Step 1 saw."""
+    ledger rows they cover, as a compare-and-set on what Step 1 saw; never
+    below it."""
     first_rows = [p for p in sorted(next_offsets) if started_from.get(p) is None]
     for p in sorted(next_offsets):
         if p in first_rows:
             continue
+        stored = started_from[p]
+        assert stored is not None
+        if next_offsets[p] < stored:  # applied already: the stored offset stays
+            next_offsets[p] = stored
         updated = conn.execute(
             sa.update(db.offsets)
             .where(
                 db.offsets.c.group_id == group,
                 db.offsets.c.topic == topic,
                 db.offsets.c.kafka_partition == p,
-                db.offsets.c.next_offset == started_from[p],
+                db.offsets.c.next_offset == stored,
+                db.offsets.c.next_offset <= next_offsets[p],
             )
             .values(next_offset=next_offsets[p], updated_at=sa.func.now())
         ).rowcount

@@ -1,7 +1,7 @@
 """Revisions of a window in the budget: the plan (charged, superseded,
 conflict), the charge of a revision, and one batch's SQL on SQLite with
-revisions and a window an earlier version charged. Expected amounts are
-written out by hand."""
+revisions and a window an earlier version charged; offsets that never move
+backwards. Expected amounts are written out by hand."""
 
 from __future__ import annotations
 
@@ -255,6 +255,21 @@ def test_revision_1_of_a_window_an_earlier_version_charged(sqlite_budget) -> Non
     assert (replay.applied, replay.duplicates) == (0, 1)
     assert [row[:2] + row[4:] for row in _ledger(engine)] == [(None, None, 1_200_000), (1, 0, 20_000)]
     assert _spend(engine) == 1_220_000
+
+
+def test_stored_offsets_never_move_backwards(sqlite_budget) -> None:
+    settings, engine = sqlite_budget
+    batch_1 = [message(i, 0, 10, 0, f"2026-11-22T12:0{i}:00Z") for i in range(3)]
+    batch_2 = [message(i, 0, 10, 0, f"2026-11-22T12:0{i}:00Z") for i in range(3, 6)]
+    with engine.begin() as conn:
+        apply_batch(conn, settings, "aggs", batch_1, {})
+    with engine.begin() as conn:
+        apply_batch(conn, settings, "aggs", batch_2, {0: 3})
+    with engine.begin() as conn:  # batch 1 again, positioned at the stored 6 (a re-assignment)
+        again = apply_batch(conn, settings, "aggs", batch_1, {0: 6})
+    assert (again.applied, again.already_applied, again.next_offsets) == (0, 3, {0: 6})
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(db.offsets.c.next_offset)).scalar_one() == 6
 
 
 def test_schema_upgrade_adds_the_windows_and_the_ledger_revision_columns(tmp_path: Path) -> None:
