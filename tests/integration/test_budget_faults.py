@@ -9,6 +9,7 @@ wrote (``independent_spend`` of helpers.py), never with the service's code."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -47,12 +48,16 @@ BIGINT_MAX = 2**63 - 1
 OUTAGE_S = 30  # how long PostgreSQL stays down under load (issue 13)
 
 
-def aggregate(ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, **over: object) -> dict:
+def aggregate(
+    ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, hour: int = 10, **over: object
+) -> dict:
+    """A revision 0 (no ``revision`` field) of (ad, minute of the hour) of
+    2026-11-22: one record per window, as the contract has it."""
     body = {
         "record_uuid": str(uuid.uuid4()),
         "ad_id": ad,
-        "window_start": f"2026-11-22T10:{minute:02d}:00Z",
-        "window_end": f"2026-11-22T10:{minute + 1:02d}:00Z",
+        "window_start": f"2026-11-22T{hour:02d}:{minute:02d}:00Z",
+        "window_end": f"2026-11-22T{hour:02d}:{minute + 1:02d}:00Z",
         "impressions": impressions,
         "clicks": clicks,
     }
@@ -65,8 +70,13 @@ def record(body: dict | bytes, partition: int = 0) -> SourceRecord:
     return SourceRecord(partition, b"k", value)
 
 
+_HOURS = itertools.cycle(range(24))
+
+
 def normal_records(n: int, ads: int = 12) -> list[SourceRecord]:
-    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5), i % 4) for i in range(n)]
+    """``n`` windows (n below 50 x ads), an hour of their own per call."""
+    hour = next(_HOURS)
+    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5, hour), i % 4) for i in range(n)]
 
 
 def as_kafka(records: list[SourceRecord]) -> list[kafka_io.Record]:
@@ -185,8 +195,9 @@ class SteadyProducer:
         producer.init_transactions(30)
         i = 0
         while not self.stop.is_set():
-            chunk = [
-                record(aggregate(f"ad-{(i + j) % 9:06d}", (i + j) % 50, 10 + j, j % 3), (i + j) % 4) for j in range(5)
+            chunk = [  # the k-th record: ad k mod 9, a window of its own
+                record(aggregate(f"ad-{k % 9:06d}", (k // 9) % 50, 10 + j, j % 3, (k // 450) % 24), k % 4)
+                for j, k in enumerate(range(i, i + 5))
             ]
             producer.begin_transaction()
             for rec in chunk:
