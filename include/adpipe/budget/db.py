@@ -26,7 +26,7 @@ embedded fallback for one instance. Every table is prefixed ``budget_``:
 ``budget_quarantine``  aggregates not charged, with the kind and the reason (the service goes on):
                        ``malformed`` (not an aggregate of the contract, or beyond what the columns hold),
                        ``rejected`` (the database refused it), ``conflict`` (a record_uuid seen again
-                       with other counts)
+                       with other counts, or a revision with fewer events than the one charged)
 ``budget_gaps``        offsets of the aggregates topic that retention deleted before they were charged
 ``budget_ledger_pruned`` per (ad_id, period), the sums of ledger rows removed by ``budget prune``
 
