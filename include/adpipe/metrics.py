@@ -239,6 +239,8 @@ class BudgetBatch(Protocol):
     malformed: int
     rejected: int
     conflicts: int
+    superseded: int
+    revised: int
     spend_added_micros: int
 
     @property
@@ -268,6 +270,16 @@ class BudgetMetrics:
         )
         self.already_applied = Counter(
             "adpipe_budget_already_applied", "Records below the database offset (read again): skipped", registry=r
+        )
+        self.superseded = Counter(
+            "adpipe_budget_superseded",
+            "Aggregates skipped: their window's revision charged is at or above theirs (a replay, an older revision)",
+            registry=r,
+        )
+        self.revised = Counter(
+            "adpipe_budget_revised",
+            "Aggregates charged as a revision: the difference from their window's revision charged before",
+            registry=r,
         )
         self.quarantined = Counter(
             "adpipe_budget_quarantined", "Aggregates quarantined, by reason", ["reason"], registry=r
@@ -311,6 +323,8 @@ class BudgetMetrics:
         self.applied.inc(result.applied)
         self.duplicates.inc(result.duplicates)
         self.already_applied.inc(result.already_applied)
+        self.superseded.inc(result.superseded)
+        self.revised.inc(result.revised)
         for reason, n in (("malformed", result.malformed), ("rejected", result.rejected),
                           ("conflict", result.conflicts)):
             self.quarantined.labels(reason).inc(n)

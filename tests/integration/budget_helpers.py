@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -53,26 +55,130 @@ def _price(ad: str) -> tuple[Decimal, Decimal, Decimal]:
     return BY_AD.get(ad, DEFAULT)
 
 
-def independent_spend(records: list[kafka_io.Record]) -> dict[tuple[str, str], Decimal]:
-    """Spend per (ad, day) from read_committed records: first copy of each
-    record_uuid, malformed ones ignored, Decimal rounded per record."""
+def _taken_revisions(records: list[kafka_io.Record]) -> dict[tuple[str, str], tuple[int, int, int, str]]:
+    """Per window (ad_id, window_start), the revision the budget must end
+    with: records in read order, the first copy of each record_uuid only,
+    malformed ones ignored (no revision: 0); a window takes a record whose
+    revision is above the one it took and whose counts are not below it.
+    Returns (revision, impressions, clicks, record_uuid) per window."""
     seen: set[str] = set()
-    spend: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    taken: dict[tuple[str, str], tuple[int, int, int, str]] = {}
     for rec in records:
         try:
             body = json.loads(rec.value)
             impressions, clicks = body["impressions"], body["clicks"]
-            assert isinstance(impressions, int) and isinstance(clicks, int) and impressions >= 0 and clicks >= 0
+            revision = body.get("revision") or 0
+            for n in (impressions, clicks, revision):
+                assert isinstance(n, int) and not isinstance(n, bool) and n >= 0
         except (ValueError, KeyError, TypeError, AssertionError):
             continue
         if body["record_uuid"] in seen:
             continue
         seen.add(body["record_uuid"])
-        cpm, cpc, _budget = _price(body["ad_id"])
-        charge = (impressions * cpm / 1000).quantize(MICRO, rounding=ROUND_HALF_EVEN) + clicks * cpc
         assert body["window_start"].endswith("Z")
-        spend[(body["ad_id"], body["window_start"][:10])] += charge
+        key = (body["ad_id"], body["window_start"])
+        before = taken.get(key)
+        if before is None or (revision > before[0] and impressions >= before[1] and clicks >= before[2]):
+            taken[key] = (revision, impressions, clicks, body["record_uuid"])
+    return taken
+
+
+def price_of(ad: str, impressions: int, clicks: int) -> Decimal:
+    """One aggregate's price: impressions x CPM / 1000 rounded half-to-even
+    to the micro-unit, plus clicks x CPC."""
+    cpm, cpc, _budget = _price(ad)
+    return (impressions * cpm / 1000).quantize(MICRO, rounding=ROUND_HALF_EVEN) + clicks * cpc
+
+
+def independent_spend(records: list[kafka_io.Record]) -> dict[tuple[str, str], Decimal]:
+    """Spend per (ad, day) from read_committed records: per window, the
+    price of the revision it ends with (:func:`_taken_revisions`), Decimal
+    rounded once per window."""
+    spend: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for (ad, window_start), (_revision, impressions, clicks, _uuid) in _taken_revisions(records).items():
+        spend[(ad, window_start[:10])] += price_of(ad, impressions, clicks)
     return dict(spend)
+
+
+# ------------------------------------------------------------------ revisions
+
+REVISION_NAMESPACE = uuid.UUID("0b7d3a52-41f6-4c36-9d3c-5a2e71f0c8aa")
+History = list[tuple[int, int, int]]  # a window's emissions: (revision, impressions, clicks), growing
+
+
+def window_histories(
+    seed: int, ads: int, minutes: int, max_revision: int, hour: str = "2026-11-22T10"
+) -> dict[tuple[str, str], History]:
+    """Windows of ``ads`` ads (ad-000001, ...) over ``minutes`` minutes, each
+    with revision 0 (5-30 impressions, no click) and 0 to ``max_revision``
+    later revisions, each adding 20-120 impressions and 0-2 clicks: the full
+    counts of each emission, as the stream job writes them."""
+    rng = random.Random(seed)
+    histories: dict[tuple[str, str], History] = {}
+    for a in range(1, ads + 1):
+        for minute in range(minutes):
+            impressions, clicks = rng.randint(5, 30), 0
+            history = [(0, impressions, clicks)]
+            for revision in range(1, rng.randint(0, max_revision) + 1):
+                impressions += rng.randint(20, 120)
+                clicks += rng.randint(0, 2)
+                history.append((revision, impressions, clicks))
+            histories[(f"ad-{a:06d}", f"{hour}:{minute:02d}:00Z")] = history
+    return histories
+
+
+def revision_uuid(ad: str, window_start: str, revision: int) -> str:
+    name = f"{ad}|{window_start}"
+    return str(uuid.uuid5(REVISION_NAMESPACE, name if revision == 0 else f"{name}|r{revision}"))
+
+
+def revision_record(
+    ad: str, window_start: str, revision: int, impressions: int, clicks: int, record_uuid: str | None = None
+) -> SourceRecord:
+    """One emission of a window, keyed and partitioned by its ad (4
+    partitions); a revision 0 of an odd minute without the field, as
+    records of earlier versions are."""
+    start = datetime.fromisoformat(window_start.replace("Z", "+00:00"))
+    body = {
+        "record_uuid": record_uuid or revision_uuid(ad, window_start, revision),
+        "ad_id": ad,
+        "window_start": window_start,
+        "window_end": (start + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "impressions": impressions,
+        "clicks": clicks,
+    }
+    if revision or start.minute % 2 == 0:
+        body["revision"] = revision
+    return SourceRecord(int(ad[-6:]) % 4, ad.encode(), json.dumps(body).encode())
+
+
+def revision_records(histories: dict[tuple[str, str], History], revisions: range) -> list[SourceRecord]:
+    """The emissions of ``revisions``, revision by revision (so a window's
+    revisions are in order in its partition), windows in key order."""
+    return [
+        revision_record(ad, window_start, revision, impressions, clicks)
+        for wanted in revisions
+        for (ad, window_start), history in sorted(histories.items())
+        for revision, impressions, clicks in history
+        if revision == wanted
+    ]
+
+
+def expected_ledger(
+    histories: dict[tuple[str, str], History], charged: set[tuple[str, str, int]]
+) -> dict[str, Decimal]:
+    """The charge of each revision in ``charged`` ((ad, window_start,
+    revision)), by record_uuid: its price less the price of the window's
+    revision charged before it (none: 0)."""
+    out = {}
+    for (ad, window_start), history in histories.items():
+        base = Decimal(0)
+        for revision, impressions, clicks in history:
+            if (ad, window_start, revision) in charged:
+                price = price_of(ad, impressions, clicks)
+                out[revision_uuid(ad, window_start, revision)] = price - base
+                base = price
+    return out
 
 
 def expected_pauses(spend: dict[tuple[str, str], Decimal]) -> set[tuple[str, str]]:
@@ -206,6 +312,10 @@ class BudgetEnv:
             (a, p): Decimal(micros).scaleb(-6)
             for a, p, micros in self.query("SELECT ad_id, period, spend_micros FROM budget_spend")
         }
+
+    def ledger(self) -> dict[str, Decimal]:
+        """Each ledger row's charge, by record_uuid."""
+        return {u: Decimal(m).scaleb(-6) for u, m in self.query("SELECT record_uuid, spend_micros FROM budget_ledger")}
 
     def db_offsets(self) -> dict[int, int]:
         return dict(self.query("SELECT kafka_partition, next_offset FROM budget_offsets"))

@@ -9,6 +9,7 @@ wrote (``independent_spend`` of helpers.py), never with the service's code."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -47,12 +48,16 @@ BIGINT_MAX = 2**63 - 1
 OUTAGE_S = 30  # how long PostgreSQL stays down under load (issue 13)
 
 
-def aggregate(ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, **over: object) -> dict:
+def aggregate(
+    ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, hour: int = 10, **over: object
+) -> dict:
+    """A revision 0 (no ``revision`` field) of (ad, minute of the hour) of
+    2026-11-22: one record per window, as the contract has it."""
     body = {
         "record_uuid": str(uuid.uuid4()),
         "ad_id": ad,
-        "window_start": f"2026-11-22T10:{minute:02d}:00Z",
-        "window_end": f"2026-11-22T10:{minute + 1:02d}:00Z",
+        "window_start": f"2026-11-22T{hour:02d}:{minute:02d}:00Z",
+        "window_end": f"2026-11-22T{hour:02d}:{minute + 1:02d}:00Z",
         "impressions": impressions,
         "clicks": clicks,
     }
@@ -65,8 +70,13 @@ def record(body: dict | bytes, partition: int = 0) -> SourceRecord:
     return SourceRecord(partition, b"k", value)
 
 
+_HOURS = itertools.cycle(range(24))
+
+
 def normal_records(n: int, ads: int = 12) -> list[SourceRecord]:
-    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5), i % 4) for i in range(n)]
+    """``n`` windows (n below 50 x ads), an hour of their own per call."""
+    hour = next(_HOURS)
+    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5, hour), i % 4) for i in range(n)]
 
 
 def as_kafka(records: list[SourceRecord]) -> list[kafka_io.Record]:
@@ -185,8 +195,9 @@ class SteadyProducer:
         producer.init_transactions(30)
         i = 0
         while not self.stop.is_set():
-            chunk = [
-                record(aggregate(f"ad-{(i + j) % 9:06d}", (i + j) % 50, 10 + j, j % 3), (i + j) % 4) for j in range(5)
+            chunk = [  # the k-th record: ad k mod 9, a window of its own
+                record(aggregate(f"ad-{k % 9:06d}", (k // 9) % 50, 10 + j, j % 3, (k // 450) % 24), k % 4)
+                for j, k in enumerate(range(i, i + 5))
             ]
             producer.begin_transaction()
             for rec in chunk:
@@ -486,3 +497,54 @@ def test_two_first_writers_of_a_partition_without_offsets_row(budget: BudgetEnv)
     assert outcome == {"refused": [0]}, outcome
     assert budget.db_offsets() == {0: 3}
     assert budget.query("SELECT count(*), sum(clicks) FROM budget_ledger") == [(3, 9)]  # 3 records of 3 clicks
+
+
+def test_a_batch_applied_again_after_a_revoke_and_reassignment_never_moves_the_offset_back(budget: BudgetEnv) -> None:
+    """A batch held through a revoke and a re-assignment of its partition (the
+    service holds one while it waits out a database outage: its polls run
+    the rebalance callbacks) and committed again after the partition's offset
+    moved past it: the stored offset stays. The real consumer group and the
+    real database; the service's own assignment and commit objects."""
+    records = [record(aggregate("ad-000001", minute, 10 + minute, minute % 2), 0) for minute in range(30)]
+    budget.copy(records, chunks=1)
+    service = BudgetService(budget.settings)
+    schema.ensure_schema(service.engine, budget.settings)
+    held, committer = service.assignment, service.committer
+    service._configure_group()
+    held.consumer = consumer = service._consumer()
+    read: list = []
+
+    def pump() -> None:
+        for m in consumer.consume(50, 0.2):
+            if m.error() is None and m.partition() in held.started_from:
+                read.append(m)
+
+    try:
+        consumer.subscribe([budget.topic], on_assign=held.on_assign, on_revoke=held.on_revoke)
+        wait_until("partition 0 read", lambda: pump() or len(read) == 30)
+        applied_first = read[:10]
+        committer.apply(applied_first)
+        assert budget.db_offsets() == {0: 10}
+        committer.apply(read[10:])
+        assert budget.db_offsets() == {0: 30}
+        # A real revoke and re-assignment by the group: the member leaves and joins again.
+        consumer.unsubscribe()
+        wait_until("partition 0 revoked", lambda: pump() or 0 not in held.started_from)
+        consumer.subscribe([budget.topic], on_assign=held.on_assign, on_revoke=held.on_revoke)
+        wait_until("partition 0 assigned again at 30", lambda: pump() or held.started_from.get(0) == 30)
+        again = committer.apply(applied_first)  # the batch applied first, committed again
+        assert (again.applied, again.already_applied) == (0, 10)
+        assert budget.db_offsets() == {0: 30}, "the stored offset moved backwards"
+        assert held.started_from[0] == 30
+        more = [record(aggregate("ad-000001", minute, 10 + minute, 1), 0) for minute in range(30, 35)]
+        budget.copy(more, chunks=1)
+        wait_until("the new records read", lambda: pump() or len(read) == 35)
+        committer.apply(read[30:])
+    finally:
+        consumer.close()
+        service.engine.dispose()
+    assert budget.db_offsets() == {0: read[-1].offset() + 1} and read[-1].offset() > 30  # past the marker at 30
+    expected = independent_spend(as_kafka(records + more))
+    assert {k: v for k, v in budget.spend().items() if v} == {k: v for k, v in expected.items() if v}
+    assert budget.query("SELECT count(*) FROM budget_ledger") == [(35,)]
+    assert budget_verify.check(budget.settings)["ok"]

@@ -11,6 +11,8 @@ database, and a budget event when an ad reaches its budget.
   totals.
 * :mod:`~adpipe.budget.batch` - the database side of one batch: offsets,
   quarantine, ledger, spend, pauses (Steps 1-6).
+* :mod:`~adpipe.budget.revisions` - a window's revisions: which are
+  charged, against which base (``budget_windows``).
 * :mod:`~adpipe.budget.status` - pause states and their transitions.
 * :mod:`~adpipe.budget.events` - publishing the budget-event outbox (its
   thread and rounds); :mod:`~adpipe.budget.outbox` its database side,

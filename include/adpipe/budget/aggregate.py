@@ -31,6 +31,10 @@ class Aggregate:
     window_start: str
     impressions: int
     clicks: int
+    # 0 for a window's first emission (and for a record without the field);
+    # a later emission of the same window, with its full corrected counts,
+    # is one higher.
+    revision: int = 0
 
     def counts(self) -> tuple[str, str, int, int]:
         """What must match when a record_uuid is seen again."""
@@ -42,8 +46,10 @@ class BadAggregate(ValueError):
     the budget database."""
 
 
-def _count(body: dict, name: str) -> int:
+def _count(body: dict, name: str, default: int | None = None) -> int:
     value = body.get(name)
+    if value is None and default is not None:
+        return default
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise BadAggregate(f"{name} must be a non-negative integer, got {str(value)[:40]!r}")
     if value > BIGINT_MAX:
@@ -94,9 +100,14 @@ def parse_aggregate(value: bytes | None) -> Aggregate:
         _zoned(window_start)
     except (ValueError, OverflowError) as exc:  # OverflowError: year 1 in a zone east of UTC
         raise BadAggregate(f"window_start {window_start!r} is not an ISO-8601 time with a zone") from exc
-    return Aggregate(record_uuid, ad_id, window_start, _count(body, "impressions"), _count(body, "clicks"))
-
-
+    return Aggregate(
+        record_uuid,
+        ad_id,
+        window_start,
+        _count(body, "impressions"),
+        _count(body, "clicks"),
+        _count(body, "revision", default=0),
+    )
 
 
 def _zoned(text: str) -> None:

@@ -18,12 +18,28 @@ transaction; nothing is committed here.
           as ``malformed`` with the reason, and its offset is consumed. So do
           records the caller names as ``rejected`` (the database refused them
           alone: see the batch splitting of :mod:`adpipe.budget.commit`).
-  Step 3. Insert the ledger rows, insert-only by ``record_uuid``
-          (``ON CONFLICT DO NOTHING RETURNING``): a record_uuid seen before, in
-          this batch or any earlier one, with the same counts is a duplicate
-          and a no-op; with other counts it is quarantined as a ``conflict``
-          (the first copy stays charged). The charge of each new row is
-          priced now and stored with it.
+  Step 3. Charge each window's revisions (:mod:`adpipe.budget.revisions`):
+          (a) dedupe in the batch by ``record_uuid``: a second copy with the
+          same counts is a duplicate, with other counts a ``conflict``
+          (quarantined; the first copy goes on);
+          (b) lock the batch's windows' rows of ``budget_windows`` (FOR
+          UPDATE, in key order): each window's base, the revision charged
+          last; a window with no row yet has what an earlier version charged
+          of it (its ledger rows without a revision) or nothing;
+          (c) in a savepoint: plan each window's records in revision order
+          (above the base and no count below it: charged, the difference
+          from the base priced now and stored with the ledger row; at or
+          below the base: not charged), create the rows of new windows
+          (insert-only), insert the ledger rows (insert-only by
+          ``record_uuid``) and set the windows' new bases. A window another
+          instance created since (b), or a ledger row another one inserted
+          (a copy of the record_uuid in another partition), rolls the
+          savepoint back and plans again with what they wrote;
+          (d) records not charged: a record_uuid in the ledger with the same
+          counts is a duplicate, with other counts a ``conflict``; one not in
+          the ledger is an older revision than its window's (superseded:
+          counted, logged); a revision with fewer events than its base is a
+          ``conflict``. Conflicts are quarantined.
   Step 4. Add the new rows' charges to ``budget_spend`` per (ad, period).
   Step 5. Pause each (ad, period) whose new spend reached its budget
           (``status.settle_charged``: a status transition and its outbox row).
@@ -31,7 +47,9 @@ transaction; nothing is committed here.
           compare-and-set: an UPDATE of the value Step 1 saw, or for a
           partition with no row yet an insert that must not meet one. If
           another instance created the row meanwhile, :class:`StaleOffsets`
-          aborts the whole transaction.
+          aborts the whole transaction. An offset never moves backwards: a
+          batch applied already (held through a revoke and a re-assignment,
+          e.g. while an outage was waited out) keeps the stored offset.
 """
 
 from __future__ import annotations
@@ -45,7 +63,7 @@ import sqlalchemy as sa
 from confluent_kafka import Message
 from sqlalchemy.engine import Connection
 
-from adpipe.budget import db, pricing, status, writes
+from adpipe.budget import db, pricing, revisions, status, writes
 from adpipe.budget.aggregate import Aggregate, BadAggregate, parse_aggregate
 from adpipe.budget.money import Price, charge_micros, period_of
 from adpipe.settings import Settings
@@ -65,6 +83,12 @@ class StaleOffsets(RuntimeError):
         self.partitions = partitions
 
 
+COUNTED = (
+    "records", "applied", "duplicates", "already_applied", "malformed", "rejected", "conflicts", "superseded",
+    "revised",
+)
+
+
 @dataclass
 class BatchResult:
     records: int = 0
@@ -74,6 +98,8 @@ class BatchResult:
     malformed: int = 0
     rejected: int = 0
     conflicts: int = 0
+    superseded: int = 0  # not charged: their window's revision charged is at or above theirs
+    revised: int = 0  # charged against a revision of their window charged before (a difference)
     stale_partitions: dict[int, int | None] = field(default_factory=dict)
     spend_added_micros: int = 0
     transitions: list[status.Transition] = field(default_factory=list)
@@ -90,7 +116,7 @@ class BatchResult:
     def merge(self, other: BatchResult) -> BatchResult:
         """This batch's result followed by ``other``'s (a split batch)."""
         merged = BatchResult()
-        for name in ("records", "applied", "duplicates", "already_applied", "malformed", "rejected", "conflicts"):
+        for name in COUNTED:
             setattr(merged, name, getattr(self, name) + getattr(other, name))
         merged.spend_added_micros = self.spend_added_micros + other.spend_added_micros
         merged.transitions = self.transitions + other.transitions
@@ -128,9 +154,9 @@ def apply_batch(
     # Step 2
     parsed = _parse_or_quarantine(conn, group, topic, usable, rejected or {}, result)
     # Step 3
-    rows, inserted, prices = _insert_ledger(conn, settings, group, topic, parsed, result)
+    rows, prices = _charge(conn, settings, group, topic, parsed, result)
     # Step 4
-    new_spend, crossing_record = _add_spend(conn, rows, inserted, result)
+    new_spend, crossing_record = _add_spend(conn, rows, result)
     # Step 5
     result.transitions = status.settle_charged(
         conn, new_spend, {ad: price.budget_micros for ad, price in prices.items()}, crossing_record
@@ -173,7 +199,8 @@ def _claim_partitions(
                 result.already_applied += 1
             else:
                 usable.append(msg)
-        result.next_offsets[p] = by_partition[p][-1].offset() + 1
+        # Never backwards: records below the stored offset were applied already.
+        result.next_offsets[p] = max(by_partition[p][-1].offset() + 1, start)
     return usable
 
 
@@ -253,17 +280,17 @@ def _conflict_reason(agg: Aggregate, first: tuple, where: str) -> str:
     )
 
 
-def _insert_ledger(
+def _charge(
     conn: Connection,
     settings: Settings,
     group: str,
     topic: str,
     parsed: list[tuple[Aggregate, Message]],
     result: BatchResult,
-) -> tuple[list[dict], set[str], dict[str, Price]]:
-    """Step 3: dedupe in the batch first, then insert-only on the key.
-    Returns the priced ledger rows, the record_uuids actually inserted and
+) -> tuple[list[dict], dict[str, Price]]:
+    """Step 3 (a-d of the module doc). Returns the ledger rows inserted and
     the prices (Step 5 needs the budgets)."""
+    # Step 3a
     firsts: dict[str, tuple[Aggregate, Message]] = {}
     bad: list[dict] = []
     for agg, msg in parsed:
@@ -279,77 +306,169 @@ def _insert_ledger(
                     group, topic, msg, "conflict", _conflict_reason(agg, first[0].counts(), where), agg.record_uuid
                 )
             )
-    prices = pricing.resolve_prices(conn, (agg.ad_id for agg, _ in firsts.values())) if firsts else {}
-    rows = []
-    for record_uuid in sorted(firsts):
-        agg, msg = firsts[record_uuid]
-        price = prices[agg.ad_id]
-        try:
-            charge = charge_micros(agg, price)
-        except BadAggregate as exc:
-            bad.append(quarantine_row(group, topic, msg, "malformed", str(exc), record_uuid))
+    if not firsts:
+        _quarantine(conn, topic, bad, result)
+        return [], {}
+    prices = pricing.resolve_prices(conn, {agg.ad_id for agg, _ in firsts.values()})
+    # Step 3b
+    keys = sorted({revisions.window_key(agg) for agg, _ in firsts.values()})
+    states = revisions.lock_windows(conn, topic, keys)
+    missing = {k for k in keys if k not in states}
+    states.update(revisions.charged_before_revisions(conn, topic, sorted(missing)))
+    # Step 3c
+    left_out: set[str] = set()  # record_uuids the ledger already holds (a copy charged meanwhile)
+    while True:
+        plan = revisions.plan_revisions(states, (am for u, am in firsts.items() if u not in left_out))
+        rows: list[dict] = []
+        unpriceable = []
+        for agg, msg, base in plan.charged:
+            price = prices[agg.ad_id]
+            try:
+                charge = charge_micros(agg, price, base.impressions, base.clicks)
+            except BadAggregate as exc:
+                unpriceable.append((agg, msg, str(exc)))
+                continue
+            rows.append(_ledger_row(settings, topic, agg, msg, base, price, charge))
+        if unpriceable:  # quarantined, and the window's next revision charged against the base before it
+            for agg, msg, why in unpriceable:
+                bad.append(quarantine_row(group, topic, msg, "malformed", why, agg.record_uuid))
+                del firsts[agg.record_uuid]
             continue
-        rows.append(
-            {
-                "record_uuid": record_uuid,
-                "ad_id": agg.ad_id,
-                "window_start": agg.window_start,
-                "period": period_of(agg.window_start, settings.budget_period),
-                "impressions": agg.impressions,
-                "clicks": agg.clicks,
-                "cpm_micros": price.cpm_micros,
-                "cpc_micros": price.cpc_micros,
-                "spend_micros": charge,
-                "kafka_topic": topic,
-                "kafka_partition": msg.partition(),
-                "kafka_offset": msg.offset(),
-            }
+        rows.sort(key=lambda row: row["record_uuid"])
+        savepoint = conn.begin_nested()
+        created = revisions.create_windows(
+            conn, topic, {k: plan.final.get(k, states.get(k, revisions.NOTHING)) for k in missing}
         )
-    inserted: set[str] = writes.insert_new(conn, db.ledger, rows, "record_uuid")
-    result.applied = len(inserted)
-    seen_before = [row["record_uuid"] for row in rows if row["record_uuid"] not in inserted]
-    if seen_before:
-        charged = {
-            r.record_uuid: r
-            for r in conn.execute(
-                sa.select(
-                    db.ledger.c.record_uuid,
-                    db.ledger.c.ad_id,
-                    db.ledger.c.window_start,
-                    db.ledger.c.impressions,
-                    db.ledger.c.clicks,
-                    db.ledger.c.kafka_topic,
-                    db.ledger.c.kafka_partition,
-                    db.ledger.c.kafka_offset,
-                ).where(db.ledger.c.record_uuid.in_(seen_before))
-            )
-        }
-        for record_uuid in seen_before:
-            agg, msg = firsts[record_uuid]
-            old = charged[record_uuid]
-            if (old.ad_id, old.window_start, old.impressions, old.clicks) == agg.counts():
-                result.duplicates += 1
-            else:
-                where = f"{old.kafka_topic}/{old.kafka_partition}/{old.kafka_offset}"
-                reason = _conflict_reason(agg, (old.ad_id, old.window_start, old.impressions, old.clicks), where)
-                bad.append(quarantine_row(group, topic, msg, "conflict", reason, record_uuid))
+        raced = missing - created
+        if raced:  # another instance met these windows first: theirs are the bases
+            savepoint.rollback()
+            missing -= raced
+            states.update(revisions.lock_windows(conn, topic, sorted(raced)))
+            continue
+        inserted = writes.insert_new(conn, db.ledger, rows, "record_uuid")
+        if len(inserted) < len(rows):  # a copy of these record_uuids was charged meanwhile
+            savepoint.rollback()
+            left_out |= {row["record_uuid"] for row in rows} - inserted
+            continue
+        revisions.update_windows(conn, topic, {k: st for k, st in plan.final.items() if k not in missing})
+        savepoint.commit()
+        break
+    result.applied = len(rows)
+    result.revised = sum(1 for row in rows if row["base_revision"] is not None)
+    # Step 3d
+    for agg, msg, base in plan.lower:
+        bad.append(
+            quarantine_row(group, topic, msg, "conflict", revisions.lower_counts_reason(agg, base), agg.record_uuid)
+        )
+    not_charged = {agg.record_uuid: (agg, msg, base) for agg, msg, base in plan.superseded}
+    not_charged.update({u: (*firsts[u], revisions.NOTHING) for u in left_out})
+    bad.extend(_not_charged_again(conn, group, topic, not_charged, result))
     _quarantine(conn, topic, bad, result)
-    return rows, inserted, prices
+    return rows, prices
+
+
+def _ledger_row(
+    settings: Settings,
+    topic: str,
+    agg: Aggregate,
+    msg: Message,
+    base: revisions.WindowState,
+    price: Price,
+    charge: int,
+) -> dict:
+    return {
+        "record_uuid": agg.record_uuid,
+        "ad_id": agg.ad_id,
+        "window_start": agg.window_start,
+        "period": period_of(agg.window_start, settings.budget_period),
+        "impressions": agg.impressions,
+        "clicks": agg.clicks,
+        "cpm_micros": price.cpm_micros,
+        "cpc_micros": price.cpc_micros,
+        "spend_micros": charge,
+        "kafka_topic": topic,
+        "kafka_partition": msg.partition(),
+        "kafka_offset": msg.offset(),
+        "revision": agg.revision,
+        "base_revision": base.revision,
+        "base_impressions": base.impressions,
+        "base_clicks": base.clicks,
+    }
+
+
+def _not_charged_again(
+    conn: Connection,
+    group: str,
+    topic: str,
+    records: dict[str, tuple[Aggregate, Message, revisions.WindowState]],
+    result: BatchResult,
+) -> list[dict]:
+    """Step 3d: records not charged because their window's base is at or
+    above their revision, or the ledger has their record_uuid: a record_uuid
+    charged before with the same counts is a duplicate, with other counts a
+    conflict (quarantine rows returned); one never charged is an older
+    revision than the one charged (superseded)."""
+    if not records:
+        return []
+    charged = {
+        r.record_uuid: r
+        for r in conn.execute(
+            sa.select(
+                db.ledger.c.record_uuid,
+                db.ledger.c.ad_id,
+                db.ledger.c.window_start,
+                db.ledger.c.impressions,
+                db.ledger.c.clicks,
+                db.ledger.c.kafka_topic,
+                db.ledger.c.kafka_partition,
+                db.ledger.c.kafka_offset,
+            ).where(writes.key_in(conn, db.ledger.c.record_uuid, sorted(records)))
+        )
+    }
+    bad = []
+    superseded = []
+    for record_uuid in sorted(records):
+        agg, msg, base = records[record_uuid]
+        old = charged.get(record_uuid)
+        if old is None:
+            superseded.append((agg, msg, base))
+        elif (old.ad_id, old.window_start, old.impressions, old.clicks) == agg.counts():
+            result.duplicates += 1
+        else:
+            where = f"{old.kafka_topic}/{old.kafka_partition}/{old.kafka_offset}"
+            reason = _conflict_reason(agg, (old.ad_id, old.window_start, old.impressions, old.clicks), where)
+            bad.append(quarantine_row(group, topic, msg, "conflict", reason, record_uuid))
+    result.superseded += len(superseded)
+    if superseded:
+        agg, msg, base = superseded[0]
+        log.info(
+            "%d records not charged: their window's revision charged is at or above theirs (a replay, or an older "
+            "revision read after a newer one); e.g. %s/%d/%d revision %d of ad_id=%s window_start=%s, revision %s "
+            "charged",
+            len(superseded),
+            topic,
+            msg.partition(),
+            msg.offset(),
+            agg.revision,
+            agg.ad_id,
+            agg.window_start,
+            base.revision,
+        )
+    return bad
 
 
 def _add_spend(
-    conn: Connection, rows: list[dict], inserted: set[str], result: BatchResult
+    conn: Connection, rows: list[dict], result: BatchResult
 ) -> tuple[dict[SpendKey, int], dict[SpendKey, dict]]:
     """Step 4: returns the new spend per (ad, period) touched, and per key the
     last inserted ledger row (the record that made the spend reach a budget)."""
     delta: dict[SpendKey, list[int]] = defaultdict(lambda: [0, 0])
     crossing_record: dict[SpendKey, dict] = {}
     for row in rows:
-        if row["record_uuid"] in inserted:
-            key = (row["ad_id"], row["period"])
-            delta[key][0] += row["spend_micros"]
-            delta[key][1] += 1
-            crossing_record[key] = row
+        key = (row["ad_id"], row["period"])
+        delta[key][0] += row["spend_micros"]
+        delta[key][1] += 1
+        crossing_record[key] = row
     new_spend: dict[SpendKey, int] = {}
     if delta:
         values = [
@@ -364,18 +483,24 @@ def _store_next_offsets(
     conn: Connection, group: str, topic: str, next_offsets: dict[int, int], started_from: dict[int, int | None]
 ) -> None:
     """Step 6: the partitions' next offsets, in the same transaction as the
-    ledger rows they cover, as a compare-and-set on what Step 1 saw."""
+    ledger rows they cover, as a compare-and-set on what Step 1 saw; never
+    below it."""
     first_rows = [p for p in sorted(next_offsets) if started_from.get(p) is None]
     for p in sorted(next_offsets):
         if p in first_rows:
             continue
+        stored = started_from[p]
+        assert stored is not None
+        if next_offsets[p] < stored:  # applied already: the stored offset stays
+            next_offsets[p] = stored
         updated = conn.execute(
             sa.update(db.offsets)
             .where(
                 db.offsets.c.group_id == group,
                 db.offsets.c.topic == topic,
                 db.offsets.c.kafka_partition == p,
-                db.offsets.c.next_offset == started_from[p],
+                db.offsets.c.next_offset == stored,
+                db.offsets.c.next_offset <= next_offsets[p],
             )
             .values(next_offset=next_offsets[p], updated_at=sa.func.now())
         ).rowcount

@@ -65,7 +65,8 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
     verb = "would prune" if args.dry_run else "pruned"
     print(
         f"{verb} {result.rows} ledger rows applied before {result.cutoff.isoformat()} "
-        f"(spend {format_micros(result.spend_micros)} kept in budget_ledger_pruned)"
+        f"(spend {format_micros(result.spend_micros)} kept in budget_ledger_pruned) and {result.windows} windows "
+        "last charged before it"
     )
     return 0
 
@@ -142,6 +143,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="A ledger row only guards against a repeat of its record_uuid, which can only come from the "
         "aggregates topic: rows applied more than the topic's retention.ms plus ADPIPE_BUDGET_LEDGER_MARGIN_H "
         "(168) hours ago are deleted, their sums kept per ad and period in budget_ledger_pruned (spend is "
-        "unchanged). A topic kept forever keeps its ledger.",
+        "unchanged); so are the windows (each one's last charged revision) last charged before then. A topic "
+        "kept forever keeps its ledger.",
     )
     pr.add_argument("--dry-run", action="store_true", help="count what would go, change nothing")

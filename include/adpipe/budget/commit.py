@@ -3,9 +3,11 @@
 
   Steps 1-6. In one database transaction: claim the partitions' offset rows
           (dropping partitions another instance moved), parse, validate or
-          quarantine, insert-only ledger rows, spend per (ad, period), pause
-          transitions, next offsets by compare-and-set. See
-          :mod:`adpipe.budget.batch` (``apply_batch``) for each step.
+          quarantine, each window's revisions charged against its base
+          (``budget_windows``) as insert-only ledger rows, spend per (ad,
+          period), pause transitions, next offsets by compare-and-set (never
+          backwards). See :mod:`adpipe.budget.batch` (``apply_batch``) for
+          each step.
   Step 7. COMMIT: ledger, spend, pauses and offsets together, or nothing.
   Step 8. Commit the same offsets to Kafka (asynchronously; only for lag
           monitoring: nothing reads them back).
@@ -18,7 +20,8 @@ If the process dies
   - between Steps 7 and 8 (``budget_after_db_commit``): Kafka's offsets are
     behind, but they are never used: the next assignment seeks to the
     database's offsets; a replay from older offsets would anyway only find
-    record_uuids already in the ledger;
+    record_uuids already in the ledger and windows whose charged revision
+    is at or above theirs;
   - between 8 and 9: the transitions wait in the outbox; every instance's
     publisher thread publishes pending rows every few seconds.
 

@@ -10,7 +10,10 @@ embedded fallback for one instance. Every table is prefixed ``budget_``:
                        campaign). Each of cpm, cpc and budget resolves ad -> its campaign -> default;
                        a default budget of NULL means no budget.
 ``budget_ledger``      one row per applied aggregate, keyed by ``record_uuid`` (a repeat is a no-op),
-                       with the prices it was charged at and where it was read
+                       with the prices it was charged at and where it was read; for a revision, the
+                       base it was charged against (its charge is the difference)
+``budget_windows``     per window of an aggregates topic (topic, ad_id, window_start): the last revision
+                       charged and its counts, the base of the window's next revision
 ``budget_spend``       spend per (ad_id, budget period): the sum of the ledger's charges
 ``budget_offsets``     next offset per (consumer group, topic, partition): the consumer's position,
                        committed with the ledger rows it covers
@@ -23,7 +26,7 @@ embedded fallback for one instance. Every table is prefixed ``budget_``:
 ``budget_quarantine``  aggregates not charged, with the kind and the reason (the service goes on):
                        ``malformed`` (not an aggregate of the contract, or beyond what the columns hold),
                        ``rejected`` (the database refused it), ``conflict`` (a record_uuid seen again
-                       with other counts)
+                       with other counts, or a revision with fewer events than the one charged)
 ``budget_gaps``        offsets of the aggregates topic that retention deleted before they were charged
 ``budget_ledger_pruned`` per (ad_id, period), the sums of ledger rows removed by ``budget prune``
 
@@ -91,9 +94,43 @@ ledger = sa.Table(
     sa.Column("kafka_partition", sa.Integer, nullable=False),
     sa.Column("kafka_offset", sa.BigInteger, nullable=False),
     sa.Column("applied_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    # Added with revisions (NULL in rows of earlier versions: a revision 0
+    # charged in full). spend_micros is the charge of this revision's counts
+    # less the charge of the base's (the window's revision charged before;
+    # NULL base_revision: none, base counts 0), both at this row's prices.
+    sa.Column("revision", sa.BigInteger),
+    sa.Column("base_revision", sa.BigInteger),
+    sa.Column("base_impressions", sa.BigInteger),
+    sa.Column("base_clicks", sa.BigInteger),
     # budget prune deletes by age; verify and the report read per ad.
     sa.Index("budget_ledger_applied_at", "applied_at"),
     sa.Index("budget_ledger_ad_period", "ad_id", "period"),
+    # A window's first revision charged by this version finds what an
+    # earlier version charged of it (rows without a revision) here.
+    sa.Index(
+        "budget_ledger_unrevised_window",
+        "kafka_topic",
+        "ad_id",
+        "window_start",
+        postgresql_where=sa.text("revision IS NULL"),
+        sqlite_where=sa.text("revision IS NULL"),
+    ),
+)
+
+windows = sa.Table(
+    "budget_windows",
+    metadata,
+    sa.Column("kafka_topic", sa.String(255), primary_key=True),
+    sa.Column("ad_id", sa.String(MAX_AD_ID), primary_key=True),
+    sa.Column("window_start", sa.String(MAX_WINDOW_START), primary_key=True),
+    # The last revision charged (NULL: none yet) and its full counts.
+    sa.Column("revision", sa.BigInteger),
+    sa.Column("impressions", sa.BigInteger, nullable=False),
+    sa.Column("clicks", sa.BigInteger, nullable=False),
+    sa.Column("record_uuid", sa.String(MAX_RECORD_UUID)),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    # budget prune deletes by age.
+    sa.Index("budget_windows_updated_at", "updated_at"),
 )
 
 spend = sa.Table(

@@ -9,6 +9,8 @@ The charge of one minute aggregate is::
 
     impressions x CPM / 1000 + clicks x CPC
 
+and that of a window's revision the difference between its charge and its
+base's (the revision of the window charged before), at the same prices.
 ``impressions x cpm_micros`` is an exact integer; dividing by 1000 may leave
 a fraction of a micro-unit, which is rounded half-to-even, once per
 aggregate (the record is the billing line). An ad's spend is the sum of the
@@ -78,10 +80,19 @@ def period_of(window_start: str, period: str) -> str:
     raise ValueError(f"unknown budget period {period!r}; expected one of {', '.join(PERIODS)}")
 
 
-def charge_micros(agg: Aggregate, price: Price) -> int:
-    """``spend_micros`` of the aggregate; :class:`BadAggregate` when the
-    charge alone is beyond what the database's BIGINT holds."""
-    charge = spend_micros(agg.impressions, agg.clicks, price)
+def charge_micros(agg: Aggregate, price: Price, base_impressions: int = 0, base_clicks: int = 0) -> int:
+    """The charge of the aggregate, a revision of a window charged before at
+    ``base_impressions`` / ``base_clicks``: ``spend_micros`` of its counts
+    less ``spend_micros`` of the base's, both at ``price`` (a window's
+    charges then add up to the price of its latest revision).
+    :class:`BadAggregate` when the charge is beyond what the database's
+    BIGINT holds; ValueError when a count is below the base's (revisions
+    only add events: the caller quarantines such a record)."""
+    if agg.impressions < base_impressions or agg.clicks < base_clicks:
+        raise ValueError(
+            f"counts ({agg.impressions}, {agg.clicks}) below the base's ({base_impressions}, {base_clicks})"
+        )
+    charge = spend_micros(agg.impressions, agg.clicks, price) - spend_micros(base_impressions, base_clicks, price)
     if charge > BIGINT_MAX:
         raise BadAggregate(f"its charge of {charge} micro-units is beyond the database's BIGINT")
     return charge

@@ -10,6 +10,11 @@ rule: delete ledger rows applied more than the topic's ``retention.ms`` plus
 Spend is unchanged (``budget_spend`` is a running sum); the pruned rows'
 sums move to ``budget_ledger_pruned`` in the same transaction, so
 ``verify`` still reconciles spend with ledger plus pruned totals.
+
+A ``budget_windows`` row is the base of its window's next revision, which
+can only come from the topic too: rows last charged before the same cutoff
+are deleted with the ledger rows (a window's ledger rows are never younger
+than its row).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PruneResult:
     cutoff: datetime | None
     rows: int
     spend_micros: int
+    windows: int = 0
 
 
 def prune(settings: Settings, dry_run: bool = False, now: datetime | None = None) -> PruneResult:
@@ -64,8 +70,14 @@ def prune(settings: Settings, dry_run: bool = False, now: datetime | None = None
             ).all()
             rows = sum(n for *_k, n in sums)
             micros = sum(int(m) for _a, _p, m, _n in sums)
-            if dry_run or not sums:
-                return PruneResult(cutoff, rows, micros)
+            old_windows = db.windows.c.updated_at < cutoff
+            windows = conn.execute(sa.select(sa.func.count()).select_from(db.windows).where(old_windows)).scalar_one()
+            if dry_run:
+                return PruneResult(cutoff, rows, micros, windows)
+            if windows:
+                conn.execute(sa.delete(db.windows).where(old_windows))
+            if not sums:
+                return PruneResult(cutoff, rows, micros, windows)
             writes.add_sums(
                 conn,
                 db.ledger_pruned,
@@ -75,7 +87,7 @@ def prune(settings: Settings, dry_run: bool = False, now: datetime | None = None
             deleted = conn.execute(sa.delete(db.ledger).where(old)).rowcount
             if deleted != rows:  # rows applied meanwhile cannot be older than the cutoff
                 raise RuntimeError(f"prune: counted {rows} rows, deleted {deleted}; rolled back")
-        log.info("pruned %d ledger rows applied before %s", rows, cutoff.isoformat())
-        return PruneResult(cutoff, rows, micros)
+        log.info("pruned %d ledger rows and %d windows applied before %s", rows, windows, cutoff.isoformat())
+        return PruneResult(cutoff, rows, micros, windows)
     finally:
         engine.dispose()

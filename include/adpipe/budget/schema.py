@@ -1,7 +1,9 @@
 """Creating the budget database's tables (:mod:`adpipe.budget.db`) and
-bringing an older database up to date: missing columns added, the outbox of
-the first version (``budget_pauses``) copied over; the publisher id and the
-default price row written once."""
+bringing an older database up to date: missing tables created, missing
+columns and indexes added (the revisions' ``budget_windows``, the ledger's
+revision columns and the index of its rows without a revision), the outbox
+of the first version (``budget_pauses``) copied over; the publisher id and
+the default price row written once."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def ensure_schema(engine: Engine, settings: Settings) -> str:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_SCHEMA})
         metadata.create_all(conn, checkfirst=True)
         _add_missing_columns(conn)
+        _add_missing_indexes(conn)
         _copy_first_version_outbox(conn)
         conn.execute(
             insert(conn, meta).on_conflict_do_nothing(index_elements=["key"]),
@@ -51,6 +54,14 @@ def _add_missing_columns(conn: Connection) -> None:
             if column.name not in have:
                 kind = column.type.compile(dialect=conn.dialect)
                 conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+
+
+def _add_missing_indexes(conn: Connection) -> None:
+    """Indexes a later version declared on tables created before
+    (``create_all`` creates a table's indexes only with the table)."""
+    for table in metadata.sorted_tables:
+        for index in sorted(table.indexes, key=lambda i: i.name or ""):
+            index.create(conn, checkfirst=True)
 
 
 def _copy_first_version_outbox(conn: Connection) -> None:

@@ -21,7 +21,10 @@ from adpipe.settings import Settings
 # Named after the part: operators grep "adpipe.budget: batch N".
 log = logging.getLogger("adpipe.budget")
 
-COUNTED = ("records", "applied", "duplicates", "already_applied", "quarantined", "conflicts", "rejected")
+COUNTED = (
+    "records", "applied", "revised", "duplicates", "superseded", "already_applied", "quarantined", "conflicts",
+    "rejected",
+)
 
 
 class ServiceStats:
@@ -48,14 +51,17 @@ class ServiceStats:
         ``started`` (``time.monotonic``)."""
         self.metrics.batch_applied(result, time.monotonic() - started)
         log.info(
-            "batch %d: %d records: %d applied (spend +%s), %d duplicate record_uuids skipped, %d already applied, "
+            "batch %d: %d records: %d applied (spend +%s; %d revisions charged by difference), %d duplicate "
+            "record_uuids skipped, %d older revisions skipped, %d already applied, "
             "%d quarantined (%d malformed, %d rejected, %d conflicts), %d ads paused%s, %d resumed; offsets %s; "
             "%.0f ms",
             number,
             result.records,
             result.applied,
             format_micros(result.spend_added_micros),
+            result.revised,
             result.duplicates,
+            result.superseded,
             result.already_applied,
             result.quarantined,
             result.malformed,

@@ -8,14 +8,23 @@ offsets (records beyond them are lag), parsed with the one parser
 Checked:
 
 * each record_uuid charged once, by the copy the ledger names, with that
-  copy's counts; its charge recomputed from those counts at the prices the
-  ledger row says it was charged at (prices change; a charge keeps its
-  price); the other copies are duplicates (same counts) or quarantined
-  conflicts (other counts); malformed records and records the database
-  refused are quarantined;
-* spend per (ad, period) equals the recomputed charges, plus ledger rows
-  whose records retention has deleted, plus the totals ``budget prune``
-  moved out of the ledger;
+  copy's counts and revision; the other copies are duplicates (same counts)
+  or quarantined conflicts (other counts); malformed records and records the
+  database refused are quarantined;
+* revisions, per window (ad_id, window_start): each revision charged at most
+  once, in revision order, each against the revision charged before it (its
+  base: the ledger row before it, counts included), never with a count below
+  its base's; its charge recomputed as the price of its counts less the
+  price of its base's, at the prices the ledger row says it was charged at
+  (prices change; a charge keeps its price), so a window's charges add up to
+  its latest charged revision's counts at those prices; the window's
+  ``budget_windows`` row names that revision; a copy not charged is an older
+  revision than the window's charged one (a replay, or read after a newer
+  one), or a revision quarantined for having fewer events than one charged;
+  any other copy not charged is a finding (``not_charged``);
+* spend per (ad, period) equals the recomputed charges (of ledger rows
+  whose records retention has deleted too, from their own counts), plus the
+  totals ``budget prune`` moved out of the ledger;
 * pause states: paused exactly where spend has reached today's budget; each
   budget event once in the topic, each (ad, period)'s events numbered
   1..n, alternating paused / resumed;
@@ -65,6 +74,14 @@ def check(settings: Settings) -> dict:
             with engine.connect() as conn:
                 if not sa.inspect(conn).has_table("budget_ledger"):
                     return _skipped("the budget database has no ledger")
+                if not sa.inspect(conn).has_table(db.windows.name):
+                    return {
+                        "status": "error",
+                        "ok": False,
+                        "why": "the budget database predates revisions (no budget_windows): start adpipe budget "
+                        "once to upgrade it",
+                        "problems": 1,
+                    }
                 return _check(settings, conn)
         except OperationalError as exc:
             if "does not exist" in str(exc):
@@ -108,7 +125,7 @@ def _check(settings: Settings, conn: sa.Connection) -> dict:
             malformed.add((rec.partition, rec.offset))
     log_start = kafka_io.start_offsets(settings.kafka, topic)
 
-    ledger = {r.record_uuid: r for r in conn.execute(sa.select(db.ledger).where(db.ledger.c.kafka_topic == topic))}
+    ledger_rows = list(conn.execute(sa.select(db.ledger).where(db.ledger.c.kafka_topic == topic)))
     quarantine = {
         (r.kafka_partition, r.kafka_offset): (r.kind or "malformed")
         for r in conn.execute(
@@ -122,39 +139,60 @@ def _check(settings: Settings, conn: sa.Connection) -> dict:
     for position in sorted(malformed):
         if quarantine.get(position) != "malformed":
             findings["malformed_not_quarantined"].append(list(position))
-    duplicates = 0
+
+    # Each ledger row against the copy of the topic it names.
+    charged_copy: dict[str, Copy] = {}
+    beyond_retention = 0
+    for row in ledger_rows:
+        found = copies.get(row.record_uuid)
+        if found is None:  # not read: retention deleted it, or the ledger holds what the topic never had
+            if row.kafka_offset < log_start.get(row.kafka_partition, 0):
+                beyond_retention += 1
+            else:
+                findings["ledger_row_unexplained"].append(row.record_uuid)
+            continue
+        copy = next((c for c in found if (c[1], c[2]) == (row.kafka_partition, row.kafka_offset)), None)
+        if copy is None:
+            findings["ledger_copy_not_in_topic"].append(row.record_uuid)
+            continue
+        charged_copy[row.record_uuid] = copy
+        agg = copy[0]
+        if (row.ad_id, row.window_start, row.impressions, row.clicks, row.revision or 0) != (
+            *agg.counts(),
+            agg.revision,
+        ):
+            findings["ledger_counts_differ"].append(row.record_uuid)
+
+    # Each window's charged revisions: one charge each, each the difference from the one before.
+    latest = _check_revisions(conn, topic, settings.budget_period, ledger_rows, expected, findings)
+
+    # Every copy the service read and did not charge, explained.
+    duplicates = superseded = 0
+    ledger_uuids = {row.record_uuid for row in ledger_rows}
     for record_uuid, found in copies.items():
-        row = ledger.pop(record_uuid, None)
-        charged = None
-        if row is not None:
-            charged = next((c for c in found if (c[1], c[2]) == (row.kafka_partition, row.kafka_offset)), None)
-            if charged is None:
-                findings["ledger_copy_not_in_topic"].append(record_uuid)
-                continue
-            agg = charged[0]
-            if (row.ad_id, row.window_start, row.impressions, row.clicks) != agg.counts():
-                findings["ledger_counts_differ"].append(record_uuid)
-            charge = spend_micros(agg.impressions, agg.clicks, Price(row.cpm_micros, row.cpc_micros))
-            if charge != row.spend_micros:
-                findings["ledger_charge_wrong"].append(record_uuid)
-            expected[(agg.ad_id, period_of(agg.window_start, settings.budget_period))] += charge
+        charged = charged_copy.get(record_uuid)
         for copy in found:
             if copy is charged:
                 continue
-            kind = quarantine.get((copy[1], copy[2]))
-            if charged is not None and copy[0].counts() == charged[0].counts():
-                duplicates += 1
-            elif charged is not None and kind != "conflict":
-                findings["conflict_not_quarantined"].append([record_uuid, copy[1], copy[2]])
-            elif charged is None and kind not in ("rejected", "malformed"):
-                findings["not_charged"].append([record_uuid, copy[1], copy[2]])
-    beyond_retention = 0
-    for record_uuid, row in ledger.items():  # ledger rows the topic read did not explain
-        if row.kafka_offset < log_start.get(row.kafka_partition, 0):
-            beyond_retention += 1
-            expected[(row.ad_id, row.period)] += row.spend_micros
-        else:
-            findings["ledger_row_unexplained"].append(record_uuid)
+            agg, partition, offset = copy
+            kind = quarantine.get((partition, offset))
+            top = latest.get((agg.ad_id, agg.window_start))
+            if charged is not None:
+                if agg.counts() == charged[0].counts():
+                    duplicates += 1
+                elif kind != "conflict":
+                    findings["conflict_not_quarantined"].append([record_uuid, partition, offset])
+            elif record_uuid in ledger_uuids:  # its ledger row names another copy: a finding above
+                pass
+            elif kind in ("rejected", "malformed"):
+                pass
+            elif kind == "conflict":  # a revision with fewer events than one charged of its window
+                if top is None or (agg.impressions >= top[1] and agg.clicks >= top[2]):
+                    findings["conflict_unfounded"].append([record_uuid, partition, offset])
+            elif top is not None and agg.revision <= top[0]:
+                superseded += 1  # an older revision than the one charged, or a replay under another uuid
+            else:
+                findings["not_charged"].append([record_uuid, partition, offset])
     for a, period, micros in conn.execute(
         sa.select(db.ledger_pruned.c.ad_id, db.ledger_pruned.c.period, db.ledger_pruned.c.spend_micros)
     ):
@@ -194,6 +232,8 @@ def _check(settings: Settings, conn: sa.Connection) -> dict:
         "records_read": records_read,
         "distinct_record_uuids": len(copies),
         "duplicate_copies": duplicates,
+        "revisions_charged": sum(1 for row in ledger_rows if row.base_revision is not None),
+        "superseded_copies": superseded,
         "malformed": len(malformed),
         "quarantined": dict(sorted(kinds.items())),
         "conflicts": kinds.get("conflict", 0),
@@ -209,6 +249,62 @@ def _check(settings: Settings, conn: sa.Connection) -> dict:
         **{name: items[:LIST_LIMIT] for name, items in sorted(findings.items())},
         "problems": problems,
     }
+
+
+Window = tuple[str, str]  # (ad_id, window_start)
+
+
+def _check_revisions(
+    conn: sa.Connection,
+    topic: str,
+    period: str,
+    ledger_rows: list[sa.Row],
+    expected: dict[tuple[str, str], int],
+    findings: dict[str, list],
+) -> dict[Window, tuple[int, int, int]]:
+    """Per window, its ledger rows in revision order (a row of an earlier
+    version, without a revision, is a revision 0 charged in full): each
+    revision charged once; each row's base the row before it (the first
+    one's: none, or an older revision no longer in the ledger); no count
+    below its base; its charge the price of its counts less the price of its
+    base's, at the prices it was charged at (added to ``expected``). The
+    window's ``budget_windows`` row (kept by the service from the first
+    revision it charged) names the last one. Returns each window's last
+    charged (revision, impressions, clicks)."""
+    by_window: dict[Window, list[sa.Row]] = defaultdict(list)
+    for row in ledger_rows:
+        by_window[(row.ad_id, row.window_start)].append(row)
+    bases = {
+        (w.ad_id, w.window_start): (w.revision, w.impressions, w.clicks)
+        for w in conn.execute(sa.select(db.windows).where(db.windows.c.kafka_topic == topic))
+    }
+    latest: dict[Window, tuple[int, int, int]] = {}
+    for window, rows in by_window.items():
+        rows.sort(key=lambda r: (r.revision or 0, r.applied_at, r.record_uuid))
+        before: tuple[int | None, int, int] | None = None
+        for row in rows:
+            revision = row.revision or 0
+            base = (row.base_revision, row.base_impressions or 0, row.base_clicks or 0)
+            where = [*window, revision, row.record_uuid]
+            if before is not None and before[0] == revision:
+                findings["revision_charged_twice"].append(where)
+            elif before is not None and base != before:
+                findings["revision_base_wrong"].append(where)
+            elif before is None and base[0] is not None and base[0] >= revision:
+                findings["revision_base_wrong"].append(where)
+            if row.impressions < base[1] or row.clicks < base[2]:
+                findings["revision_below_its_base"].append(where)
+            price = Price(row.cpm_micros, row.cpc_micros)
+            charge = spend_micros(row.impressions, row.clicks, price) - spend_micros(base[1], base[2], price)
+            if charge != row.spend_micros:
+                findings["ledger_charge_wrong"].append(row.record_uuid)
+            expected[(row.ad_id, period_of(row.window_start, period))] += charge
+            before = (revision, row.impressions, row.clicks)
+        assert before is not None
+        latest[window] = (before[0], before[1], before[2])
+        if any(r.revision is not None for r in rows) and bases.get(window) != latest[window]:
+            findings["window_base_wrong"].append([*window, bases.get(window), latest[window]])
+    return latest
 
 
 def _check_states(

@@ -7,7 +7,7 @@ see :func:`_rows_select` for why."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -82,22 +82,61 @@ def key_in(conn: Connection, column: sa.Column, keys: list[str]) -> sa.ColumnEle
     return column == sa.any_(_array_param(None, keys, column.type))
 
 
-def insert_new(conn: Connection, table: sa.Table, rows: list[dict], key: str) -> set:
-    """Insert-only by ``key`` (a unique column): a row whose key is already
-    there is skipped. Returns the keys actually inserted."""
+def pairs_in(
+    conn: Connection, first: sa.Column, second: sa.Column, keys: Sequence[tuple[str, str]]
+) -> sa.ColumnElement[bool]:
+    """``(first, second) IN keys``; on PostgreSQL against ``unnest`` of two
+    text-array parameters (see :func:`key_in`)."""
+    if conn.dialect.name != "postgresql":
+        return sa.tuple_(first, second).in_(list(keys))
+    pairs = sa.func.unnest(
+        _array_param(None, [k[0] for k in keys], first.type), _array_param(None, [k[1] for k in keys], second.type)
+    ).table_valued("a", "b").render_derived(name="keys")
+    return sa.tuple_(first, second).in_(sa.select(pairs.c.a, pairs.c.b))
+
+
+def insert_new(conn: Connection, table: sa.Table, rows: list[dict], key: str | tuple[str, ...]) -> set:
+    """Insert-only by ``key`` (a unique column, or the columns of a unique
+    key): a row whose key is already there is skipped. Returns the keys
+    actually inserted (tuples for a key of several columns)."""
     if not rows:
         return set()
+    names = [key] if isinstance(key, str) else list(key)
+    returning = [table.c[n] for n in names]
     if conn.dialect.name != "postgresql":
-        stmt = insert(conn, table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
-        return {r[0] for r in conn.execute(stmt, rows)}
-    names, source = _rows_select(table, rows)
-    stmt = (
-        postgresql.insert(table)
-        .from_select(names, source)
-        .on_conflict_do_nothing(index_elements=[key])
-        .returning(table.c[key])
+        stmt = insert(conn, table).on_conflict_do_nothing(index_elements=names).returning(*returning)
+        result = conn.execute(stmt, rows)
+    else:
+        columns, source = _rows_select(table, rows)
+        stmt = (
+            postgresql.insert(table)
+            .from_select(columns, source)
+            .on_conflict_do_nothing(index_elements=names)
+            .returning(*returning)
+        )
+        result = conn.execute(stmt)
+    if isinstance(key, str):
+        return {r[0] for r in result}
+    return {tuple(r) for r in result}
+
+
+def put(conn: Connection, table: sa.Table, key: tuple[str, ...], rows: list[dict], stamp: str) -> None:
+    """Insert or overwrite ``rows`` by ``key`` (the columns of a unique key):
+    an existing row gets the other columns' new values and ``stamp`` set to
+    now."""
+    if not rows:
+        return
+    if conn.dialect.name == "postgresql":
+        names, source = _rows_select(table, rows)
+        up = postgresql.insert(table).from_select(names, source)
+        params: list[dict] | None = None
+    else:
+        names, up, params = list(rows[0]), insert(conn, table), rows
+    stmt = up.on_conflict_do_update(
+        index_elements=list(key),
+        set_={**{n: up.excluded[n] for n in names if n not in key}, stamp: sa.func.now()},
     )
-    return {r[0] for r in conn.execute(stmt)}
+    conn.execute(stmt, params)
 
 
 def add_sums(conn: Connection, table: sa.Table, stamp: str, rows: list[dict]) -> dict[tuple[str, str], int]:

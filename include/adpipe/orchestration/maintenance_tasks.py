@@ -46,6 +46,7 @@ def prune_budget_ledger(settings: Settings) -> dict[str, Any]:
         "cutoff": None if result.cutoff is None else result.cutoff.isoformat(),
         "rows": result.rows,
         "spend_micros": result.spend_micros,
+        "windows": result.windows,
     }
     log.info("budget ledger pruned: %s", summary)
     return summary

@@ -380,7 +380,8 @@ def test_apply_batch_ledger_spend_offsets_pauses(sqlite_budget) -> None:
         FakeMessage(0, 0, _agg(record_uuid="u-1", impressions=1000, clicks=2)),  # 2.00 + 1.00
         FakeMessage(0, 1, _agg(record_uuid="u-1", impressions=1000, clicks=2)),  # same uuid: no-op
         FakeMessage(0, 2, b"{broken"),  # quarantined
-        FakeMessage(1, 5, _agg(record_uuid="u-2", impressions=1, clicks=14)),  # 0.002 + 7.00 -> reaches 10.00
+        FakeMessage(1, 5, _agg(record_uuid="u-2", window_start="2026-11-22T12:35:00Z", impressions=1, clicks=14)),
+        # 0.002 + 7.00 -> reaches 10.00
         FakeMessage(1, 6, _agg(record_uuid="u-3", ad_id="ad-2", window_start="2026-11-23T00:00:00Z", clicks=0)),
     ]
     with engine.begin() as conn:
@@ -453,8 +454,9 @@ def test_conflicting_duplicates_are_quarantined(sqlite_budget) -> None:
     msgs = [
         FakeMessage(0, 1, _agg(record_uuid="u-1", clicks=1)),  # the same: a duplicate
         FakeMessage(0, 2, _agg(record_uuid="u-1", clicks=9)),  # other counts than the charged copy
-        FakeMessage(0, 3, _agg(record_uuid="u-2", clicks=2)),
-        FakeMessage(0, 4, _agg(record_uuid="u-2", clicks=3)),  # other counts than a copy in this batch
+        FakeMessage(0, 3, _agg(record_uuid="u-2", window_start="2026-11-22T12:35:00Z", clicks=2)),
+        # other counts than a copy in this batch
+        FakeMessage(0, 4, _agg(record_uuid="u-2", window_start="2026-11-22T12:35:00Z", clicks=3)),
     ]
     with engine.begin() as conn:
         result = apply_batch(conn, settings, "aggs", msgs, {0: 1})
@@ -507,7 +509,10 @@ def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.Mon
     from adpipe.budget import retention
 
     settings, engine = sqlite_budget
-    msgs = [FakeMessage(0, i, _agg(record_uuid=f"u-{i}", clicks=1)) for i in range(3)]
+    msgs = [
+        FakeMessage(0, i, _agg(record_uuid=f"u-{i}", window_start=f"2026-11-22T12:3{i}:00Z", clicks=1))
+        for i in range(3)
+    ]
     with engine.begin() as conn:
         apply_batch(conn, settings, "aggs", msgs, {})
         conn.execute(
@@ -515,13 +520,19 @@ def test_prune_keeps_spend_and_moves_sums(sqlite_budget, monkeypatch: pytest.Mon
             .where(db.ledger.c.record_uuid != "u-2")
             .values(applied_at=datetime(2026, 1, 1, tzinfo=UTC))
         )
+        conn.execute(
+            sa.update(db.windows)
+            .where(db.windows.c.record_uuid != "u-2")
+            .values(updated_at=datetime(2026, 1, 1, tzinfo=UTC))
+        )
     monkeypatch.setattr(retention, "topic_retention_ms", lambda _s, _t: 7 * 24 * 3600 * 1000)
     now = datetime(2026, 11, 24, tzinfo=UTC)
-    assert retention.prune(settings, dry_run=True, now=now).rows == 2
+    assert (retention.prune(settings, dry_run=True, now=now).rows, len(_rows(engine, db.windows))) == (2, 3)
     assert len(_rows(engine, db.ledger)) == 3
     result = retention.prune(settings, now=now)
     assert (result.rows, result.spend_micros) == (2, 2 * 700_000)  # 100 x 2.00 / 1000 + 1 x 0.50, twice
     assert [r["record_uuid"] for r in _rows(engine, db.ledger)] == ["u-2"]
+    assert result.windows == 2 and [r["record_uuid"] for r in _rows(engine, db.windows)] == ["u-2"]
     assert [(r["ad_id"], r["spend_micros"], r["records"]) for r in _rows(engine, db.ledger_pruned)] == [
         ("ad-1", 1_400_000, 2)
     ]

@@ -82,6 +82,19 @@ def test_spend_is_checked_to_the_micro_unit_once_per_record_uuid() -> None:
     assert not chaos_check.check_spend(GOOD_AGGREGATES, expected[:1], prices)["ok"]
 
 
+def test_spend_of_a_window_is_its_latest_revision() -> None:
+    prices = (2_000_000, 500_000)  # CPM 2.00, CPC 0.50
+
+    def rev(uuid: str, revision: int, impressions: int, clicks: int) -> bytes:
+        return json.dumps({"record_uuid": uuid, "ad_id": "ad-1", "window_start": "2026-11-22T10:00:00Z",
+                           "impressions": impressions, "clicks": clicks, "revision": revision}).encode()
+
+    # Revision 2 (10 impressions, 1 click: 520,000) costs the window; revision 1 read after it is not charged.
+    aggregates = [rev("r0", 0, 3, 0), rev("r2", 2, 10, 1), rev("r1", 1, 5, 0), rev("r2", 2, 10, 1)]
+    assert chaos_check.check_spend(aggregates, [("ad-1", "2026-11-22", 520_000, 2)], prices)["ok"]
+    assert not chaos_check.check_spend(aggregates, [("ad-1", "2026-11-22", 526_000, 2)], prices)["ok"]
+
+
 def test_charge_rounds_half_to_even() -> None:
     assert chaos_check.charge_micros(1, 0, 2_500, 0) == 2  # 2.5 -> 2
     assert chaos_check.charge_micros(3, 0, 2_500, 0) == 8  # 7.5 -> 8

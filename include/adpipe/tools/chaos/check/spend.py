@@ -20,9 +20,13 @@ def charge_micros(impressions: int, clicks: int, cpm_micros: int, cpc_micros: in
 def check_spend(aggregates: list[bytes], spend_rows: list[tuple[str, str, int, int]], prices: tuple[int, int]) -> dict:
     """``spend_rows``: (ad_id, period, spend_micros, records) from the budget
     database; the period is the aggregate's UTC day. One charge per
-    record_uuid (the first copy, as the consumer is idempotent by it)."""
+    record_uuid (the first copy, as the consumer is idempotent by it) and
+    per window (ad_id, window_start) its revisions in the order read, each
+    above the one taken before (no revision: 0): the window costs its last
+    revision's charge (each revision is charged its difference from the one
+    before), and each revision taken is a record."""
     cpm, cpc = prices
-    expected: Counter[tuple[str, str]] = Counter()
+    taken: dict[tuple[str, str], tuple[int, int, int]] = {}
     records: Counter[tuple[str, str]] = Counter()
     seen: set[str] = set()
     for value in aggregates:
@@ -30,9 +34,16 @@ def check_spend(aggregates: list[bytes], spend_rows: list[tuple[str, str, int, i
         if body["record_uuid"] in seen:
             continue
         seen.add(body["record_uuid"])
-        key = (body["ad_id"], body["window_start"][:10])
-        expected[key] += charge_micros(body["impressions"], body["clicks"], cpm, cpc)
-        records[key] += 1
+        window = (body["ad_id"], body["window_start"])
+        revision = body.get("revision") or 0
+        before = taken.get(window)
+        if before is not None and revision <= before[0]:
+            continue
+        taken[window] = (revision, body["impressions"], body["clicks"])
+        records[(body["ad_id"], body["window_start"][:10])] += 1
+    expected: Counter[tuple[str, str]] = Counter()
+    for (ad, window_start), (_revision, impressions, clicks) in taken.items():
+        expected[(ad, window_start[:10])] += charge_micros(impressions, clicks, cpm, cpc)
     actual = {(ad, period): (micros, n) for ad, period, micros, n in spend_rows}
     wrong = [
         f"{ad} {period}: spend {actual.get((ad, period), (0, 0))[0]} micro-units over "
