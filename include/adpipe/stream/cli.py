@@ -49,12 +49,12 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
 
 def _upgrade(settings: Settings) -> int:
     from adpipe.spark import build_spark, stream_job_conf
-    from adpipe.stream import upgrade
+    from adpipe.stream import driver, upgrade
     from adpipe.stream.checkpoint_lock import CheckpointInUseError
 
     spark = build_spark(settings, f"adpipe-stream-upgrade-{settings.job_id}", stream_job_conf(settings))
     try:
-        windows = upgrade.upgrade(settings, spark)
+        windows = upgrade.upgrade(settings, spark, lambda files: driver.sink_for(settings, None, files)[0])
     except (upgrade.UpgradeError, CheckpointInUseError) as exc:
         log.error("%s", exc)
         return EXIT_FENCED

@@ -39,6 +39,8 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -120,10 +122,11 @@ def read_old_state(spark: SparkSession, path: str) -> tuple[list[tuple], list[tu
     return ids, windows
 
 
-def upgrade(settings: Settings, spark: SparkSession) -> int:
-    """Steps 1-4 of the module doc; returns the number of open windows carried over."""
+def upgrade(settings: Settings, spark: SparkSession, sink_for: Callable[[CheckpointFiles], Any]) -> int:
+    """Steps 1-4 of the module doc; returns the number of open windows
+    carried over. ``sink_for``: the job's transactional sink for a
+    checkpoint (the driver's, with its limits)."""
     from adpipe.stream.checkpoint_lock import checkpoint_lock
-    from adpipe.stream.driver import sink_for  # the driver's own sink
 
     uri = settings.checkpoint_uri.rstrip("/")
     with checkpoint_lock(settings):
@@ -132,7 +135,7 @@ def upgrade(settings: Settings, spark: SparkSession) -> int:
         if last is None:
             raise UpgradeError(f"the checkpoint {uri} needs no upgrade (no committed batch, or this version's)")
         batch = batch_offsets(old, last)
-        sink, _limits = sink_for(settings, None, old)
+        sink = sink_for(old)
         try:
             ledger = sink.read_ledger()
             if ledger is None or ledger.batch_id != last or ledger.offsets != batch.end:

@@ -178,9 +178,9 @@ def summary_rows(
         ("late", f"{sum(s['late'] for s in sent):,} sent; {late['records']:,} in the late topic"),
         (
             "windows",
-            f"{agg['expected_windows']:,} expected, {agg['missing_count']} missing, {agg['duplicated_count']} "
-            f"duplicated, {agg['wrong_count']} wrong; {agg.get('revisions', 0)} revised by events minutes late "
-            f"({sum(s.get('revising', 0) for s in sent)} sent)",
+            f"{agg['records']:,} minute aggregates of {agg['expected_windows']:,} expected: "
+            f"{agg['missing_count']} missing, {agg['duplicated_count']} duplicated, {agg['wrong_count']} wrong"
+            + (f"; {agg['revisions']} of them revisions, by events minutes late" if agg.get("revisions") else ""),
         ),
         ("crashes injected", "; ".join([str(len(crashes)), *(r.where_killed() for r in crashes)])),
         ("recovery", f"the restarted stream job {'finished (exit 0)' if recovered else 'DID NOT finish'}"),

@@ -147,3 +147,18 @@ def test_the_last_line_keeps_its_old_form_with_the_reports_numbers() -> None:
     broken = verdict_line(_report(ok=False, missing=1), "2026-11-22T12")
     assert broken.startswith("exactly-once BROKEN: 159 aggregates, 1 missing")
     assert "tables DO NOT match" in broken and "Great Expectations FAILED" in broken
+
+
+def test_the_closing_table_says_how_many_aggregates_were_revisions(tmp_path: Path) -> None:
+    from adpipe.tools.demo import StreamRun, summary_rows
+
+    report = _report()
+    report["aggregates"] = {**report["aggregates"], "records": 166, "revisions": 6}
+    sent = [{"messages": 10, "distinct_on_time": 8, "revising": 2, "duplicates": 0, "malformed": 0, "late": 0}]
+    runs = [StreamRun(0, tmp_path / "1.log", batches=(0,))]
+    rows = dict(summary_rows(sent, runs, report, tmp_path / "logs", tmp_path / "run"))
+    assert rows["events sent"] == "10 messages: 10 distinct valid events"
+    assert rows["windows"] == (
+        "166 minute aggregates of 160 expected: 0 missing, 0 duplicated, 0 wrong; 6 of them revisions, "
+        "by events minutes late"
+    )
