@@ -67,12 +67,13 @@ test-long: jars deps-ui ## test-slow and test-ui in one run on the two workers (
 # installed package: python -m bench runs it from here.
 # A mode in ARGS (--failover, --hour-close, --stream-caps, --budget-batch-sizes) runs alone instead.
 BENCH_MODES := --failover --hour-close --stream-caps --budget-batch-sizes
-bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), then Union & Load and the budget service at 10,000 ads; alone: ARGS="--failover [--part stream|budget|broker]", "--hour-close", "--stream-caps N,..."
+bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), the watermark alignment's cost in events/s and p99 latency, then Union & Load and the budget service at 10,000 ads; alone: ARGS="--failover [--part stream|budget|broker]", "--hour-close", "--stream-caps N,..."
 ifneq (,$(filter $(BENCH_MODES),$(ARGS)))
 	$(BIN)/python -m bench $(ARGS)
 else
 	$(BIN)/python -m bench --peers --install-only
 	$(BIN)/python -m bench --peers $(ARGS)
+	$(BIN)/python -m bench --peers --only adpipe,adpipe_unaligned --latency --latency-duration 180
 	$(BIN)/python -m bench --events 1000000 --ads 10000 --minutes 60
 endif
 

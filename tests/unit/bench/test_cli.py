@@ -48,10 +48,11 @@ def test_every_command_line_of_make_bench_parses(target: str, args: str) -> None
         (words,) = lines
         parsed = build_parser().parse_args(words[3:])
         assert (parsed.failover or parsed.stream_caps or parsed.hour_close) and not parsed.peers
-    elif target == "bench":  # the peers installed first, then the side-by-side run, then the 10,000-ad hour
-        first, side_by_side, wide = (build_parser().parse_args(words[3:]) for words in lines)
+    elif target == "bench":  # the peers installed first, the side-by-side run, the alignment's latency, the 10k-ad hour
+        first, side_by_side, alignment, wide = (build_parser().parse_args(words[3:]) for words in lines)
         assert first.peers and first.install_only
         assert side_by_side.peers and not side_by_side.install_only
+        assert alignment.peers and alignment.latency and alignment.only == "adpipe,adpipe_unaligned"
         assert (wide.peers, wide.events, wide.ads, wide.minutes) == (False, 1_000_000, 10_000, 60)
 
 
