@@ -35,13 +35,13 @@ from adpipe import kafka_io
 from adpipe.local import kafka_broker
 from adpipe.processes import start_detached
 from adpipe.settings import KafkaAccess, Settings, load_settings
-from adpipe.stream import checkpoint_lock
+from adpipe.stream import leadership
 from adpipe.tools import demo, produce
 
 from bench.logs import batch_stats
 
 TOOK_OVER = "standby: took over ("
-WARM = checkpoint_lock.STANDBY_WARM_LINE
+WARM = leadership.STANDBY_WARM_LINE
 
 
 @dataclass
@@ -66,7 +66,7 @@ class FailoverRun:
             "signal": self.signal_name,
             "rate": self.rate,
             **percentiles(self.seconds),
-            "zombies_fenced": sum(1 for rc in self.zombie_exits if rc == checkpoint_lock.EXIT_FENCED),
+            "zombies_fenced": sum(1 for rc in self.zombie_exits if rc == leadership.EXIT_FENCED),
             "verify_ok": self.verify_ok,
         }
 
@@ -175,14 +175,14 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
     active = _start(env, work, "driver-0")
     drivers = [active]
     try:
-        wait("the first driver's lock", lambda: checkpoint_lock.holder(job) is not None, 300)
+        wait("the first driver leading", lambda: leadership.leader(job) is not None, 300)
         producer.start()
         for n in range(1, faults + 1):
             standby = _start(env, work, f"driver-{n}", "--standby")
             drivers.append(standby)
             # It waits from its session's start and warms up meanwhile: the fault comes once it is warm.
             wait(f"standby {n} waiting, warm",
-                 lambda s=standby: bool(checkpoint_lock.waiters(job)) and WARM in s.log(), 300)
+                 lambda s=standby: len(leadership.drivers(job)) > 1 and WARM in s.log(), 300)
             time.sleep(rng.uniform(2.0, 6.0))  # a random moment of the active driver's batches
             fault_at = time.monotonic()
             os.killpg(active.proc.pid, getattr(signal, f"SIG{signal_name}"))

@@ -316,9 +316,10 @@ class Settings(_Locations):
     stream_restart_window_s: int = 3600
     stream_max_lag: int = 100_000
     stream_stall_s: int = 300
-    # A standby driver takes over from an active one that has not renewed
-    # its lease for this long (paused, frozen), not only from a dead one.
-    stream_lease_s: int = 4
+    # The stream drivers' session in their leadership group: a standby takes
+    # over from an active driver that has not reached the brokers for this
+    # long (dead, frozen, cut off). 6: the brokers' smallest by default.
+    stream_lease_s: int = 6
     # The stream DAG keeps a warm standby driver beside the active one.
     stream_standby: bool = False
     # First hour the hourly Union & Load DAG loads, catching up from there;

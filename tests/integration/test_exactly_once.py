@@ -19,10 +19,10 @@ import pytest
 from adpipe import kafka_io
 from adpipe import schemas as S
 from adpipe.faults import AFTER_COMMIT, AFTER_PRODUCE, DURING_COMMIT
-from adpipe.stream import checkpoint_lock
 from adpipe.stream import job as stream
+from adpipe.stream import leadership
 from adpipe.stream.sink import TransactionalSink
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from tests.integration.helpers import assert_exactly_once, reaped, wait_for
 
@@ -148,24 +148,35 @@ def test_a_standby_driver_takes_over_from_an_active_one_killed_or_paused_mid_tra
     pipeline, signal_name: str  # noqa: ANN001
 ) -> None:
     """The active driver SIGKILLs (or SIGSTOPs) itself in a batch after
-    producing into its transaction; the warm standby takes over (the lock
-    the kernel frees, or the lease the paused driver stopped renewing),
+    producing into its transaction; the warm standby takes over (the
+    leadership group hands it the job once the driver's session expires),
     fences the open transaction and replays the batch. A paused driver,
-    resumed, finds its lease taken and exits fenced (4)."""
+    resumed, finds its leadership lost and exits fenced (4)."""
     settings = pipeline.settings
-    fast = {"ADPIPE_TRIGGER_INTERVAL_S": "1", "ADPIPE_STREAM_LEASE_S": "3"}
+    fast = {"ADPIPE_TRIGGER_INTERVAL_S": "1"}
+
+    def leads(pid: int) -> bool:
+        try:
+            current = leadership.leader(settings)
+        except KafkaException:  # the group not described this time (a loaded broker): asked again
+            return False
+        return current is not None and current.pid == pid
     fault = {"ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": "1", "ADPIPE_FAULT_SIGNAL": signal_name}
     # No input yet, so the active driver runs no batch before the standby waits.
     active, active_log = pipeline.start_stream("--max-offsets-per-trigger", "400", extra_env={**fast, **fault})
     with reaped(active):
-        wait_for(lambda: checkpoint_lock.holder(settings) == active.pid, active, active_log, "the active driver's lock",
-                 timeout_s=180)
+        wait_for(lambda: leads(active.pid), active, active_log, "the active driver leading", timeout_s=180)
         standby, standby_log = pipeline.start_stream("--standby", "--max-offsets-per-trigger", "400", extra_env=fast)
         with reaped(standby):
-            wait_for(lambda: checkpoint_lock.waiters(settings) == [standby.pid], standby, standby_log,
-                     "the standby waiting for the checkpoint", timeout_s=180)
+            def waits(pid: int) -> bool:
+                try:
+                    return [d.pid for d in leadership.drivers(settings) if not d.leads] == [pid]
+                except KafkaException:
+                    return False
+
+            wait_for(lambda: waits(standby.pid), standby, standby_log, "the standby waiting to lead", timeout_s=180)
             # It waits from the start, warming up meanwhile: the fault comes once it is warm.
-            wait_for(lambda: checkpoint_lock.STANDBY_WARM_LINE in standby_log.read_text(), standby, standby_log,
+            wait_for(lambda: leadership.STANDBY_WARM_LINE in standby_log.read_text(), standby, standby_log,
                      "the standby's warm-up", timeout_s=180)
             if signal_name == "KILL":  # a driver without --standby is still refused
                 refused = pipeline.stream(timeout=120)
@@ -190,15 +201,14 @@ def test_a_standby_driver_takes_over_from_an_active_one_killed_or_paused_mid_tra
             active_batches = re.findall(r"adpipe\.stream: batch (\d+):", active_log.read_text())
             took_over = re.search(r"standby: took over \((.*)\); batch (\d+) done", log)
             assert took_over and int(took_over[2]) == int(active_batches[-1]) + 1, log[-3000:]
-            assert ("has not renewed its lease" if signal_name == "STOP" else "ended") in took_over[1]
+            assert f"pid {active.pid} on " in took_over[1] and "left the group" in took_over[1]
             assert "older instances fenced, open transaction aborted" in log
             if signal_name == "STOP":
-                assert active.poll() is None and checkpoint_lock.holder(settings) == active.pid  # paused, holding
+                assert active.poll() is None and leads(standby.pid)  # paused, its session expired
                 os.kill(active.pid, signal.SIGCONT)
                 assert active.wait(timeout=60) == 4, active_log.read_text()[-3000:]  # fenced at once
                 assert "fenced: " in active_log.read_text()
-            wait_for(lambda: checkpoint_lock.holder(settings) == standby.pid, standby, standby_log,
-                     "the standby holding the lock", timeout_s=30)
+            wait_for(lambda: leads(standby.pid), standby, standby_log, "the standby leading", timeout_s=30)
             # Stopped before the check: a batch committing while verify reads
             # would show windows past the watermark verify read first.
             standby.terminate()

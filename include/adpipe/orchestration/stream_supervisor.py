@@ -13,8 +13,9 @@ What "alive" means:
 * **process**: the pid this supervisor started (``supervisor.json`` next to
   the heartbeat) exists, is not a zombie, and its command line is the
   stream job's (a reused pid is not mistaken for it);
-* or a driver holds the checkpoint's lock (a standby that took over from
-  the one this supervisor started, or a job started by hand);
+* or a driver leads the job in its leadership group, on any host (a standby
+  that took over from the one this supervisor started, or a job started by
+  hand or by another worker's supervisor: adpipe.stream.leadership);
 * or, for a job started by hand (``adpipe stream``) when this supervisor
   never started one, a heartbeat
   (``home/stream/<job_id>/heartbeat.json``, written after every batch)
@@ -36,6 +37,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,7 +48,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from adpipe.processes import start_detached
 from adpipe.settings import PROJECT_ROOT, Settings, load_settings
-from adpipe.stream import checkpoint_lock
+from adpipe.stream import leadership
 from adpipe.stream.liveness import (
     STREAM_APPLICATION,
     descends_from,
@@ -85,7 +87,7 @@ def write_state(settings: Settings, state: dict[str, Any]) -> None:
 class StreamHealth:
     job_id: str
     alive: bool
-    how: str  # "process", "lock", "heartbeat" or "down"
+    how: str  # "process", "leader", "heartbeat" or "down"
     pid: int | None
     heartbeat_age_s: float | None
     last_batch: int | None
@@ -138,14 +140,16 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
     except Exception as exc:  # noqa: BLE001 - the count stands without its age
         log.warning("the age of the stream's lag is unknown: %s", exc)
         lag_s = None
-    holder = checkpoint_lock.holder(settings)
+    drivers = _drivers(settings)
+    lead = next((d for d in drivers if d.leads), None)
+    here = socket.gethostname()
     if process_alive(pid):
         alive, how = True, "process"
-    elif holder is not None:
-        # A driver holds the checkpoint: a standby that took over from the
-        # one we started, or a job started by hand. Starting another would
-        # only be refused.
-        alive, how, pid = True, "lock", holder
+    elif lead is not None:
+        # A driver leads the job: a standby that took over from the one we
+        # started, or a job started by hand or on another host. Starting
+        # another would only be refused.
+        alive, how, pid = True, "leader", lead.pid if lead.host == here else None
     elif pid is None and age is not None and age < settings.stream_stall_s:
         # Only for a job this supervisor never started: once it has started
         # one, that process is the job, and its death is a death even while
@@ -178,9 +182,18 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         stalled=stalled,
         starts=len(state.get("starts", [])),
         restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),
-        standby_pids=checkpoint_lock.waiters(settings),
+        standby_pids=[d.pid for d in drivers if not d.leads and d.host == here],
         last_failover=read_failover(settings),
     )
+
+
+def _drivers(settings: Settings) -> list[leadership.Driver]:
+    """The job's drivers in its leadership group (none when the brokers do not answer)."""
+    try:
+        return leadership.drivers(settings, timeout_s=10)
+    except Exception as exc:  # noqa: BLE001 - the local process still tells
+        log.warning("the stream's leadership group is not described: %s", exc)
+        return []
 
 
 def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
@@ -360,12 +373,14 @@ class StreamSubmitOperator(SparkSubmitOperator):
         and gets a standby of its own. Its pid, or None."""
         state = read_state(settings)
         standby = state.get("standby_pid")
-        holder = checkpoint_lock.holder(settings)
+        here = socket.gethostname()
+        drivers = [d for d in _drivers(settings) if d.host == here]
+        holder = next((d.pid for d in drivers if d.leads), None)
         if standby and holder and descends_from(holder, standby):  # it took over: the job's driver now
             state.update(pid=standby, log=state.get("standby_log"), standby_pid=None)
             write_state(settings, state)
             standby = None
-        waiting = checkpoint_lock.waiters(settings)
+        waiting = [d.pid for d in drivers if not d.leads]
         present = waiting[0] if waiting else (standby if standby and process_alive(standby) else None)
         if present:
             log.info("stream %s: standby pid %s %s", settings.job_id, present, "waits" if waiting else "is starting")

@@ -9,9 +9,9 @@ import logging
 from adpipe.settings import Settings
 
 # EXIT_FENCED: a fenced job (a successor took over its transactional.id or
-# its lease), a ledger that does not fit the checkpoint, a checkpoint another
-# driver holds or another query wrote: stopping is right, restarting blindly is not.
-from adpipe.stream.checkpoint_lock import EXIT_FENCED
+# its leadership), a ledger that does not fit the checkpoint, a job another
+# driver leads, a checkpoint another query wrote: stopping is right, restarting blindly is not.
+from adpipe.stream.leadership import EXIT_FENCED
 
 log = logging.getLogger("adpipe.stream")
 
@@ -19,7 +19,7 @@ log = logging.getLogger("adpipe.stream")
 def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.faults import FaultPlan
     from adpipe.stream import driver
-    from adpipe.stream.checkpoint_lock import CheckpointInUseError
+    from adpipe.stream.leadership import CheckpointInUseError
     from adpipe.stream.offset_log import CheckpointVersionError
     from adpipe.stream.sink import LedgerMismatchError, ProducerFencedError, TransactionTimedOutError
 
@@ -50,7 +50,7 @@ def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
 def _upgrade(settings: Settings) -> int:
     from adpipe.spark import build_spark, stream_job_conf
     from adpipe.stream import driver, upgrade
-    from adpipe.stream.checkpoint_lock import CheckpointInUseError
+    from adpipe.stream.leadership import CheckpointInUseError
 
     spark = build_spark(settings, f"adpipe-stream-upgrade-{settings.job_id}", stream_job_conf(settings))
     try:
@@ -71,15 +71,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Spark Structured Streaming from the raw topic to one-minute aggregates, "
         "written to Kafka transactionally. Stops cleanly on SIGTERM; exit 4 when it must not go on: "
         "fenced by a successor, a ledger that does not "
-        "fit the checkpoint, a checkpoint another driver holds or an older query wrote.",
+        "fit the checkpoint, a job another driver leads, a checkpoint an older query wrote.",
     )
     p.add_argument("--available-now", action="store_true", help="process what is in the topic now, then stop")
     p.add_argument(
         "--standby",
         action="store_true",
-        help="a warm standby driver of the same job: start the JVM and the session now, wait for the running "
-        "driver's checkpoint, and take over the moment that driver ends (SIGKILL included) or stops renewing its "
-        "lease for ADPIPE_STREAM_LEASE_S (paused); with no driver running, it is the active one",
+        help="a warm standby driver of the same job, on this host or any other: start the JVM and the session now, "
+        "wait in the job's leadership group, and take over when the leading driver stops, or has not reached the "
+        "brokers for ADPIPE_STREAM_LEASE_S (dead, frozen, cut off); with no driver running, it is the active one",
     )
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="cap on records per micro-batch")
     p.add_argument(

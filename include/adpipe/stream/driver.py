@@ -1,5 +1,5 @@
-"""The stream driver's life: the checkpoint's lock (or, for a standby, the
-wait for it), the one SparkSession, the transactional sink, the query, until
+"""The stream driver's life: the job's leadership (or, for a standby, the
+wait for it; adpipe.stream.leadership), the one SparkSession, the transactional sink, the query, until
 a signal or the end of the input stops it. What one micro-batch does is
 :mod:`adpipe.stream.job`."""
 
@@ -25,8 +25,8 @@ from adpipe.settings import Settings
 from adpipe.spark import build_spark, stream_job_conf
 from adpipe.stream import transforms as T
 from adpipe.stream import upgrade
-from adpipe.stream.checkpoint_lock import STANDBY_WARM_LINE, checkpoint_lock
 from adpipe.stream.job import RECORD_OVERHEAD_BYTES, BatchHandler, Takeover, transactional_id, value_limits
+from adpipe.stream.leadership import STANDBY_WARM_LINE, leadership
 from adpipe.stream.liveness import mark_polled
 from adpipe.stream.offset_log import (
     CheckpointFiles,
@@ -192,14 +192,15 @@ def run(
     ``available_now``, until what is in the topic now is processed.
     Returns the number of batches handled.
 
-    Before the query starts the driver takes the checkpoint's lock (one
-    driver per checkpoint), checks that the checkpoint fits this query, and
+    Before the query starts the driver takes the job's leadership (one
+    driver per job, on any host), checks that the checkpoint fits this query, and
     the sink fences older instances and checks its ledger against the
     checkpoint (read through Spark's Hadoop FileSystem, at any URI): a job
     that must not run fails before any batch.
 
-    ``standby``: start the session, then wait for the lock, which the kernel
-    hands over when the active driver dies, while the job's query warms up
+    ``standby``: start the session, then wait for the leadership, which the
+    brokers hand over when the active driver leaves the group or its session
+    expires (dead, frozen, cut off), while the job's query warms up
     (:class:`StandbyWarmUp`, cut short by a takeover that comes first); then
     go on as above: the sink's fencing aborts the dead driver's open
     transaction, Spark replays its uncommitted batch."""
@@ -211,7 +212,7 @@ def run(
             started = time.monotonic()
             spark = _session(settings, name)
             warming = StandbyWarmUp(spark, settings, started)
-        with checkpoint_lock(settings, standby=standby) as takeover:
+        with leadership(settings, standby=standby) as takeover:
             took_over = Takeover(takeover, time.monotonic()) if takeover else None
             if warming is not None:
                 warming.finish()

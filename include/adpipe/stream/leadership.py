@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from adpipe import kafka_io
 from adpipe.settings import Settings
@@ -101,6 +101,16 @@ def drivers(settings: Settings, timeout_s: float = 10.0) -> list[Driver]:
 def leader(settings: Settings, timeout_s: float = 10.0) -> Driver | None:
     found = drivers(settings, timeout_s)
     return found[0] if found and found[0].leads else None
+
+
+def _leader_or_none(settings: Settings) -> Driver | None:
+    """:func:`leader`, or None when the group cannot be described now (the
+    membership itself decides; this only names the leader)."""
+    try:
+        return leader(settings)
+    except KafkaException as exc:
+        log.debug("the leadership group %s not described: %s", leadership_group(settings.job_id), exc)
+        return None
 
 
 class Leadership:
@@ -173,7 +183,7 @@ def leadership(settings: Settings, standby: bool = False) -> Iterator[str | None
     driver's (its leader ended, stopped, froze or was cut off). Yields None,
     or for a standby the reason it took over."""
     if not standby:
-        current = leader(settings)
+        current = _leader_or_none(settings)
         if current is not None:
             raise CheckpointInUseError(
                 f"job {settings.job_id} is led by another stream driver ({current.describe()}); stop it first, "
@@ -186,10 +196,10 @@ def leadership(settings: Settings, standby: bool = False) -> Iterator[str | None
             log.info("standby: waiting to lead job %s (group %s)", settings.job_id, membership.group)
             current = None
             while not membership.leading.wait(0.5):
-                current = leader(settings) or current
+                current = _leader_or_none(settings) or current
             took_over = "the leader left the group" if current is None else f"{current.describe()} left the group"
         elif not membership.leading.wait(settings.stream_lease_s * 3 + 10):
-            current = leader(settings)
+            current = _leader_or_none(settings)
             raise CheckpointInUseError(
                 f"job {settings.job_id}: the leadership group did not assign this driver its partition"
                 + ("" if current is None else f" ({current.describe()} leads)")

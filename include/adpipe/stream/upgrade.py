@@ -7,7 +7,7 @@ windows' counts, and closed windows by Spark's watermark. This version's two
 operators (``adpipe.spark.StreamOperators``) keep other state, which Spark
 cannot resume from the old one. The upgrade:
 
-1. takes the checkpoint's lock (no driver may run) and checks that the old
+1. takes the job's leadership (no driver may run) and checks that the old
    checkpoint's last committed batch N is the ledger's;
 2. reads the old state as of batch N with Spark's state reader: the digests
    (the same 16-byte BLAKE2b this version keys its ids by; their first event
@@ -126,10 +126,10 @@ def upgrade(settings: Settings, spark: SparkSession, sink_for: Callable[[Checkpo
     """Steps 1-4 of the module doc; returns the number of open windows
     carried over. ``sink_for``: the job's transactional sink for a
     checkpoint (the driver's, with its limits)."""
-    from adpipe.stream.checkpoint_lock import checkpoint_lock
+    from adpipe.stream.leadership import leadership
 
     uri = settings.checkpoint_uri.rstrip("/")
-    with checkpoint_lock(settings):
+    with leadership(settings):
         old = HadoopCheckpoint(spark, uri)
         last = is_old_checkpoint(old)  # Step 1
         if last is None:

@@ -2,12 +2,12 @@
 
     python -m adpipe.tools.container_health stream|standby|budget
 
-* ``stream``: a driver in this container holds the job's checkpoint lock
-  (:mod:`adpipe.stream.checkpoint_lock`), so it is past its start checks and
-  owns the checkpoint. Read from the kernel's lock table, never by taking the
-  lock, which could make a driver starting at that instant refuse to run.
-* ``standby``: a standby driver waits for that lock (listed in the kernel's
-  lock table as its waiter), or a driver holds it (the standby took over).
+* ``stream``: a driver in this container (this host name) leads the job in
+  its leadership group (:mod:`adpipe.stream.leadership`), so it is past its
+  start checks and owns the checkpoint. Read from the group's description,
+  never by joining it.
+* ``standby``: a driver in this container is a member of that group,
+  waiting (a standby) or leading (the standby took over).
 * ``budget``: the budget consumer group (``ADPIPE_BUDGET_GROUP``) has a
   member, so an instance is consuming the aggregates.
 
@@ -16,24 +16,31 @@ Exit 0 when healthy, 1 otherwise, with one line saying why."""
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from adpipe import kafka_io
 from adpipe.settings import Settings, load_settings
-from adpipe.stream.checkpoint_lock import holder, waiters
+from adpipe.stream import leadership
+
+
+def _here(settings: Settings) -> list[leadership.Driver]:
+    host = socket.gethostname()
+    return [d for d in leadership.drivers(settings) if d.host == host]
 
 
 def stream_health(settings: Settings) -> tuple[bool, str]:
-    pid = holder(settings)
-    if pid:
-        return True, f"stream {settings.job_id}: pid {pid} holds the checkpoint {settings.checkpoint_uri}"
-    return False, f"stream {settings.job_id}: no driver holds the checkpoint {settings.checkpoint_uri}"
+    leading = [d for d in _here(settings) if d.leads]
+    if leading:
+        return True, f"stream {settings.job_id}: {leading[0].describe()} leads the job"
+    return False, f"stream {settings.job_id}: no driver in this container leads the job"
 
 
 def standby_health(settings: Settings) -> tuple[bool, str]:
-    waiting = waiters(settings)
+    here = _here(settings)
+    waiting = [d for d in here if not d.leads]
     if waiting:
-        return True, f"stream {settings.job_id}: standby pid {waiting[0]} waits for the checkpoint"
+        return True, f"stream {settings.job_id}: standby {waiting[0].describe()} waits to lead the job"
     return stream_health(settings)
 
 

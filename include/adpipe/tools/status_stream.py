@@ -1,5 +1,5 @@
-"""The stream job's row of ``adpipe status``: its driver (the lease's
-holder, the lock's), its standby, its last committed batch (from the
+"""The stream job's row of ``adpipe status``: its driver and standbys (its
+leadership group's members, on any host), its last committed batch (from the
 checkpoint, else its heartbeat), the batch it runs, its lag, whether it is
 stalled by the supervisor's own rule, and the last failover; after
 ``make demo``, the demo's job while this home's own never ran."""
@@ -7,7 +7,9 @@ stalled by the supervisor's own rule, and the last failover; after
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +28,8 @@ from adpipe.tools.status_common import (
     reason,
     stderr_file,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,43 +82,43 @@ def checkpoint_progress(root: Path) -> CheckpointProgress | None:
 
 
 def stream_component(settings: Settings, kafka_up: bool, now: float | None = None) -> Component:
-    """Alive: a driver holds the checkpoint's lock (a job started by hand or
-    by the supervisor on this host), or the supervisor's pid runs. Its last
-    batch from the checkpoint (a local one) or else its heartbeat; its lag
-    from the broker (raw records not yet committed by its transactions).
-    Stalled by the supervisor's own rule (:func:`liveness.input_stalled`,
-    the rule it restarts a job by): input waits and for
-    ADPIPE_STREAM_STALL_S the job has neither finished a batch nor polled.
-    With the lag unknown (the broker does not answer): a batch started more
-    than ADPIPE_STREAM_STALL_S ago and not committed yet."""
-    from adpipe.stream import checkpoint_lock, liveness
+    """Alive: a driver leads the job (its leadership group, on any host:
+    adpipe.stream.leadership), or, the brokers not answering, the
+    supervisor's pid runs. Its last batch from the checkpoint (a local one)
+    or else its heartbeat; its lag from the broker (raw records not yet
+    committed by its transactions). Stalled by the supervisor's own rule
+    (:func:`liveness.input_stalled`, the rule it restarts a job by): input
+    waits and for ADPIPE_STREAM_STALL_S the job has neither finished a batch
+    nor polled. With the lag unknown (the broker does not answer): a batch
+    started more than ADPIPE_STREAM_STALL_S ago and not committed yet."""
+    from adpipe.stream import liveness
 
     now = time.time() if now is None else now
     supervised = liveness.read_state(settings)
     supervised_pid = supervised.get("pid") if liveness.process_alive(supervised.get("pid")) else None
-    # The active driver renews the lease; the lock's holder differs from it
-    # only while a paused driver that a standby took over from still lives.
-    lease = checkpoint_lock.read_lease(settings)
-    fresh = lease is not None and lease.host == os.uname().nodename and now - lease.at <= settings.stream_lease_s
-    lock_holder = checkpoint_lock.holder(settings)
-    pid = (lease.pid if fresh and lease else None) or lock_holder or supervised_pid
+    drivers = _drivers(settings, kafka_up)
+    lead = next((d for d in drivers if d.leads), None)
+    here = socket.gethostname()
+    pid = (lead.pid if lead.host == here else None) if lead is not None else supervised_pid
+    standbys = [d for d in drivers if not d.leads]
+    facts: dict[str, Any] = {
+        "job_id": settings.job_id,
+        "pid": pid,
+        "driver": None if lead is None else {"host": lead.host, "pid": lead.pid},
+        "standby_pids": [d.pid for d in standbys if d.host == here],
+        "standbys": [{"host": d.host, "pid": d.pid} for d in standbys],
+    }
+    if pid:
+        parts = [f"pid {pid}"]
+    else:
+        parts = [f"led by {lead.describe()}" if lead is not None else "not running"]
+    if standbys:
+        parts.append("standby " + ", ".join(d.describe() for d in standbys) + " (takes over when it ends)")
     try:
         progress = checkpoint_progress(settings.checkpoint_dir)
     except SettingsError:  # hdfs://, s3a://: the heartbeat says what the last batch was
         progress = None
-    standby = checkpoint_lock.waiters(settings)
-    facts: dict[str, Any] = {"job_id": settings.job_id, "pid": pid, "standby_pids": standby}
     beat = liveness.read_heartbeat(settings)
-    parts = [f"pid {pid}" if pid else "not running"]
-    if pid and lease is not None and lease.pid == pid:
-        facts["lease_age_s"] = round(now - lease.at, 1)
-        if not fresh:
-            parts.append(f"its lease is {now - lease.at:.0f} s old (paused or frozen?)")
-    if lock_holder and lock_holder != pid:
-        facts["fenced_pid"] = lock_holder
-        parts.append(f"pid {lock_holder} was taken over from (fenced) and still holds the lock")
-    if standby:
-        parts.append("standby pid " + ", ".join(map(str, standby)) + " (takes over when it ends)")
     failover = liveness.read_failover(settings)
     if failover is not None:
         facts["last_failover"] = failover
@@ -146,9 +150,22 @@ def stream_component(settings: Settings, kafka_up: bool, now: float | None = Non
             "(the supervisor restarts it)"
         )
     facts["stalled"] = stalled
-    state = DEGRADED if stalled else (UP if pid else DOWN)
+    state = DEGRADED if stalled else (UP if pid or lead is not None else DOWN)
     logs = existing(stderr_file(pid) if pid else None, supervised.get("log"))
     return Component("stream", state, settings.checkpoint_uri, "; ".join(parts), logs, facts)
+
+
+def _drivers(settings: Settings, kafka_up: bool) -> list:
+    """The job's drivers in its leadership group (none when the brokers do not answer)."""
+    from adpipe.stream import leadership
+
+    if not kafka_up:
+        return []
+    try:
+        return leadership.drivers(settings, timeout_s=5)
+    except Exception as exc:  # noqa: BLE001 - status says what it knows
+        log.debug("the stream's leadership group: %s", exc)
+        return []
 
 
 def _last_batch(

@@ -341,11 +341,14 @@ def test_load_steps_hand_the_run_over_in_one_file_per_dag_run(tmp_path: Path) ->
 def test_a_driver_holding_the_checkpoint_is_the_live_job_when_the_one_started_died(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A standby that took over from the driver the supervisor started holds
-    the checkpoint's lock: the job is alive (a new start would be refused)."""
+    """A standby that took over from the driver the supervisor started leads
+    the job (its leadership group, on any host): the job is alive (a new
+    start would be refused)."""
+    import socket
+
     from adpipe import kafka_io
     from adpipe.orchestration.stream_supervisor import inspect, record_start
-    from adpipe.stream.checkpoint_lock import checkpoint_lock
+    from adpipe.stream import leadership
 
     settings = _settings(tmp_path)
     monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings: {0: (5, "")})
@@ -353,9 +356,15 @@ def test_a_driver_holding_the_checkpoint_is_the_live_job_when_the_one_started_di
     record_start(settings, 2**22 + 12345, tmp_path / "gone.log")  # a pid that does not run
     health = inspect(settings)
     assert (health.alive, health.how, health.needs_start) == (False, "down", True)
-    with checkpoint_lock(settings):  # this process is the driver that took over
-        health = inspect(settings)
-        assert (health.alive, health.how, health.pid, health.needs_start) == (True, "lock", os.getpid(), False)
+    group: list[leadership.Driver] = []
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    assert inspect(settings).alive is False
+    group.append(leadership.Driver(socket.gethostname(), os.getpid(), True))  # this process took over
+    health = inspect(settings)
+    assert (health.alive, health.how, health.pid, health.needs_start) == (True, "leader", os.getpid(), False)
+    group[0] = leadership.Driver("another-host", 77, True)  # a driver on another worker leads
+    health = inspect(settings)
+    assert (health.alive, health.how, health.pid, health.needs_start) == (True, "leader", None, False)
 
 
 def test_descends_from_follows_the_parent_chain() -> None:

@@ -38,10 +38,11 @@ def test_a_standby_is_started_beside_a_live_driver_and_one_that_took_over_is_rec
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
+    import socket
     from types import SimpleNamespace
 
     from adpipe.orchestration.stream_supervisor import StreamSubmitOperator, read_state, record_start
-    from adpipe.stream.checkpoint_lock import checkpoint_lock
+    from adpipe.stream import leadership
 
     settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "j1", "ADPIPE_STREAM_STANDBY": "on"})
     monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
@@ -54,16 +55,18 @@ def test_a_standby_is_started_beside_a_live_driver_and_one_that_took_over_is_rec
 
     monkeypatch.setattr(operator, "_start", fake_start)
     record_start(settings, os.getpid(), tmp_path / "stream.log")
-    with checkpoint_lock(settings):  # this process: the active driver
-        assert operator.start_standby_if_missing(settings) == 2**22 + 1
-        assert started[-1][-1] == "--standby" and started[-1][-2].endswith("aggregation_stream.py")
-        assert read_state(settings)["standby_pid"] == 2**22 + 1
-        # That standby died before it waited: another is started.
-        assert operator.start_standby_if_missing(settings) == 2**22 + 2
-        # A standby that took over (the lock's holder runs under it) is the driver now.
-        state = read_state(settings)
-        state["standby_pid"] = os.getppid()
-        (tmp_path / "stream" / "j1" / "supervisor.json").write_text(json.dumps(state))
-        assert operator.start_standby_if_missing(settings) == 2**22 + 3
-        state = read_state(settings)
-        assert state["pid"] == os.getppid() and state["standby_pid"] == 2**22 + 3
+    # This process leads the job (its leadership group, the brokers' answer faked).
+    leading = [leadership.Driver(socket.gethostname(), os.getpid(), True)]
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(leading))
+    assert operator.start_standby_if_missing(settings) == 2**22 + 1
+    assert started[-1][-1] == "--standby" and started[-1][-2].endswith("aggregation_stream.py")
+    assert read_state(settings)["standby_pid"] == 2**22 + 1
+    # That standby died before it waited: another is started.
+    assert operator.start_standby_if_missing(settings) == 2**22 + 2
+    # A standby that took over (the leader runs under it) is the driver now.
+    state = read_state(settings)
+    state["standby_pid"] = os.getppid()
+    (tmp_path / "stream" / "j1" / "supervisor.json").write_text(json.dumps(state))
+    assert operator.start_standby_if_missing(settings) == 2**22 + 3
+    state = read_state(settings)
+    assert state["pid"] == os.getppid() and state["standby_pid"] == 2**22 + 3

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from adpipe.settings import Settings, load_settings
-from adpipe.stream.checkpoint_lock import checkpoint_lock
+from adpipe.stream.leadership import Driver
 from adpipe.tools import status
 from adpipe.tools.status import DEGRADED, DOWN, UNKNOWN, UP, Component
 
@@ -82,20 +83,35 @@ def test_a_stream_job_nobody_runs_is_down_with_its_last_batch_and_the_batch_in_d
     assert row.facts["last_batch"] == 8 and row.facts["uncommitted_batch"] == 9 and row.facts["lag"] is None
 
 
-def test_a_driver_holding_the_checkpoint_lock_is_the_running_job_and_a_batch_running_too_long_is_stalled(
-    tmp_path: Path,
+def _leading(monkeypatch: pytest.MonkeyPatch, *drivers: Driver) -> None:
+    """The job's leadership group as given (the brokers' answer is the one input faked)."""
+    from adpipe.tools import status_stream
+
+    monkeypatch.setattr(status_stream, "_drivers", lambda _settings, _kafka_up: list(drivers))
+
+
+HERE = socket.gethostname()
+
+
+def test_a_driver_leading_the_job_is_the_running_job_and_a_batch_running_too_long_is_stalled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = _settings(tmp_path, ADPIPE_STREAM_STALL_S="300")
     _lay_out_checkpoint(settings, started_s_before_now=30)
-    with checkpoint_lock(settings):  # this process is the driver now, as far as the kernel knows
-        row = status.stream_component(settings, kafka_up=False, now=NOW)
-        assert (row.state, row.facts["pid"]) == (UP, os.getpid())
-        assert row.detail.startswith(f"pid {os.getpid()}; last batch 8 at ")
-        assert "batch 9 running for 30 s" in row.detail
-        os.utime(settings.checkpoint_dir / "offsets" / "9", (NOW - 301, NOW - 301))
-        stalled = status.stream_component(settings, kafka_up=False, now=NOW)
-        assert stalled.state == DEGRADED and "batch 9 stalled: running for 301 s" in stalled.detail
-    assert status.stream_component(settings, kafka_up=False, now=NOW).state == DOWN  # lock released
+    _leading(monkeypatch, Driver(HERE, os.getpid(), True))  # this process leads the job
+    row = status.stream_component(settings, kafka_up=False, now=NOW)
+    assert (row.state, row.facts["pid"]) == (UP, os.getpid())
+    assert row.detail.startswith(f"pid {os.getpid()}; last batch 8 at ")
+    assert "batch 9 running for 30 s" in row.detail
+    os.utime(settings.checkpoint_dir / "offsets" / "9", (NOW - 301, NOW - 301))
+    stalled = status.stream_component(settings, kafka_up=False, now=NOW)
+    assert stalled.state == DEGRADED and "batch 9 stalled: running for 301 s" in stalled.detail
+    _leading(monkeypatch)
+    assert status.stream_component(settings, kafka_up=False, now=NOW).state == DOWN  # nobody leads
+    _leading(monkeypatch, Driver("host-b", 77, True))  # another host's driver leads
+    row = status.stream_component(settings, kafka_up=False, now=NOW)
+    assert row.state == UP and row.detail.startswith("led by pid 77 on host-b; last batch 8 at ")
+    assert (row.facts["pid"], row.facts["driver"]) == (None, {"host": "host-b", "pid": 77})
 
 
 def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rule(
@@ -126,22 +142,23 @@ def test_with_the_lag_known_the_stream_row_is_stalled_by_the_supervisors_own_rul
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"job_id": "region-local", "batch_id": 9, "at": at, "watermark_ms": 0}))
 
-    with checkpoint_lock(settings):
-        beat(now - 350)
-        liveness.mark_polled(settings, now - 320)
-        row = status.stream_component(settings, kafka_up=True, now=now)
-        assert row.state == DEGRADED and row.facts["stalled"] and row.facts["lag"] == 500
-        assert "lag 500 records, the oldest 42 s" in row.detail and row.facts["lag_s"] == 42
-        assert asked[-1] == {0: 1000}
-        assert "stalled: input waits and no batch finished nor poll for over 300 s" in row.detail
-        liveness.mark_polled(settings, now - 10)  # Spark reported progress or idling 10 s ago
-        assert status.stream_component(settings, kafka_up=True, now=now).state == UP
-        liveness.mark_polled(settings, now - 320)
-        lag[0] = 0  # nothing waits: quiet is not stalled
-        assert status.stream_component(settings, kafka_up=True, now=now).state == UP
-        lag[0] = 500  # a job started (by hand) 100 s ago, its last heartbeat an older run's
-        row = status.stream_component(settings, kafka_up=True, now=started + 100)
-        assert (row.state, row.facts["stalled"]) == (UP, False)
+    _leading(monkeypatch, Driver(HERE, os.getpid(), True))
+    beat(now - 350)
+    liveness.mark_polled(settings, now - 320)
+    row = status.stream_component(settings, kafka_up=True, now=now)
+    assert row.state == DEGRADED and row.facts["stalled"] and row.facts["lag"] == 500
+    assert "lag 500 records, the oldest 42 s" in row.detail and row.facts["lag_s"] == 42
+    assert asked[-1] == {0: 1000}
+    assert "stalled: input waits and no batch finished nor poll for over 300 s" in row.detail
+    liveness.mark_polled(settings, now - 10)  # Spark reported progress or idling 10 s ago
+    assert status.stream_component(settings, kafka_up=True, now=now).state == UP
+    liveness.mark_polled(settings, now - 320)
+    lag[0] = 0  # nothing waits: quiet is not stalled
+    assert status.stream_component(settings, kafka_up=True, now=now).state == UP
+    lag[0] = 500  # a job started (by hand) 100 s ago, its last heartbeat an older run's
+    row = status.stream_component(settings, kafka_up=True, now=started + 100)
+    assert (row.state, row.facts["stalled"]) == (UP, False)
+    _leading(monkeypatch)
     assert status.stream_component(settings, kafka_up=True, now=now).state == DOWN  # nobody runs it
 
 
@@ -250,37 +267,27 @@ def test_the_status_verb_is_wired_with_json() -> None:
     assert args.func is cmd_status and args.json
 
 
-def test_the_stream_row_names_the_leases_driver_the_standby_a_fenced_holder_and_the_last_failover(
+def test_the_stream_row_names_the_leader_the_standbys_on_any_host_and_the_last_failover(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a standby took over from a paused driver: the lease names the
-    active driver (333), the paused one (111) still holds the lock, a new
-    standby (222) waits, and failover.json says what happened."""
-    from adpipe.stream import checkpoint_lock as lock
+    """After a standby took over: the group names the driver that leads
+    (333, here), a standby here (222) and one on another host, and
+    failover.json says what happened."""
     from adpipe.stream import liveness
 
     settings = _settings(tmp_path)
     _lay_out_checkpoint(settings)
-    monkeypatch.setattr(lock, "holder", lambda _settings: 111)
-    monkeypatch.setattr(lock, "waiters", lambda _settings: [222])
-    lease = lock.lease_path(settings)
-    lease.parent.mkdir(parents=True, exist_ok=True)
-    lease.write_text(json.dumps({"pid": 333, "host": os.uname().nodename, "epoch": 2, "at": NOW - 1}))
+    _leading(monkeypatch, Driver(HERE, 333, True), Driver(HERE, 222, False), Driver("host-b", 9, False))
     failover = liveness.failover_path(settings)
     failover.parent.mkdir(parents=True, exist_ok=True)
-    failover.write_text(json.dumps({"at": NOW - 60, "pid": 333, "reason": "the active driver (pid 111 on h) has "
-                                    "not renewed its lease for 6.2 s", "batch_id": 5, "seconds": 7.4}))
+    failover.write_text(json.dumps({"at": NOW - 60, "pid": 333, "reason": "pid 111 on h left the group",
+                                    "batch_id": 5, "seconds": 7.4}))
     row = status.stream_component(settings, kafka_up=False, now=NOW)
     assert row.state == UP and row.facts["pid"] == 333 and row.facts["standby_pids"] == [222]
-    assert row.facts["fenced_pid"] == 111 and row.facts["lease_age_s"] == 1.0
-    assert row.detail.startswith("pid 333; pid 111 was taken over from (fenced) and still holds the lock; "
-                                 "standby pid 222 (takes over when it ends); last failover at ")
-    assert "has not renewed its lease for 6.2 s, next batch 7.4 s after" in row.detail
-    # Before the takeover: the lock's holder renewed its lease 11 s ago (paused?).
-    lease.write_text(json.dumps({"pid": 111, "host": os.uname().nodename, "epoch": 1, "at": NOW - 11}))
-    stale = status.stream_component(settings, kafka_up=False, now=NOW)
-    assert stale.facts["pid"] == 111 and "fenced_pid" not in stale.facts
-    assert stale.detail.startswith("pid 111; its lease is 11 s old (paused or frozen?); standby pid 222")
+    assert row.facts["standbys"] == [{"host": HERE, "pid": 222}, {"host": "host-b", "pid": 9}]
+    assert row.detail.startswith(f"pid 333; standby pid 222 on {HERE}, pid 9 on host-b (takes over when it ends); "
+                                 "last failover at ")
+    assert "pid 111 on h left the group, next batch 7.4 s after" in row.detail
 
 
 def test_after_a_demo_the_stream_row_describes_the_demos_job_until_the_homes_own_runs(tmp_path: Path) -> None:

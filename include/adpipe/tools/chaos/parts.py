@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from adpipe.faults import wait_group_gone
 from adpipe.processes import start_detached
-from adpipe.stream import checkpoint_lock
+from adpipe.settings import Settings
+from adpipe.stream import leadership
 from adpipe.stream.liveness import descends_from
 
 from .context import RunContext
@@ -152,14 +154,14 @@ class Crew:
         return True
 
     def follow_lease(self) -> bool:
-        """The standby holds the checkpoint's lease: it is the active driver
-        (two drivers started as standbys, the one that warmed first took the
-        lock), and the roles follow. Whether they swapped."""
+        """The standby leads the job (its leadership group): it is the active
+        driver (two drivers started as standbys, the group gave the first the
+        leadership), and the roles follow. Whether they swapped."""
         standby = self.standby
         if standby is None or not standby.alive:
             return False
-        lease = checkpoint_lock.read_lease(self.settings)
-        if lease is None or not descends_from(lease.pid, standby.proc.pid):  # type: ignore[union-attr]
+        lead = _leader(self.settings)
+        if lead is None or not descends_from(lead.pid, standby.proc.pid):  # type: ignore[union-attr]
             return False
         self._swap()
         return True
@@ -179,17 +181,21 @@ class Crew:
 
     def standby_state(self) -> str:
         """How the standby stands: "warm" (its warm-up done, waiting in the
-        kernel's lock table for the checkpoint), "waiting" (waiting there, its
-        warm-up still running: a takeover cuts it short), "warming" (its
-        session starting) or "down"."""
+        job's leadership group), "waiting" (waiting there, its warm-up still
+        running: a takeover cuts it short), "warming" (its session starting)
+        or "down"."""
         standby = self.standby
         if standby is None or not standby.alive:
             return "down"
         try:
-            warm = checkpoint_lock.STANDBY_WARM_LINE in standby.log_path.read_text(errors="replace")
+            warm = leadership.STANDBY_WARM_LINE in standby.log_path.read_text(errors="replace")
         except OSError:
             warm = False
-        waiting = any(descends_from(pid, standby.proc.pid) for pid in checkpoint_lock.waiters(self.settings))  # type: ignore[union-attr]
+        waiting = any(
+            descends_from(d.pid, standby.proc.pid)  # type: ignore[union-attr]
+            for d in _drivers(self.settings)
+            if not d.leads
+        )
         if not waiting:
             return "warming"
         return "warm" if warm else "waiting"
@@ -229,3 +235,16 @@ class Restarts:
 
     def parts_down(self) -> list[str]:
         return [f"{part} ({why})" for part, why in sorted(self.down.items())]
+
+
+def _drivers(settings: Settings) -> list[leadership.Driver]:
+    """The job's drivers in its leadership group, on this host (none when the brokers do not answer)."""
+    try:
+        return [d for d in leadership.drivers(settings, timeout_s=5) if d.host == socket.gethostname()]
+    except Exception as exc:  # noqa: BLE001 - asked again at the next tick
+        log.debug("the stream's leadership group: %s", exc)
+        return []
+
+
+def _leader(settings: Settings) -> leadership.Driver | None:
+    return next((d for d in _drivers(settings) if d.leads), None)

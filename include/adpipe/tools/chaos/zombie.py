@@ -65,8 +65,9 @@ class Zombies:
 
     def start(self, record: FaultRecord) -> None:
         """The stopped driver's successor: the run's standby when it has a
-        live one (it takes over once the stopped driver's lease is older than
-        ``ADPIPE_STREAM_LEASE_S``), else a second driver started now."""
+        live one (it takes over once the stopped driver's session in the
+        leadership group expires, ``ADPIPE_STREAM_LEASE_S``), else a second
+        driver started now."""
         standby = self.crew.standby
         if standby is not None and standby.alive:
             self.crew.standby = None  # the successor; the zombie is the standby once retired
@@ -75,22 +76,14 @@ class Zombies:
             self._pause(record, self._start_successor())
 
     def _start_successor(self) -> Part:
-        """Start a second driver on the stopped one's checkpoint. On one host
-        the checkpoint's flock (adpipe.stream.checkpoint_lock) would refuse
-        it: the stopped driver still holds it. The successor reaches the same
-        checkpoint through another name, so its lock is another file, as a
-        driver on another host would (where only the transactional.id's
-        fencing and Spark's own offset-log checks stand between them)."""
-        settings, stream = self.ctx.settings, self.crew.stream
+        """Start a second driver of the job, as a standby: it waits in the
+        job's leadership group and leads once the stopped driver's session
+        has expired (ADPIPE_STREAM_LEASE_S), as a driver on another host
+        would (where the transactional.id's fencing and Spark's own
+        offset-log checks stand between them too)."""
         self.successors += 1
-        # A base of its own whose <job id> entry is the checkpoint itself: the
-        # successor's checkpoint is the same folder, its lock (<job id>.lock
-        # beside it) another file.
-        view = self.ctx.home / f"checkpoint-view-{self.successors}"
-        view.mkdir(parents=True, exist_ok=True)
-        (view / settings.job_id).symlink_to(settings.checkpoint_dir, target_is_directory=True)
-        env = {**stream.env, "ADPIPE_CHECKPOINT_URI": f"file://{view}"}
-        successor = Part(f"stream-successor{self.successors}", self.crew.stream_argv, env, self.ctx.logs)
+        successor = Part(f"stream-successor{self.successors}", self.crew.standby_argv, self.crew.stream.env,
+                         self.ctx.logs)
         successor.start()
         return successor
 
@@ -131,8 +124,8 @@ class Zombies:
         self.clock.later(1, "retire_zombie")
 
     def retire(self) -> None:
-        """Wait for the resumed driver to stop by itself (fenced, or refused
-        by the checkpoint); then its successor is the stream job."""
+        """Wait for the resumed driver to stop by itself (its leadership lost,
+        or fenced); then its successor is the stream job."""
         pause = self.crew.pause
         assert pause is not None and pause.resumed_at is not None
         since = time.monotonic() - pause.resumed_at
