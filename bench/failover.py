@@ -44,6 +44,14 @@ TOOK_OVER = "standby: took over ("
 WARM = leadership.STANDBY_WARM_LINE
 
 
+def _drivers(job: Settings) -> list[leadership.Driver]:
+    """The job's leadership group (empty when the brokers do not answer this time)."""
+    try:
+        return leadership.drivers(job, timeout_s=5)
+    except Exception:  # noqa: BLE001 - asked again
+        return []
+
+
 @dataclass
 class Driver:
     proc: subprocess.Popen
@@ -175,14 +183,14 @@ def run(settings: Settings, faults: int = 10, rate: float = 5.0, signal_name: st
     active = _start(env, work, "driver-0")
     drivers = [active]
     try:
-        wait("the first driver leading", lambda: leadership.leader(job) is not None, 300)
+        wait("the first driver leading", lambda: _drivers(job)[:1] != [] and _drivers(job)[0].leads, 300)
         producer.start()
         for n in range(1, faults + 1):
             standby = _start(env, work, f"driver-{n}", "--standby")
             drivers.append(standby)
             # It waits from its session's start and warms up meanwhile: the fault comes once it is warm.
             wait(f"standby {n} waiting, warm",
-                 lambda s=standby: len(leadership.drivers(job)) > 1 and WARM in s.log(), 300)
+                 lambda s=standby: len(_drivers(job)) > 1 and WARM in s.log(), 300)
             time.sleep(rng.uniform(2.0, 6.0))  # a random moment of the active driver's batches
             fault_at = time.monotonic()
             os.killpg(active.proc.pid, getattr(signal, f"SIG{signal_name}"))
