@@ -43,7 +43,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from adpipe.settings import SCRAM_MECHANISM, Settings, SettingsError, load_settings
+from adpipe.kafka_access import KAFKA_ENV, access_env
+from adpipe.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,7 @@ POSTGRES = ("postgres", "postgresql")
 # What each Connection replaces, whole: these variables of the worker's
 # environment are never mixed with a Connection's values.
 REPLACES = {
-    KAFKA: ("ADPIPE_KAFKA_BOOTSTRAP", "ADPIPE_KAFKA_SECURITY", "ADPIPE_KAFKA_USERNAME", "ADPIPE_KAFKA_PASSWORD",
-            "ADPIPE_KAFKA_PASSWORD_FILE", "ADPIPE_KAFKA_CA_FILE"),
+    KAFKA: KAFKA_ENV,
     METASTORE_DB: ("ADPIPE_PG_HOST", "ADPIPE_PG_PORT", "ADPIPE_PG_USER", "ADPIPE_PG_PASSWORD",
                    "ADPIPE_METASTORE_DATABASE"),
     BUDGET_DB: ("ADPIPE_BUDGET_DB",),
@@ -93,30 +93,12 @@ def _get(hook_class: Any, conn_id: str) -> Any | None:
 
 def kafka_env(extra: Mapping[str, Any]) -> dict[str, str]:
     """``adpipe_kafka``'s extra (librdkafka settings, as the Kafka provider
-    keeps them) as ``ADPIPE_KAFKA_*`` values."""
-    bootstrap = str(extra.get("bootstrap.servers") or "")
-    if not bootstrap:
-        raise UnusableConnection(f"Connection {KAFKA!r}: its extra has no bootstrap.servers")
-    protocol = str(extra.get("security.protocol") or "PLAINTEXT").upper()
-    env = dict.fromkeys(REPLACES[KAFKA], "")
-    env["ADPIPE_KAFKA_BOOTSTRAP"] = bootstrap
-    if protocol == "PLAINTEXT":
-        env["ADPIPE_KAFKA_SECURITY"] = "plaintext"
-        return env
-    mechanism = str(extra.get("sasl.mechanisms") or extra.get("sasl.mechanism") or "").upper()
-    if protocol != "SASL_SSL" or mechanism != SCRAM_MECHANISM:
-        raise UnusableConnection(
-            f"Connection {KAFKA!r}: security.protocol={protocol}, sasl.mechanisms={mechanism or None}; adpipe "
-            f"reaches Kafka over PLAINTEXT or SASL_SSL with {SCRAM_MECHANISM}"
-        )
-    password = str(extra.get("sasl.password") or "")
-    _mask(password)
-    env.update(
-        ADPIPE_KAFKA_SECURITY="sasl_ssl",
-        ADPIPE_KAFKA_USERNAME=str(extra.get("sasl.username") or ""),
-        ADPIPE_KAFKA_PASSWORD=password,
-        ADPIPE_KAFKA_CA_FILE=str(extra.get("ssl.ca.location") or ""),
-    )
+    keeps them) as ``ADPIPE_KAFKA_*`` values (adpipe.kafka_access.access_env)."""
+    try:
+        env = access_env(extra, f"Connection {KAFKA!r}")
+    except SettingsError as exc:
+        raise UnusableConnection(str(exc)) from None
+    _mask(env["ADPIPE_KAFKA_PASSWORD"])
     return env
 
 
