@@ -122,6 +122,12 @@ def airflow_env(settings: Settings, database_url: str, base: dict[str, str] | No
             **metrics_env(settings),
         }
     )
+    if settings.pg_password == Settings.pg_password:
+        # The local PostgreSQL's password is the public, loopback-only
+        # default "adpipe": Airflow masks a Connection's password in every
+        # log line, and would turn each path and command naming adpipe into
+        # ***. Longer secrets (every one adpipe generates) are masked still.
+        env["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"] = str(len(Settings.pg_password) + 1)
     return env
 
 

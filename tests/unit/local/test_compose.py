@@ -212,6 +212,15 @@ def test_airflow_components_have_no_address_or_credential_but_their_connections(
         env = _env(services[name])
         assert not [v for v in env if v.startswith(CONNECTION_SETTINGS)], name
         assert {"ADPIPE_HOME", "ADPIPE_LOAD_START"} <= set(env), name
+    # The public default password "adpipe" is not masked (it would mask every
+    # "adpipe" in a log line), as `make airflow` sets it; longer secrets are.
+    from adpipe.local.airflow import airflow_env
+
+    made = airflow_env(_settings(services["stream"]), "sqlite://", base={})
+    assert _env(services["airflow-scheduler"])["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"] == (
+        made["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"]) == "7"
+    assert "AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET" not in airflow_env(
+        load_settings({"ADPIPE_PG_PASSWORD": "a-long-generated-one"}), "sqlite://", base={})
     # airflow-init alone has the PostgreSQL server's address, for `adpipe pg up`.
     init = _env(services["airflow-init"])
     assert [v for v in init if v.startswith(CONNECTION_SETTINGS)] == ["ADPIPE_PG_HOST", "ADPIPE_PG_PORT"]
