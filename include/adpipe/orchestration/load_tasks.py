@@ -277,10 +277,12 @@ class LoadStepOperator(BaseOperator):
         argv = ["load", "--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
         lines = _LogLines(self.log)
         driver = warm.ensure_driver(settings, env=env)
-        self._warm = (settings, driver.pid) if driver else None
-        try:
+        code = None
+        if driver is not None:
+            # Kept while the driver may run the step: a timeout interrupts
+            # the call below, then Airflow calls on_kill.
+            self._warm = (settings, driver.pid)
             code = warm.delegate(settings, argv, start=True, env=env, out=lines, err=lines)
-        finally:
             self._warm = None
         if code is None:
             self.log.warning("no warm load driver took the step: running it in this process")
