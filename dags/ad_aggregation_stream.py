@@ -6,10 +6,11 @@ aggregates → `ad-aggregates`, one Kafka transaction per micro-batch) runs for
 days; an Airflow task should not. So this DAG is a **short run every five
 minutes** (one at a time, no catchup) that supervises it:
 
-1. `start_stream_if_down` — `StreamSubmitOperator`, a `SparkSubmitOperator`
-   (Spark provider, connection `adpipe_spark`) that submits the job
-   **detached**: its own process group and log under
-   `$ADPIPE_HOME/stream/<job_id>/`, so it outlives the task. A no-op when the
+1. `start_stream_if_down` — `StreamStartOperator`: `spark-submit` of the job
+   (master from the connection `adpipe_spark`), started **detached**: its own
+   process group and log under `$ADPIPE_HOME/stream/<job_id>/`, so it
+   outlives the task (the Spark provider's operator would wait for the
+   driver to exit, i.e. for days). A no-op when the
    job is alive; a stalled job (input waiting, no batch for
    `ADPIPE_STREAM_STALL_S`) is stopped first. A start after an earlier one
    is counted as a restart. A driver holding the job's checkpoint (a standby
@@ -30,6 +31,11 @@ minutes** (one at a time, no catchup) that supervises it:
 Without a standby, a death between two runs costs at most five minutes of latency, never data:
 the restarted job resumes from its checkpoint and Kafka ledger, exactly once.
 Every failed task alerts once through the one notifier (`adpipe.orchestration.alerts`).
+
+Rails: every task is failed after `ADPIPE_STREAM_TASK_TIMEOUT_S` (600 s), a run
+after 15 minutes; no retries (the next run, five minutes later, is the retry).
+Kafka and Spark come from the Connections `adpipe_kafka` and `adpipe_spark`
+(`adpipe.orchestration.connections`).
 Logic: `adpipe.orchestration.stream_supervisor`.
 """
 
@@ -38,8 +44,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from adpipe.orchestration.alerts import notify_failure
-from adpipe.orchestration.stream_supervisor import StreamSubmitOperator
+from adpipe.orchestration.stream_supervisor import StreamStartOperator
+from adpipe.settings import load_settings
 from airflow.sdk import DAG, CronTriggerTimetable, task
+
+# Parse time reads only the environment (no I/O): the tasks' timeout.
+_settings = load_settings()
 
 with DAG(
     dag_id="ad_aggregation_stream",
@@ -51,22 +61,28 @@ with DAG(
     doc_md=__doc__,
     tags=["adpipe", "stream"],
     # Task level only: one failure is one alert (a DAG-level callback would add a second).
-    default_args={"owner": "adpipe", "retries": 0, "on_failure_callback": notify_failure},
+    # Idempotent, but the next run is the retry: no retries of their own.
+    default_args={
+        "owner": "adpipe",
+        "retries": 0,
+        "execution_timeout": timedelta(seconds=_settings.rails.stream_task_timeout_s),
+        "on_failure_callback": notify_failure,
+    },
 ) as dag:
-    start = StreamSubmitOperator(task_id="start_stream_if_down")
+    start = StreamStartOperator(task_id="start_stream_if_down")
 
     @task.sensor(task_id="wait_for_stream", poke_interval=5, timeout=300, mode="poke")
     def wait_for_stream() -> bool:
+        from adpipe.orchestration.connections import task_settings
         from adpipe.orchestration.stream_supervisor import stream_started
-        from adpipe.settings import load_settings
 
-        return stream_started(load_settings())
+        return stream_started(task_settings())
 
     @task(task_id="check_stream")
     def check_stream() -> dict:
+        from adpipe.orchestration.connections import task_settings
         from adpipe.orchestration.stream_supervisor import check
-        from adpipe.settings import load_settings
 
-        return check(load_settings())
+        return check(task_settings())
 
     start >> wait_for_stream() >> check_stream()

@@ -31,9 +31,11 @@ day this DAG compacts them and deletes the files no recent version needs:
    (`adpipe.budget.retention`). Skipped without a budget database.
 
 Schedule: `CronTriggerTimetable("30 3 * * *", UTC)` — 03:30 UTC every day,
-half an hour away from the hourly loads' start (an OPTIMIZE and a MERGE on
-one table at once may conflict; the load retries its conflicts, and this
-task retries once after 10 minutes). No catchup: a missed day adds nothing
+half an hour away from the hourly loads' start. `optimize_and_vacuum` runs in
+the pool `adpipe_tables` (one slot) with the load's stage, validate and
+publish, so an OPTIMIZE never runs beside a MERGE on the same table; each
+task retries once after 10 minutes and is failed after
+`ADPIPE_MAINTENANCE_TIMEOUT_S` (4800 s). No catchup: a missed day adds nothing
 to do but the next run's compaction. One run at a time; a run longer than 3
 hours is failed.
 
@@ -49,7 +51,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from adpipe.orchestration.alerts import notify_failure
+from adpipe.settings import TABLES_POOL, load_settings
 from airflow.sdk import DAG, CronTriggerTimetable, task
+
+# Parse time reads only the environment (no I/O): the tasks' timeout.
+_settings = load_settings()
 
 with DAG(
     dag_id="ad_table_maintenance",
@@ -64,23 +70,24 @@ with DAG(
         "owner": "adpipe",
         "retries": 1,
         "retry_delay": timedelta(minutes=10),
+        "execution_timeout": timedelta(seconds=_settings.rails.maintenance_timeout_s),
         "on_failure_callback": notify_failure,
     },
 ) as dag:
 
-    @task(task_id="optimize_and_vacuum")
+    @task(task_id="optimize_and_vacuum", pool=TABLES_POOL)
     def optimize_and_vacuum() -> list[dict]:
         from adpipe.orchestration import maintenance_tasks
-        from adpipe.settings import load_settings
+        from adpipe.orchestration.connections import task_settings
 
-        return maintenance_tasks.optimize_and_vacuum(load_settings())
+        return maintenance_tasks.optimize_and_vacuum(task_settings())
 
     @task(task_id="prune_budget_ledger")
     def prune_budget_ledger() -> dict:
         from adpipe.orchestration import maintenance_tasks
-        from adpipe.settings import load_settings
+        from adpipe.orchestration.connections import task_settings
 
-        return maintenance_tasks.prune_budget_ledger(load_settings())
+        return maintenance_tasks.prune_budget_ledger(task_settings())
 
     optimize_and_vacuum()
     prune_budget_ledger()

@@ -40,13 +40,25 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
    input). **A failed expectation fails the run, and nothing is published.**
 4. `verify` — the independent check: the candidate against counts
    recomputed in plain Python from the raw Kafka records.
-5. `publish_data_docs` — always, even after a failed audit: a page linking
-   to the hour's Data Docs (`$ADPIPE_HOME/data_docs/<hour>.html`,
-   `latest.html`).
-6. `publish` — only when both checks passed: the audited rows into
+5. `publish` — only when both checks passed: the audited rows into
    `ads.ad_events_raw`, `ads.ad_minute_aggregates`, `ads.ad_events_quarantine`
-   (Airflow Assets, so downstream DAGs can be scheduled on them). The run's
-   one leaf: a failed check leaves it `upstream_failed` and fails the run.
+   (Airflow Assets, so downstream DAGs can be scheduled on them). A failed
+   check leaves it `upstream_failed`, which fails the run.
+6. `publish_data_docs` — beside `publish`, after both checks whatever they
+   found: a page linking to the hour's Data Docs
+   (`$ADPIPE_HOME/data_docs/<hour>.html`, `latest.html`). Cosmetic: nothing
+   waits on it.
+
+**Rails.** Every task but the sensor is failed after `ADPIPE_LOAD_STEP_TIMEOUT_S`
+(3600 s; the sensor after `ADPIPE_LOAD_WAIT_TIMEOUT_S`), a run after
+`ADPIPE_LOAD_RUN_TIMEOUT_S` (8 h), so one hung step cannot hold the one active
+run, and every catch-up run behind it, for ever. `stage`, `validate` and
+`publish` take the one slot of the pool `adpipe_tables`, which the daily
+OPTIMIZE and VACUUM takes too. The idempotent tasks (the sensor, `stage`,
+`publish`, the Data Docs page) retry once after 5 minutes; `validate` and
+`verify` never (a failed check is not transient: fail and alert now).
+Addresses and credentials come from the Connections `adpipe_kafka`,
+`adpipe_metastore_db`, `adpipe_spark` (`adpipe.orchestration.connections`).
 
 Every task alerts once on failure through the one notifier (task level
 only). Logic: `adpipe.orchestration.load_tasks`, `adpipe.lakehouse.load`.
@@ -59,12 +71,14 @@ from datetime import timedelta
 from adpipe.orchestration.alerts import notify_failure
 from adpipe.orchestration.assets import TABLE_ASSETS
 from adpipe.orchestration.hour_closed import HourClosedSensor
-from adpipe.orchestration.load_tasks import FIRST_START, LoadStepOperator
-from adpipe.settings import load_settings
+from adpipe.orchestration.load_tasks import FIRST_START, load_step
+from adpipe.settings import TABLES_POOL, load_settings
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
-# Parse time reads only the environment (no I/O): start date, sensor timeout.
+# Parse time reads only the environment (no I/O): start date, timeouts, how
+# the Spark steps run.
 _settings = load_settings()
+_step_timeout = timedelta(seconds=_settings.rails.load_step_timeout_s)
 
 with DAG(
     dag_id="ad_union_and_load",
@@ -72,6 +86,7 @@ with DAG(
     start_date=_settings.load_start or FIRST_START,
     catchup=_settings.load_start is not None,
     max_active_runs=1,
+    dagrun_timeout=timedelta(seconds=_settings.rails.load_run_timeout_s),
     doc_md=__doc__,
     tags=["adpipe", "load"],
     params={
@@ -86,6 +101,7 @@ with DAG(
         "owner": "adpipe",
         "retries": 1,
         "retry_delay": timedelta(minutes=5),
+        "execution_timeout": _step_timeout,
         "on_failure_callback": notify_failure,
     },
 ) as dag:
@@ -99,34 +115,43 @@ with DAG(
 
     # Asks once, then waits in the triggerer (no worker slot held), asking
     # every 10 s: the load starts seconds after the hour closes.
-    hour_closed = HourClosedSensor(task_id="wait_for_hour_closed", timeout=_settings.load_wait_timeout_s)
+    hour_closed = HourClosedSensor(
+        task_id="wait_for_hour_closed",
+        timeout=_settings.load_wait_timeout_s,
+        execution_timeout=timedelta(seconds=_settings.load_wait_timeout_s),
+    )
 
     # The Spark steps: in the warm load driver, or with ADPIPE_LOAD_SUBMIT=
-    # spark-submit|in-process (see the doc above).
-    staged = LoadStepOperator(task_id="stage", step="stage")
+    # spark-submit|in-process (see the doc above); one at a time with the
+    # table maintenance.
+    submit = _settings.load_submit
+    staged = load_step("stage", submit, task_id="stage", pool=TABLES_POOL)
     # A failed expectation is not transient: no retry, fail and alert now.
-    validate = LoadStepOperator(task_id="validate", step="validate", retries=0)
+    validate = load_step("validate", submit, task_id="validate", retries=0, pool=TABLES_POOL)
 
     @task(task_id="verify", retries=0)
     def verify(**context) -> dict:  # noqa: ANN003
         from adpipe.orchestration import load_tasks
+        from adpipe.orchestration.connections import task_env
 
-        settings = load_settings()
-        return load_tasks.verify(settings, _hour(context), load_tasks.run_file(settings, context["run_id"]))
+        env = task_env()
+        settings = load_settings(env)
+        path = load_tasks.run_file(settings, context["run_id"])
+        return load_tasks.verify(settings, _hour(context), path, env=env)
 
-    published = LoadStepOperator(task_id="publish", step="publish", outlets=TABLE_ASSETS)
+    published = load_step("publish", submit, task_id="publish", outlets=TABLE_ASSETS, pool=TABLES_POOL)
 
-    @task(task_id="publish_data_docs", trigger_rule="all_done", retries=0)
+    @task(task_id="publish_data_docs", trigger_rule="all_done")
     def publish_data_docs(**context) -> str | None:  # noqa: ANN003
         from adpipe.orchestration import load_tasks
+        from adpipe.orchestration.connections import task_settings
 
-        return load_tasks.publish_data_docs(load_settings(), _hour(context))
+        return load_tasks.publish_data_docs(task_settings(), _hour(context))
 
     checked = [validate, verify()]
-    docs = publish_data_docs()
     hour_closed >> staged >> checked
-    # The audit's Data Docs are linked whatever it found (all_done), before
-    # the data is published; publish is the one leaf, so a failed audit
-    # fails the run (an all_done leaf would make it succeed).
-    checked >> docs >> published
+    # publish waits on both checks only (a failed one leaves it
+    # upstream_failed, and the run failed); the audit's Data Docs are linked
+    # whatever it found (all_done), beside it: nothing waits on a cosmetic task.
     checked >> published
+    checked >> publish_data_docs()

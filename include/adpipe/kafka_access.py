@@ -12,6 +12,7 @@ source configure their clients from them. No other adpipe module sets
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -164,6 +165,42 @@ class KafkaAccess:
             if c.ca_file:
                 options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": c.ca_file})
         return options
+
+
+# The variables a cluster's access is configured by (adpipe.settings reads them).
+KAFKA_ENV = ("ADPIPE_KAFKA_BOOTSTRAP", "ADPIPE_KAFKA_SECURITY", "ADPIPE_KAFKA_USERNAME", "ADPIPE_KAFKA_PASSWORD",
+             "ADPIPE_KAFKA_PASSWORD_FILE", "ADPIPE_KAFKA_CA_FILE")
+
+
+def access_env(config: Mapping[str, object], source: str) -> dict[str, str]:
+    """librdkafka settings, as :meth:`KafkaAccess.client_config` writes them
+    (and Airflow's Kafka Connections keep them), read back as the
+    ``ADPIPE_KAFKA_*`` values that give the same access: every one of
+    :data:`KAFKA_ENV`, so none of another source's is left. ``source``
+    names them in a refusal: a cluster reached otherwise than over
+    PLAINTEXT or SASL_SSL with SCRAM-SHA-512."""
+    bootstrap = str(config.get("bootstrap.servers") or "")
+    if not bootstrap:
+        raise SettingsError(f"{source}: no bootstrap.servers")
+    env = dict.fromkeys(KAFKA_ENV, "")
+    env["ADPIPE_KAFKA_BOOTSTRAP"] = bootstrap
+    protocol = str(config.get("security.protocol") or "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        env["ADPIPE_KAFKA_SECURITY"] = "plaintext"
+        return env
+    mechanism = str(config.get("sasl.mechanisms") or config.get("sasl.mechanism") or "").upper()
+    if protocol != "SASL_SSL" or mechanism != SCRAM_MECHANISM:
+        raise SettingsError(
+            f"{source}: security.protocol={protocol}, sasl.mechanisms={mechanism or None}; adpipe reaches Kafka "
+            f"over PLAINTEXT or SASL_SSL with {SCRAM_MECHANISM}"
+        )
+    env.update(
+        ADPIPE_KAFKA_SECURITY="sasl_ssl",
+        ADPIPE_KAFKA_USERNAME=str(config.get("sasl.username") or ""),
+        ADPIPE_KAFKA_PASSWORD=str(config.get("sasl.password") or ""),
+        ADPIPE_KAFKA_CA_FILE=str(config.get("ssl.ca.location") or ""),
+    )
+    return env
 
 
 @dataclass(frozen=True)

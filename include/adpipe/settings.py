@@ -48,6 +48,8 @@ from adpipe.setting_values import (
 
 __all__ = [
     "BUDGET_PERIODS",
+    "TABLES_POOL",
+    "AirflowRails",
     "KAFKA_SECURITY",
     "PROJECT_ROOT",
     "SCRAM_MECHANISM",
@@ -78,6 +80,15 @@ def _one_of(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _above(env: dict[str, str], name: str, default: int, floor: int) -> int:
+    """``env[name]`` seconds, more than ``floor`` (the load run's timeout
+    must leave its hour's wait, ADPIPE_LOAD_WAIT_TIMEOUT_S, time to load)."""
+    value = integer(env, name, max(default, floor + 3600), 1)
+    if value <= floor:
+        raise SettingsError(f"{name}={value} must exceed ADPIPE_LOAD_WAIT_TIMEOUT_S={floor}")
+    return value
+
+
 def _statsd_address(env: dict[str, str]) -> str:
     """``ADPIPE_AIRFLOW_STATSD``: host:port, or ``off``."""
     raw = (env.get("ADPIPE_AIRFLOW_STATSD") or Settings.airflow_statsd).strip()
@@ -86,6 +97,28 @@ def _statsd_address(env: dict[str, str]) -> str:
     if not HOST_PORT.match(raw):
         raise SettingsError(f"ADPIPE_AIRFLOW_STATSD={raw!r} must be host:port or off")
     return raw
+
+
+# The Airflow pool the Spark steps that write the ads tables share (the
+# load's stage, validate and publish, the maintenance's OPTIMIZE and VACUUM):
+# one slot, so an OPTIMIZE never races a MERGE. Made where Airflow is set up
+# (adpipe.local.airflow, docker-compose's airflow-init).
+TABLES_POOL = "adpipe_tables"
+
+
+@dataclass(frozen=True)
+class AirflowRails:
+    """Airflow's own safety rails on the DAGs (docs/operations.md): each
+    task's ``execution_timeout`` (a load step, ADPIPE_LOAD_STEP_TIMEOUT_S; a
+    stream DAG task, ADPIPE_STREAM_TASK_TIMEOUT_S; a maintenance task,
+    ADPIPE_MAINTENANCE_TIMEOUT_S) and the load DAG's ``dagrun_timeout``
+    (ADPIPE_LOAD_RUN_TIMEOUT_S: more than the wait for the hour to close).
+    Read where the DAG files are parsed."""
+
+    load_step_timeout_s: int = 3600
+    load_run_timeout_s: int = 8 * 3600
+    stream_task_timeout_s: int = 600
+    maintenance_timeout_s: int = 4800
 
 
 class _Locations:
@@ -327,6 +360,8 @@ class Settings(_Locations):
     load_start: datetime | None = None
     # How long the load DAG waits for an hour to close before failing.
     load_wait_timeout_s: int = 6 * 3600
+    # The DAGs' timeouts (AirflowRails).
+    rails: AirflowRails = field(default_factory=AirflowRails)
     # How the load DAG runs its Spark steps: "warm" (in the home's warm load
     # driver, adpipe.lakehouse.warm, started by the first step if none runs:
     # LocalExecutor, as make airflow and docker compose run Airflow),
@@ -447,6 +482,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         env.get("ADPIPE_KAFKA_CA_FILE", ""),
     )
     metastore = _one_of(env, "ADPIPE_METASTORE", ("postgres", "derby"))
+    wait_s = integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", Settings.load_wait_timeout_s, 1)
     metastore_database = env.get("ADPIPE_METASTORE_DATABASE", Settings.metastore_database)
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", metastore_database):
         raise SettingsError(
@@ -530,7 +566,13 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         stream_lease_s=integer(env, "ADPIPE_STREAM_LEASE_S", Settings.stream_lease_s, 2),
         stream_standby=choice(env, "ADPIPE_STREAM_STANDBY", ("off", "on")) == "on",
         load_start=utc_time(env, "ADPIPE_LOAD_START", Settings.load_start),
-        load_wait_timeout_s=integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", 6 * 3600, 1),
+        load_wait_timeout_s=wait_s,
+        rails=AirflowRails(
+            load_step_timeout_s=integer(env, "ADPIPE_LOAD_STEP_TIMEOUT_S", AirflowRails.load_step_timeout_s, 1),
+            load_run_timeout_s=_above(env, "ADPIPE_LOAD_RUN_TIMEOUT_S", AirflowRails.load_run_timeout_s, wait_s),
+            stream_task_timeout_s=integer(env, "ADPIPE_STREAM_TASK_TIMEOUT_S", AirflowRails.stream_task_timeout_s, 1),
+            maintenance_timeout_s=integer(env, "ADPIPE_MAINTENANCE_TIMEOUT_S", AirflowRails.maintenance_timeout_s, 1),
+        ),
         load_submit=choice(env, "ADPIPE_LOAD_SUBMIT", ("warm", "spark-submit", "in-process")),
         load_warm=choice(env, "ADPIPE_LOAD_WARM", ("auto", "on", "off")),
         load_warm_idle_s=integer(env, "ADPIPE_LOAD_WARM_IDLE_S", Settings.load_warm_idle_s, 10),

@@ -1,6 +1,6 @@
 """The Airflow DAGs end to end with ``dag.test()`` against the real broker,
 Spark and PostgreSQL (Airflow's metadata database): the stream DAG starts
-the stream job through the Spark provider and restarts it after a SIGKILL
+the stream job with spark-submit, detached, and restarts it after a SIGKILL
 (alerting past the restart threshold); the load DAG loads closed hours; a
 backfill created with ``airflow backfill create`` gives the same tables as
 loading the hours one by one; an injected duplicate aggregate fails the run
@@ -43,7 +43,7 @@ import pytest
 from adpipe import kafka_io
 from adpipe.lakehouse import warm
 from adpipe.lakehouse.load import hour_closed
-from adpipe.local.airflow import DAGS_FOLDER, airflow_env
+from adpipe.local.airflow import DAGS_FOLDER, airflow_env, connections_env
 from adpipe.orchestration.alerts import alerts_file
 from adpipe.orchestration.stream_supervisor import process_alive, read_state
 from adpipe.settings import Settings, isolated_env, load_settings
@@ -262,9 +262,10 @@ class Flow:
         """The load DAG's environment with tables of its own (a metastore
         database and a warehouse under ``name``; the verify task's process
         shares them, which Derby would not allow); Airflow's home and
-        database stay shared."""
+        database stay shared. The tasks read the metastore's database from
+        their Connection (adpipe_metastore_db), made again from these settings."""
         database = f"adpipe_ms_{self.env['ADPIPE_JOB_ID']}_{name}".lower().replace("-", "_")
-        return {
+        env = {
             **self.env,
             "ADPIPE_HOME": str(self.workdir / name),
             "ADPIPE_METASTORE_DATABASE": database,
@@ -272,6 +273,7 @@ class Flow:
             "ADPIPE_LOAD_SUBMIT": "in-process",
             **extra,
         }
+        return {**env, **connections_env(load_settings(env))}
 
     def stop_stream(self) -> None:
         pid = read_state(self.settings).get("pid")
@@ -316,7 +318,7 @@ def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactor
 
 
 def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> None:
-    # 1. The stream is down: the DAG starts it (spark-submit through the provider).
+    # 1. The stream is down: the DAG starts it (spark-submit, detached).
     results, out = _run(DAG_TEST, [str(DAGS_FOLDER), "ad_aggregation_stream", ""], flow.env)
     assert results and results[0]["state"] == "success", explain(results, out)
     assert set(results[0]["tis"].values()) == {"success"}
@@ -433,7 +435,7 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
 
     # The backfill's tables (hours 0..2 loaded): the rerun of hour 1 stages
     # the duplicate, whose record_uuid is new. The Spark steps are submitted
-    # with SparkSubmitOperator this time, as by default.
+    # with SparkSubmitOperator this time (LoadStepSubmitOperator).
     env = flow.load_env("backfill", ADPIPE_LOAD_SUBMIT="spark-submit")
     _Capture.received.clear()
     results, out = _run(

@@ -136,7 +136,7 @@ def delegate(
     output to ``out`` and ``err``. The verb's exit status, or None when no
     driver takes it (none runs, or its session settings differ): run it
     here then."""
-    driver = ensure_driver(settings) if start else ping(settings)
+    driver = ensure_driver(settings, env=env) if start else ping(settings)
     if driver is None:
         return None
     fingerprint = session_fingerprint(settings)
@@ -186,10 +186,13 @@ def delegate(
     return EXIT_DRIVER_DIED
 
 
-def ensure_driver(settings: Settings, timeout_s: float = START_TIMEOUT_S) -> Driver | None:
+def ensure_driver(
+    settings: Settings, timeout_s: float = START_TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> Driver | None:
     """The home's warm load driver: the one that answers, or one started
-    now (detached, its log in :func:`log_file`) once it is warm. None when
-    none became ready within ``timeout_s``."""
+    now (detached, its log in :func:`log_file`; ``env``: its environment,
+    default this process's) once it is warm. None when none became ready
+    within ``timeout_s``."""
     driver = ping(settings)
     if driver is not None:
         return driver
@@ -198,7 +201,7 @@ def ensure_driver(settings: Settings, timeout_s: float = START_TIMEOUT_S) -> Dri
     path = log_file(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A fault plan is a request's, never the driver's own.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADPIPE_FAULT")}
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("ADPIPE_FAULT")}
     proc = start_detached([sys.executable, "-m", "adpipe", "load", "--serve"], path, env=env)
     log.info("starting a warm load driver (pid %d; its log: %s)", proc.pid, path)
     deadline = time.monotonic() + timeout_s
@@ -229,6 +232,25 @@ def stop_driver(settings: Settings, timeout_s: float = 120.0) -> int | None:
     while _lock_held(settings) and time.monotonic() < deadline:
         time.sleep(0.2)
     return driver.pid
+
+
+def kill_driver(settings: Settings, pid: int, timeout_s: float = 30.0) -> bool:
+    """SIGKILL the warm load driver ``pid`` and its Spark JVM (its process
+    group) when it still serves this home, whatever it runs (a request that
+    hangs never lets SIGTERM end it); True once it is gone. What it ran is
+    left as a killed load leaves it: the next load recovers it."""
+    driver = read_driver(settings)
+    if driver is None or driver.pid != pid or not _lock_held(settings):
+        return False
+    log.warning("killing the warm load driver (pid %d) and its Spark JVM", pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while _lock_held(settings) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _lock_held(settings)
 
 
 def _hold_lock(settings: Settings) -> int | None:

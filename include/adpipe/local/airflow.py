@@ -8,11 +8,13 @@ settings the jobs read.
    SQLite under ``$ADPIPE_HOME/airflow`` (and say so).
 2. Start the local Kafka broker (the stream DAG needs it) unless ``--no-kafka``.
 3. ``airflow db migrate`` with ``AIRFLOW_HOME=$ADPIPE_HOME/airflow``, the DAGs
-   folder of this repository, no examples.
+   folder of this repository, no examples; then the pool ``adpipe_tables``
+   (one slot) the table writers of the load and maintenance DAGs share.
 4. ``airflow standalone`` (api-server, scheduler, dag-processor, triggerer;
    LocalExecutor) with the Connections ``adpipe_spark``, ``adpipe_kafka``,
-   ``adpipe_budget_db`` given as ``AIRFLOW_CONN_*`` variables built from
-   :class:`adpipe.settings.Settings`, so Airflow and the jobs cannot disagree.
+   ``adpipe_metastore_db``, ``adpipe_budget_db`` given as ``AIRFLOW_CONN_*``
+   variables built from :class:`adpipe.settings.Settings`: the tasks take
+   their addresses and credentials from these (adpipe.orchestration.connections).
 5. Once the UI answers, print its address and where the login is (Airflow's
    simple auth manager: user ``admin``, its password generated here before
    Airflow starts, so Airflow never prints it, and kept in
@@ -39,12 +41,17 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from adpipe.settings import PROJECT_ROOT, Settings, load_settings
+from adpipe.settings import PROJECT_ROOT, TABLES_POOL, Settings, load_settings
 
 log = logging.getLogger(__name__)
 
 DAGS_FOLDER = PROJECT_ROOT / "dags"
 ADMIN_USER = "admin"
+# The pool of the table writers (adpipe.settings.TABLES_POOL), one slot, made
+# by `migrate` (and by docker-compose's airflow-init): a task of a pool that
+# does not exist is never scheduled.
+TABLES_POOL_SLOTS = 1
+TABLES_POOL_DESCRIPTION = "adpipe: the Spark steps that write the ads Delta tables, one at a time"
 
 
 def airflow_home(settings: Settings) -> Path:
@@ -72,13 +79,19 @@ def _db_connection(url: str) -> dict:
 
 
 def connections_env(settings: Settings) -> dict[str, str]:
-    """``AIRFLOW_CONN_*`` variables from the settings the jobs read."""
+    """``AIRFLOW_CONN_*`` variables from the settings the jobs read: the
+    Connections a task's settings come from (adpipe.orchestration.connections
+    maps them back)."""
     return {
         # The provider reads a master without "://" from the host field.
         "AIRFLOW_CONN_ADPIPE_SPARK": json.dumps({"conn_type": "spark", "host": settings.spark_master}),
         # librdkafka settings, credentials included on a secured cluster
         # (Airflow masks an extra key naming a password in its logs).
         "AIRFLOW_CONN_ADPIPE_KAFKA": json.dumps({"conn_type": "kafka", "extra": settings.kafka.client_config()}),
+        # The PostgreSQL server and the Hive metastore's database on it.
+        "AIRFLOW_CONN_ADPIPE_METASTORE_DB": json.dumps(
+            _db_connection(settings.pg_url(settings.metastore_database))
+        ),
         "AIRFLOW_CONN_ADPIPE_BUDGET_DB": json.dumps(_db_connection(settings.budget_db)),
     }
 
@@ -109,6 +122,12 @@ def airflow_env(settings: Settings, database_url: str, base: dict[str, str] | No
             **metrics_env(settings),
         }
     )
+    if settings.pg_password == Settings.pg_password:
+        # The local PostgreSQL's password is the public, loopback-only
+        # default "adpipe": Airflow masks a Connection's password in every
+        # log line, and would turn each path and command naming adpipe into
+        # ***. Longer secrets (every one adpipe generates) are masked still.
+        env["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"] = str(len(Settings.pg_password) + 1)
     return env
 
 
@@ -141,8 +160,13 @@ def metadata_database(settings: Settings) -> str:
 
 
 def migrate(env: dict[str, str]) -> None:
+    """The metadata database's schema (``airflow db migrate``), then the
+    pool the DAGs' table writers share (``airflow pools set``: made, or its
+    slots and description set again)."""
     airflow = str(Path(sys.executable).parent / "airflow")
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
+    pool = [airflow, "pools", "set", TABLES_POOL, str(TABLES_POOL_SLOTS), TABLES_POOL_DESCRIPTION]
+    subprocess.run(pool, env=env, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
 
 
 def ui_answers(port: int, timeout_s: float = 3.0) -> bool:

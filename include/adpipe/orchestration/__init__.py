@@ -1,6 +1,8 @@
 """Airflow-facing logic of adpipe: what the DAGs in ``dags/`` call.
 
 * :mod:`adpipe.orchestration.alerts` - the one notifier of every DAG.
+* :mod:`adpipe.orchestration.connections` - a task's settings from its Airflow
+  Connections (Kafka, PostgreSQL, Spark).
 * :mod:`adpipe.orchestration.stream_supervisor` - keeps the stream job alive.
 * :mod:`adpipe.orchestration.load_tasks` - bodies of the hourly load DAG.
 * :mod:`adpipe.orchestration.assets` - Airflow Assets of the published tables.

@@ -7,7 +7,9 @@ ago: a catchup, a backfill, a rerun); otherwise it defers to
 ``interval_s`` seconds (``hour_closed``: each region's stream watermark
 past the hour's end, or a quiet region's clock) and resumes the task the
 moment the hour closes. The load then starts seconds after the close
-rather than at the sensor's next reschedule, a minute later."""
+rather than at the sensor's next reschedule, a minute later. Both read the
+settings from the Connections (adpipe.orchestration.connections), the
+trigger in the triggerer's process."""
 
 from __future__ import annotations
 
@@ -20,16 +22,17 @@ from airflow.sdk import BaseSensorOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from adpipe.lakehouse.ranges import HOUR_CLOSED_POLL_S
+from adpipe.orchestration.connections import task_settings
 from adpipe.orchestration.load_tasks import hour_is_closed, hour_of_run
-from adpipe.settings import load_settings
+from adpipe.settings import Settings
 
 INTERVAL_S = HOUR_CLOSED_POLL_S
 
 
-def _closed(label: str) -> bool:
+def _closed(settings: Settings, label: str) -> bool:
     from adpipe.lakehouse.ranges import parse_hour
 
-    return hour_is_closed(load_settings(), parse_hour(label))
+    return hour_is_closed(settings, parse_hour(label))
 
 
 class HourClosedTrigger(BaseTrigger):
@@ -45,7 +48,8 @@ class HourClosedTrigger(BaseTrigger):
         return classpath, {"hour": self.hour, "interval_s": self.interval_s}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        while not await asyncio.to_thread(_closed, self.hour):
+        settings = await asyncio.to_thread(task_settings)
+        while not await asyncio.to_thread(_closed, settings, self.hour):
             await asyncio.sleep(self.interval_s)
         yield TriggerEvent({"hour": self.hour, "closed": True})
 
@@ -63,13 +67,13 @@ class HourClosedSensor(BaseSensorOperator):
         return hour_of_run(context.get("params"), context.get("data_interval_start"), context.get("data_interval_end"))
 
     def poke(self, context: Any) -> bool:
-        return hour_is_closed(load_settings(), self._hour(context))
+        return hour_is_closed(task_settings(), self._hour(context))
 
     def execute(self, context: Any) -> Any:
         from adpipe.lakehouse.ranges import hour_label
 
         hour = self._hour(context)
-        if hour_is_closed(load_settings(), hour):
+        if hour_is_closed(task_settings(), hour):
             return True
         self.log.info("hour %s not closed yet: waiting in the triggerer (every %.0f s)", hour_label(hour),
                       self.interval_s)

@@ -18,22 +18,27 @@ of an hour does the same thing. Write-audit-publish, one step per task:
    --candidate-of-run N --tables-only`` in a process of its own (the tools
    sit above this package): the candidate against counts recomputed in
    plain Python from the raw Kafka records.
-5. ``publish_data_docs`` - whatever the checks found: a page linking to
-   the hour's Data Docs (``$ADPIPE_HOME/data_docs/<hour>.html``,
-   ``latest.html``), never a copy of the site.
-6. ``publish`` - the audited rows into the ``ads`` tables, only when both
-   checks passed (the run's one leaf: a failed check fails the run)."""
+5. ``publish`` - the audited rows into the ``ads`` tables, only when both
+   checks passed (a failed check leaves it upstream_failed: the run fails).
+6. ``publish_data_docs`` - beside ``publish``, whatever the checks found: a
+   page linking to the hour's Data Docs (``$ADPIPE_HOME/data_docs/<hour>.html``,
+   ``latest.html``), never a copy of the site. Nothing waits on it.
+
+Every address and credential a step uses comes from the task's Connections
+(:mod:`adpipe.orchestration.connections`)."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from adpipe.settings import PROJECT_ROOT, Settings
 
@@ -187,39 +192,82 @@ def publish(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
 
 _IN_PROCESS = {"stage": stage, "validate": validate, "publish": publish}
 _CLI_STEP = {"stage": "stage", "validate": "audit", "publish": "publish"}
+STEPS = tuple(_IN_PROCESS)
 
 
-class LoadStepOperator(SparkSubmitOperator):
-    """One Spark step of the load (``stage``, ``validate`` or ``publish``):
-    in the home's warm load driver (``ADPIPE_LOAD_SUBMIT=warm``, the
-    default; adpipe.lakehouse.warm), ``spark-submit jobs/union_and_load.py
-    --step ...`` through the Spark provider (connection ``adpipe_spark``),
-    or in the task's own process when ``in-process``. The hour comes from the run's
-    ``hour`` param or data interval; the staged run passes from step to step
-    in :func:`run_file`. Returns the step's result (XCom)."""
+def _check_step(step: str) -> str:
+    if step not in _IN_PROCESS:
+        raise ValueError(f"step {step!r}: expected one of {', '.join(STEPS)}")
+    return step
+
+
+def _raise_for(step: str, path: Path) -> None:
+    """After a failed step: a failed gate as the ``QualityError`` naming
+    its expectations (what the audit step wrote beside ``path``)."""
+    from adpipe.lakehouse.load import step_file
+    from adpipe.lakehouse.quality import QualityError
+
+    audit = step_file(path, "audit")
+    if step == "validate" and audit.exists() and not json.loads(audit.read_text())["success"]:
+        raise QualityError(json.loads(audit.read_text())["describe"]) from None
+
+
+def _result(step: str, path: Path) -> Any:
+    """What a step run elsewhere (the warm driver, spark-submit) wrote."""
+    from adpipe.lakehouse.load import step_file
+
+    if step == "stage":
+        return json.loads(path.read_text())
+    return json.loads(step_file(path, _CLI_STEP[step]).read_text())
+
+
+def _run_of(context: Any) -> tuple[dict[str, str], Settings, datetime, Path]:
+    """A step's Connections' values (adpipe.orchestration.connections: the
+    worker's environment under them is the step's), settings, hour and run
+    file."""
+    from adpipe.orchestration.connections import connection_env
+    from adpipe.settings import load_settings
+
+    overlay = connection_env()
+    settings = load_settings({**os.environ, **overlay})
+    hour = hour_of_run(context.get("params"), context.get("data_interval_start"), context.get("data_interval_end"))
+    return overlay, settings, hour, run_file(settings, str(context["run_id"]))
+
+
+class LoadStepOperator(BaseOperator):
+    """One Spark step of the load (``stage``, ``validate`` or ``publish``)
+    on the worker's host: in the home's warm load driver
+    (``ADPIPE_LOAD_SUBMIT=warm``, the default; adpipe.lakehouse.warm), or in
+    the task's own process (``in-process``). No spark-submit runs here, so
+    this is no ``SparkSubmitOperator``: with ``ADPIPE_LOAD_SUBMIT=spark-submit``
+    the DAG builds :class:`LoadStepSubmitOperator` instead (:func:`load_step`).
+    The hour comes from the run's ``hour`` param or data interval; the
+    staged run passes from step to step in :func:`run_file`. Returns the
+    step's result (XCom).
+
+    Killed (its ``execution_timeout``, a SIGTERM from Airflow) while the warm
+    load driver runs its step, it kills that driver too: a step that hangs
+    there would otherwise hold the driver, and the load lock, for every step
+    after it. The next step starts another driver and recovers what the
+    killed one left, as after any killed load."""
 
     def __init__(self, *, step: str, **kwargs: Any) -> None:
-        if step not in _IN_PROCESS:
-            raise ValueError(f"step {step!r}: expected one of {', '.join(_IN_PROCESS)}")
-        kwargs.setdefault("application", str(PROJECT_ROOT / "jobs" / "union_and_load.py"))
-        kwargs.setdefault("conn_id", "adpipe_spark")
         super().__init__(**kwargs)
-        self.step = step
+        self.step = _check_step(step)
+        self._warm: tuple[Settings, int] | None = None
 
-    def execute(self, context: Any) -> Any:  # type: ignore[override]
-        from adpipe.lakehouse.ranges import hour_label
-        from adpipe.settings import load_settings
-
-        settings = load_settings()
-        hour = hour_of_run(context.get("params"), context.get("data_interval_start"), context.get("data_interval_end"))
-        path = run_file(settings, str(context["run_id"]))
+    def execute(self, context: Any) -> Any:
+        overlay, settings, hour, path = _run_of(context)
         if settings.load_submit == "in-process":
             return _IN_PROCESS[self.step](settings, hour, path)
-        if settings.load_submit == "warm":
-            return self._in_warm_driver(settings, hour, path)
-        return self._submit(context, settings, hour_label(hour), path)
+        if settings.load_submit != "warm":
+            raise RuntimeError(
+                f"ADPIPE_LOAD_SUBMIT={settings.load_submit} here, but the DAG was parsed without it: "
+                "set it where the DAG files are parsed too"
+            )
+        return self._in_warm_driver({**os.environ, **overlay}, settings, hour, path)
 
-    def _in_warm_driver(self, settings: Settings, hour: datetime, path: Path) -> Any:
+    def _in_warm_driver(self, env: dict[str, str], settings: Settings, hour: datetime, path: Path) -> Any:
         """The step in the home's warm load driver (started if none runs):
         no Spark start for it. Where none can serve it (none became ready,
         a session of other settings), in this task's process instead."""
@@ -228,47 +276,75 @@ class LoadStepOperator(SparkSubmitOperator):
 
         argv = ["load", "--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
         lines = _LogLines(self.log)
-        code = warm.delegate(settings, argv, start=True, out=lines, err=lines)
+        driver = warm.ensure_driver(settings, env=env)
+        code = None
+        if driver is not None:
+            # Kept while the driver may run the step: a timeout interrupts
+            # the call below, then Airflow calls on_kill.
+            self._warm = (settings, driver.pid)
+            code = warm.delegate(settings, argv, start=True, env=env, out=lines, err=lines)
+            self._warm = None
         if code is None:
             self.log.warning("no warm load driver took the step: running it in this process")
             return _IN_PROCESS[self.step](settings, hour, path)
         if code != 0:
-            self._raise_for(path)
+            _raise_for(self.step, path)
             raise RuntimeError(f"the {self.step} step exited {code} in the warm load driver (see above)")
-        return self._result(path)
+        return _result(self.step, path)
 
-    def _submit(self, context: Any, settings: Settings, hour: str, path: Path) -> Any:
+    def on_kill(self) -> None:
+        if self._warm is not None:
+            from adpipe.lakehouse import warm
+
+            settings, pid = self._warm
+            warm.kill_driver(settings, pid)
+
+
+class LoadStepSubmitOperator(SparkSubmitOperator):
+    """One Spark step of the load submitted as a Spark application of its
+    own, ``spark-submit jobs/union_and_load.py --step ...``, through the
+    Spark provider (connection ``adpipe_spark``: master, deploy mode,
+    spark-submit binary), for an executor whose tasks run on other hosts
+    (``ADPIPE_LOAD_SUBMIT=spark-submit``). The application's settings are
+    the worker's environment with its Connections' values (``env_vars``);
+    its Spark conf and jars are adpipe's (``adpipe.spark``). Its public
+    arguments are filled in when it runs (the hour is the run's), then the
+    provider's own ``execute`` submits it and waits; ``on_kill`` is the
+    provider's (it kills spark-submit)."""
+
+    def __init__(self, *, step: str, **kwargs: Any) -> None:
+        kwargs.setdefault("application", str(PROJECT_ROOT / "jobs" / "union_and_load.py"))
+        kwargs.setdefault("conn_id", "adpipe_spark")
+        super().__init__(**kwargs)
+        self.step = _check_step(step)
+
+    def execute(self, context: Any) -> Any:  # type: ignore[override]
         from adpipe.lakehouse.metastore import metastore_conf
-        from adpipe.orchestration.stream_supervisor import spark_submit_binary, submit_conf
+        from adpipe.lakehouse.ranges import hour_label
+        from adpipe.orchestration.stream_supervisor import submit_conf
 
-        self.name = f"adpipe-load-{self.step}-{hour}"
+        overlay, settings, hour, path = _run_of(context)
+        self.name = f"adpipe-load-{self.step}-{hour_label(hour)}"
         self.conf, self.jars = submit_conf(settings, self.name, metastore_conf(settings))
-        self._spark_binary = self._spark_binary or spark_submit_binary()
-        self.application_args = ["--hour", hour, "--step", _CLI_STEP[self.step], "--run-file", str(path)]
-        self._hook = None  # built by execute from the arguments above
+        self.application_args = ["--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
+        # The job reads its settings from its environment, as any adpipe
+        # process: the worker's, with the Connections' values over it.
+        self.env_vars = overlay or None
         try:
             super().execute(context)
         except Exception:
-            self._raise_for(path)
+            _raise_for(self.step, path)
             raise
-        return self._result(path)
+        return _result(self.step, path)
 
-    def _raise_for(self, path: Path) -> None:
-        """After a failed step: a failed gate as the ``QualityError`` naming
-        its expectations (what the audit step wrote beside ``path``)."""
-        from adpipe.lakehouse.load import step_file
-        from adpipe.lakehouse.quality import QualityError
 
-        audit = step_file(path, "audit")
-        if self.step == "validate" and audit.exists() and not json.loads(audit.read_text())["success"]:
-            raise QualityError(json.loads(audit.read_text())["describe"]) from None
-
-    def _result(self, path: Path) -> Any:
-        from adpipe.lakehouse.load import step_file
-
-        if self.step == "stage":
-            return json.loads(path.read_text())
-        return json.loads(step_file(path, _CLI_STEP[self.step]).read_text())
+def load_step(step: str, submit: str, **kwargs: Any) -> BaseOperator:
+    """The operator of the load's ``step`` for ``ADPIPE_LOAD_SUBMIT=submit``
+    (read where the DAG is parsed): :class:`LoadStepSubmitOperator` when
+    spark-submit runs it, else :class:`LoadStepOperator`."""
+    if submit == "spark-submit":
+        return LoadStepSubmitOperator(step=step, **kwargs)
+    return LoadStepOperator(step=step, **kwargs)
 
 
 class _LogLines(io.TextIOBase):

@@ -3,7 +3,7 @@
 
 Design. The stream job runs for days; an Airflow task must not. So the DAG
 is a short run every few minutes that (1) inspects the job, (2) starts it
-through the Spark provider when it is down, detached from the task, and
+with spark-submit when it is down, detached from the task, and
 (3) checks it against the alert thresholds. Nothing is lost while it is
 down: the job's checkpoint and its Kafka ledger say where it stopped, and a
 restart resumes from there exactly once (see ``adpipe.stream.sink``).
@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from adpipe.processes import start_detached
 from adpipe.settings import PROJECT_ROOT, Settings, load_settings
@@ -254,7 +254,7 @@ def record_start(settings: Settings, pid: int, log_path: Path, now: float | None
 
 
 def stream_started(settings: Settings) -> bool:
-    """Sensor body after ``StreamSubmitOperator``: True once the job's query
+    """Sensor body after ``StreamStartOperator``: True once the job's query
     runs (the started line in the log of the job we started, or a fresh
     heartbeat of a job started by hand); raises when the process we started
     died (its log tail in the message) and nothing else is alive."""
@@ -276,9 +276,9 @@ def submit_conf(
 ) -> tuple[dict[str, str], str]:
     """spark-submit's --conf and --jars for a job, from the one Spark
     configuration (adpipe.spark; ``extra_conf``: a part's own, e.g. the
-    load's Hive metastore). The master comes from the Airflow connection;
-    the jars must be on the driver's classpath from the start, so they go to
-    --jars rather than being set by the job's session builder."""
+    load's Hive metastore). The master goes on the command line; the jars
+    must be on the driver's classpath from the start, so they go to --jars
+    rather than being set by the job's session builder."""
     from adpipe.spark import spark_conf
 
     conf = spark_conf(settings, app_name, extra_conf)
@@ -290,64 +290,61 @@ def submit_conf(
     return conf, jars
 
 
+def stream_command(settings: Settings, *args: str) -> list[str]:
+    """spark-submit of the stream job (``args``: its own, e.g. --standby)."""
+    from adpipe.spark import stream_job_conf
+
+    name = f"adpipe-stream-{settings.job_id}"
+    conf, jars = submit_conf(settings, name, stream_job_conf(settings))
+    return submit_command(settings, STREAM_APPLICATION, name, conf, jars, args)
+
+
 def spark_submit_binary() -> str:
     """spark-submit of this environment (pyspark's, next to the interpreter)."""
     local = Path(sys.executable).parent / "spark-submit"
     return str(local) if local.exists() else (shutil.which("spark-submit") or "spark-submit")
 
 
-class StreamSubmitOperator(SparkSubmitOperator):
-    """Starts the aggregation stream job with ``spark-submit`` through the
-    Spark provider (connection, command line), detached: the job gets its
-    own session and log file and outlives this task, which returns its pid.
+def submit_command(
+    settings: Settings, application: Path | str, name: str, conf: dict[str, str], jars: str, args: tuple[str, ...] = ()
+) -> list[str]:
+    """The spark-submit command line of a driver on this host (client mode):
+    the master of the settings (under Airflow, the ``adpipe_spark``
+    Connection's), adpipe's conf and jars (:func:`submit_conf`)."""
+    command = [spark_submit_binary(), "--master", settings.spark_master, "--name", name]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    if jars:
+        command += ["--jars", jars]
+    return [*command, str(application), *args]
 
-    The provider's own ``execute`` waits for spark-submit to exit, which in
-    client mode is the life of the driver: right for batch jobs, wrong for
-    a stream. Idempotent: a job that is already alive is left alone."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("application", str(STREAM_APPLICATION))
-        kwargs.setdefault("conn_id", "adpipe_spark")
-        super().__init__(**kwargs)
+class StreamStartOperator(BaseOperator):
+    """Starts the aggregation stream job when it is down: ``spark-submit
+    jobs/aggregation_stream.py`` detached (its own session and log file, so
+    it outlives this task, which returns its pid), its master and
+    credentials the task's (its Connections': adpipe.orchestration.connections).
 
-    def submit_command(self, settings: Settings) -> list[str]:
-        """The spark-submit command line, built by the provider from its
-        connection (master, deploy mode and the connection's extras, as for
-        every SparkSubmitOperator) with adpipe's --conf and --jars.
+    Not a ``SparkSubmitOperator``: the provider's operator and hook wait for
+    spark-submit to exit, which in client mode is the life of the driver
+    (days, for a stream), and offer no public way to start it and return.
+    Idempotent: a job that is alive is left alone."""
 
-        The provider has no public way to get the command without running it
-        (its hook's ``submit`` waits for the driver to exit): this uses the
-        hook's ``_connection`` and ``_build_spark_submit_command``, pinned by
-        tests/unit/orchestration/test_stream_submit.py against the pinned
-        provider version, so an upgrade that changes them fails there."""
-        app_name = f"adpipe-stream-{settings.job_id}"
-        from adpipe.spark import stream_job_conf
+    def execute(self, context: Any) -> int:
+        from adpipe.orchestration.connections import task_env
 
-        self.conf, self.jars = submit_conf(settings, app_name, stream_job_conf(settings))
-        self.name = app_name
-        self._spark_binary = self._spark_binary or spark_submit_binary()
-        hook = self._get_hook()
-        master = hook._connection["master"]  # noqa: SLF001 - see the docstring
-        if master != settings.spark_master:
-            raise StreamStartError(
-                f"Spark connection {self._conn_id!r} gives master {master!r}, "
-                f"settings say {settings.spark_master!r}: start Airflow with adpipe.local.airflow"
-            )
-        return hook._build_spark_submit_command(self.application)  # noqa: SLF001 - see the docstring
-
-    def execute(self, context: Any) -> int:  # type: ignore[override]
-        settings = load_settings()
+        env = task_env()
+        settings = load_settings(env)
         health = inspect(settings)
         if health.alive and not health.stalled:
             log.info("%s: nothing to start", health.describe())
             if settings.stream_standby:
-                self.start_standby_if_missing(settings)
+                self.start_standby_if_missing(settings, env)
             return health.pid or 0
         if health.stalled and health.pid:
             log.warning("%s: stopping the stalled job", health.describe())
             stop_stream(health.pid)
-        command = self.submit_command(settings)
-        proc, log_path = self._start(settings, command, "stream")
+        proc, log_path = self._start(settings, stream_command(settings), "stream", env)
         state = record_start(settings, proc.pid, log_path)
         log.info(
             "started stream %s: pid %d, log %s (start %d, restarts in state %d)",
@@ -359,14 +356,13 @@ class StreamSubmitOperator(SparkSubmitOperator):
         )
         return proc.pid
 
-    def _start(self, settings: Settings, command: list[str], name: str) -> tuple[Any, Path]:
+    def _start(self, settings: Settings, command: list[str], name: str, env: dict[str, str]) -> tuple[Any, Path]:
         log_path = stream_dir(settings) / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(self.env_vars or {})}
         # Its own process group: the task's end does not take it down.
         return start_detached(command, log_path, env=env, cwd=PROJECT_ROOT), log_path
 
-    def start_standby_if_missing(self, settings: Settings) -> int | None:
+    def start_standby_if_missing(self, settings: Settings, env: dict[str, str]) -> int | None:
         """With ADPIPE_STREAM_STANDBY=on, beside a live active driver: a
         standby (``--standby``) unless one waits or is still warming up. A
         standby that took over is the active driver now (recorded as such),
@@ -385,7 +381,7 @@ class StreamSubmitOperator(SparkSubmitOperator):
         if present:
             log.info("stream %s: standby pid %s %s", settings.job_id, present, "waits" if waiting else "is starting")
             return present
-        proc, log_path = self._start(settings, [*self.submit_command(settings), "--standby"], "standby")
+        proc, log_path = self._start(settings, stream_command(settings, "--standby"), "standby", env)
         state.update(standby_pid=proc.pid, standby_log=str(log_path))
         write_state(settings, state)
         log.info("started a standby driver of stream %s: pid %d, log %s", settings.job_id, proc.pid, log_path)

@@ -181,15 +181,61 @@ def test_every_airflow_variable_set_is_an_airflow_option() -> None:
             assert key in options.get(section, set()), f"{name}: {var} is no option of Airflow's configuration"
 
 
-def test_airflow_connections_are_built_from_the_same_settings() -> None:
-    for name, service in _compose()["services"].items():
+# What Airflow's components take from their Connections, never from their
+# environment (adpipe.orchestration.connections.REPLACES).
+CONNECTION_SETTINGS = (
+    "ADPIPE_KAFKA_", "ADPIPE_PG_", "ADPIPE_BUDGET_DB", "ADPIPE_METASTORE_DATABASE", "ADPIPE_SPARK_MASTER"
+)
+
+
+def test_airflow_connections_are_built_from_the_other_services_settings() -> None:
+    services = _compose()["services"]
+    # The stream, budget and producer services run with the settings of
+    # x-adpipe-env: Airflow's Connections are the ones `make airflow` builds from them.
+    expected = {k: json.loads(v) for k, v in connections_env(_settings(services["stream"])).items()}
+    assert set(expected) == {
+        "AIRFLOW_CONN_ADPIPE_SPARK", "AIRFLOW_CONN_ADPIPE_KAFKA", "AIRFLOW_CONN_ADPIPE_METASTORE_DB",
+        "AIRFLOW_CONN_ADPIPE_BUDGET_DB",
+    }
+    for name, service in services.items():
         env = _env(service)
         conns = {k: json.loads(v) for k, v in env.items() if k.startswith("AIRFLOW_CONN_")}
         if name in AIRFLOW_SERVICES | {"airflow-init"}:
-            expected = {k: json.loads(v) for k, v in connections_env(_settings(service)).items()}
             assert conns == expected, name
         else:
             assert conns == {}, name
+
+
+def test_airflow_components_have_no_address_or_credential_but_their_connections() -> None:
+    services = _compose()["services"]
+    for name in AIRFLOW_SERVICES:
+        env = _env(services[name])
+        assert not [v for v in env if v.startswith(CONNECTION_SETTINGS)], name
+        assert {"ADPIPE_HOME", "ADPIPE_LOAD_START"} <= set(env), name
+    # The public default password "adpipe" is not masked (it would mask every
+    # "adpipe" in a log line), as `make airflow` sets it; longer secrets are.
+    from adpipe.local.airflow import airflow_env
+
+    made = airflow_env(_settings(services["stream"]), "sqlite://", base={})
+    assert _env(services["airflow-scheduler"])["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"] == (
+        made["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"]) == "7"
+    assert "AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET" not in airflow_env(
+        load_settings({"ADPIPE_PG_PASSWORD": "a-long-generated-one"}), "sqlite://", base={})
+    # airflow-init alone has the PostgreSQL server's address, for `adpipe pg up`.
+    init = _env(services["airflow-init"])
+    assert [v for v in init if v.startswith(CONNECTION_SETTINGS)] == ["ADPIPE_PG_HOST", "ADPIPE_PG_PORT"]
+
+
+def test_airflow_init_makes_the_pool_the_dags_use() -> None:
+    from adpipe.local.airflow import TABLES_POOL_DESCRIPTION, TABLES_POOL_SLOTS
+    from adpipe.settings import TABLES_POOL
+
+    script = _compose()["services"]["airflow-init"]["command"][-1]
+    lines = [shlex.split(line) for line in script.splitlines() if line.strip().startswith("airflow ")]
+    assert ["airflow", "db", "migrate"] in lines
+    pools = [line for line in lines if line[1:3] == ["pools", "set"]]
+    assert pools == [["airflow", "pools", "set", TABLES_POOL, str(TABLES_POOL_SLOTS), TABLES_POOL_DESCRIPTION]]
+    assert lines.index(pools[0]) > lines.index(["airflow", "db", "migrate"])
 
 
 def test_every_variable_of_every_service_has_a_reader() -> None:
@@ -320,7 +366,10 @@ def test_airflow_services_in_airflows_shape() -> None:
         assert depends["postgres"] == depends["kafka"] == {"condition": "service_healthy"}, name
         assert services[name]["restart"] == "always", name
         env = _env(services[name])
-        assert env == _env(services["airflow-init"]), f"{name}: every Airflow component is configured alike"
+        init_only = {"ADPIPE_PG_HOST", "ADPIPE_PG_PORT"}  # `adpipe pg up`'s
+        assert env == {k: v for k, v in _env(services["airflow-init"]).items() if k not in init_only}, (
+            f"{name}: every Airflow component is configured alike"
+        )
         # Config (with the generated secrets), logs and the adpipe home are shared.
         assert set(services[name]["volumes"]) == set(services["airflow-init"]["volumes"]), name
     env = _env(services["airflow-scheduler"])

@@ -32,9 +32,30 @@ EDGES = {
         ("verify", "publish"),
         ("validate", "publish_data_docs"),
         ("verify", "publish_data_docs"),
-        ("publish_data_docs", "publish"),
     },
 }
+# Airflow's rails, with the settings' defaults (no ADPIPE_* here): each task's
+# execution_timeout (s), retries and pool, and each DAG's dagrun_timeout (s).
+RAILS = {
+    "ad_aggregation_stream": {
+        "start_stream_if_down": (600, 0, "default_pool"),
+        "wait_for_stream": (600, 0, "default_pool"),
+        "check_stream": (600, 0, "default_pool"),
+    },
+    "ad_union_and_load": {
+        "wait_for_hour_closed": (6 * 3600, 1, "default_pool"),
+        "stage": (3600, 1, "adpipe_tables"),
+        "validate": (3600, 0, "adpipe_tables"),
+        "verify": (3600, 0, "default_pool"),
+        "publish": (3600, 1, "adpipe_tables"),
+        "publish_data_docs": (3600, 1, "default_pool"),
+    },
+    "ad_table_maintenance": {
+        "optimize_and_vacuum": (4800, 1, "adpipe_tables"),
+        "prune_budget_ledger": (4800, 1, "default_pool"),
+    },
+}
+RUN_TIMEOUTS = {"ad_aggregation_stream": 15 * 60, "ad_union_and_load": 8 * 3600, "ad_table_maintenance": 3 * 3600}
 
 
 def test_dagbag_imports_with_zero_errors(dagbag) -> None:  # noqa: ANN001
@@ -64,6 +85,110 @@ def test_exact_task_graph(dagbag, dag_id: str) -> None:  # noqa: ANN001
     dag = dagbag.dags[dag_id]
     edges = {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
     assert edges == EDGES[dag_id]
+
+
+@pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
+def test_every_task_has_its_timeout_retries_and_pool_and_every_dag_a_run_timeout(dagbag, dag_id: str) -> None:  # noqa: ANN001
+    from adpipe.settings import TABLES_POOL
+
+    assert TABLES_POOL == "adpipe_tables"
+    dag = dagbag.dags[dag_id]
+    rails = {t.task_id: (t.execution_timeout.total_seconds(), t.retries, t.pool) for t in dag.tasks}
+    assert rails == RAILS[dag_id]
+    assert dag.dagrun_timeout == timedelta(seconds=RUN_TIMEOUTS[dag_id])
+    # One slot: the table writers of the load and the maintenance never run at once.
+    assert all(t.pool_slots == 1 for t in dag.tasks)
+
+
+def test_the_timeouts_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adpipe.settings import SettingsError
+
+    for name, value in (
+        ("ADPIPE_STREAM_TASK_TIMEOUT_S", "7"),
+        ("ADPIPE_LOAD_STEP_TIMEOUT_S", "11"),
+        ("ADPIPE_LOAD_WAIT_TIMEOUT_S", "13"),
+        ("ADPIPE_LOAD_RUN_TIMEOUT_S", "17"),
+        ("ADPIPE_MAINTENANCE_TIMEOUT_S", "19"),
+    ):
+        monkeypatch.setenv(name, value)
+    dags = {dag_id: _parsed(dag_id) for dag_id in DAG_IDS}
+    timeouts = {d: {t.task_id: t.execution_timeout.total_seconds() for t in dag.tasks} for d, dag in dags.items()}
+    assert timeouts == {
+        "ad_aggregation_stream": dict.fromkeys(RAILS["ad_aggregation_stream"], 7),
+        "ad_union_and_load": {**dict.fromkeys(RAILS["ad_union_and_load"], 11), "wait_for_hour_closed": 13},
+        "ad_table_maintenance": dict.fromkeys(RAILS["ad_table_maintenance"], 19),
+    }
+    assert dags["ad_union_and_load"].dagrun_timeout == timedelta(seconds=17)
+    assert dags["ad_union_and_load"].get_task("wait_for_hour_closed").timeout == 13
+    # A run must outlast its hour's wait; unset, it is 8 h, or the wait plus an hour.
+    with pytest.raises(SettingsError, match="ADPIPE_LOAD_RUN_TIMEOUT_S=17 must exceed ADPIPE_LOAD_WAIT_TIMEOUT_S=20"):
+        load_settings({"ADPIPE_LOAD_WAIT_TIMEOUT_S": "20", "ADPIPE_LOAD_RUN_TIMEOUT_S": "17"})
+    assert load_settings({"ADPIPE_LOAD_WAIT_TIMEOUT_S": str(9 * 3600)}).rails.load_run_timeout_s == 10 * 3600
+
+
+def _parsed(dag_id: str):  # noqa: ANN202 - airflow's DAG
+    """``dags/<dag_id>.py`` parsed afresh, in this process's environment."""
+    import importlib.util
+
+    from adpipe.settings import PROJECT_ROOT
+
+    spec = importlib.util.spec_from_file_location(f"{dag_id}_reparsed", PROJECT_ROOT / "dags" / f"{dag_id}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.dag
+
+
+def test_each_operator_is_what_its_type_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps that run in the warm load driver or in the task's process
+    are no SparkSubmitOperator; the one that runs spark-submit is; the
+    stream's detached start is none (the provider's waits for the driver)."""
+    from adpipe.orchestration.load_tasks import LoadStepOperator, LoadStepSubmitOperator
+    from adpipe.orchestration.stream_supervisor import StreamStartOperator
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    steps = ("stage", "validate", "publish")
+    for submit in ("warm", "in-process", "spark-submit"):
+        monkeypatch.setenv("ADPIPE_LOAD_SUBMIT", submit)
+        dag = _parsed("ad_union_and_load")
+        for step in steps:
+            task = dag.get_task(step)
+            assert isinstance(task, SparkSubmitOperator) is (submit == "spark-submit"), (submit, step)
+            assert type(task) is (LoadStepSubmitOperator if submit == "spark-submit" else LoadStepOperator)
+            assert task.step == step
+        assert not [t for t in dag.tasks if t.task_id not in steps and isinstance(t, SparkSubmitOperator)]
+    start = _parsed("ad_aggregation_stream").get_task("start_stream_if_down")
+    assert type(start) is StreamStartOperator and not isinstance(start, SparkSubmitOperator)
+
+
+def test_no_private_member_of_a_provider_is_used() -> None:
+    """No attribute of the providers' operators and hooks whose name starts
+    with one underscore (methods and instance attributes alike) is read,
+    called or set anywhere in adpipe.orchestration or the DAG files."""
+    import ast
+
+    from adpipe.settings import PROJECT_ROOT
+    from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    objects = [SparkSubmitOperator(task_id="x"), SparkSubmitHook(conn_id="none"), KafkaBaseHook(), PostgresHook()]
+    private = {
+        name
+        for obj in objects
+        for name in {*dir(type(obj)), *vars(obj)}
+        if name.startswith("_") and not name.startswith("__")
+    }
+    assert {"_build_spark_submit_command", "_connection", "_spark_binary", "_hook", "_build_config"} <= private
+    orchestration = PROJECT_ROOT / "include" / "adpipe" / "orchestration"
+    files = [*orchestration.glob("*.py"), *(PROJECT_ROOT / "dags").glob("*.py")]
+    used = sorted(
+        f"{path.name}:{node.lineno} {node.attr}"
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in private
+    )
+    assert used == []
 
 
 def test_load_dag_hourly_data_interval_catchup_and_doc(dagbag) -> None:  # noqa: ANN001
@@ -102,7 +227,9 @@ def test_load_dag_publishes_the_table_assets_names_its_hour_and_always_links_dat
     outlets = {getattr(o, "name", None) for o in dag.get_task("publish").outlets}
     assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine"}
     assert dag.get_task("publish_data_docs").trigger_rule == "all_done"
-    assert [t.task_id for t in dag.tasks if not t.downstream_task_ids] == ["publish"]  # the one leaf decides
+    # Publish waits on the two checks, never on the cosmetic Data Docs page.
+    assert dag.get_task("publish").upstream_task_ids == {"validate", "verify"}
+    assert sorted(t.task_id for t in dag.tasks if not t.downstream_task_ids) == ["publish", "publish_data_docs"]
     assert dag.get_task("validate").retries == 0 and dag.get_task("verify").retries == 0
     assert "hour" in dag.params and dag.params["hour"] is None
 
@@ -170,17 +297,18 @@ def test_hour_of_interval_takes_only_whole_utc_hours() -> None:
             hour_of_interval(*bad)
 
 
-def test_spark_connection_from_settings_gives_the_provider_our_master(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_connections_from_settings_name_our_master_broker_and_databases() -> None:
     from adpipe.local.airflow import connections_env
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     settings = load_settings({"ADPIPE_SPARK_MASTER": "local[2]", "ADPIPE_KAFKA_BOOTSTRAP": "127.0.0.1:39092"})
-    env = connections_env(settings)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    assert SparkSubmitHook(conn_id="adpipe_spark")._connection["master"] == "local[2]"
-    assert json.loads(env["AIRFLOW_CONN_ADPIPE_KAFKA"])["extra"]["bootstrap.servers"] == "127.0.0.1:39092"
-    budget = json.loads(env["AIRFLOW_CONN_ADPIPE_BUDGET_DB"])
+    env = {k: json.loads(v) for k, v in connections_env(settings).items()}
+    assert env["AIRFLOW_CONN_ADPIPE_SPARK"] == {"conn_type": "spark", "host": "local[2]"}
+    assert env["AIRFLOW_CONN_ADPIPE_KAFKA"] == {"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:39092"}}
+    assert env["AIRFLOW_CONN_ADPIPE_METASTORE_DB"] == {
+        "conn_type": "postgres", "host": "127.0.0.1", "port": 5433, "login": "adpipe", "password": "adpipe",
+        "schema": "adpipe_metastore",
+    }
+    budget = env["AIRFLOW_CONN_ADPIPE_BUDGET_DB"]
     assert budget["conn_type"] == "sqlite" and budget["host"].endswith("budget.db")
 
 
