@@ -241,16 +241,8 @@ def test_a_stream_pause_outlives_the_transaction_timeout_with_a_successor_runnin
     stopped, successor = run.crew.pause.zombie, run.crew.pause.successor  # type: ignore[union-attr]
     assert record.down_s == 1.0  # the transaction timeout, not the drawn 0.2 s
     assert _state(stopped) == "T" and successor.alive  # stopped, and a second driver runs
-    # The successor's checkpoint is the same folder reached by another name,
-    # and its lock another file.
-    from adpipe.settings import load_settings
-    from adpipe.stream.checkpoint_lock import lock_path
-
-    theirs = load_settings({**successor.env, "ADPIPE_HOME": str(run.ctx.settings.home)})
-    run.ctx.settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    assert theirs.checkpoint_dir.resolve() == run.ctx.settings.checkpoint_dir.resolve()
-    assert theirs.checkpoint_dir != run.ctx.settings.checkpoint_dir
-    assert lock_path(theirs).parent.resolve() != lock_path(run.ctx.settings).parent.resolve()
+    # The successor is a driver of the same job: the same checkpoint, the same leadership group.
+    assert successor.env == stopped.env and successor.argv[-1] == "--standby"
     time.sleep(0.5)
     run.injector.due()
     assert _state(stopped) == "T"  # not resumed before the timeout has passed
@@ -448,58 +440,58 @@ def test_with_a_standby_a_stream_pause_is_taken_over_by_the_standby(
     assert active.argv == ["sleep", "61"] and run.restarts.counts["standby"] == 1
 
 
-def test_with_a_standby_the_roles_follow_the_checkpoints_lease(standby_run: chaos.ChaosRun) -> None:
+def test_with_a_standby_the_roles_follow_the_leadership_group(
+    standby_run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both drivers started as standbys (the active one died while the
-    other still warmed up): the one holding the lease is the job's driver."""
-    from adpipe.files import write_json
-    from adpipe.stream import checkpoint_lock
+    other still warmed up): the one leading the job's group is its driver."""
+    import socket
+
+    from adpipe.stream import leadership
 
     run, crew = standby_run, standby_run.crew
     active, standby = _start_drivers(run)
-    path = checkpoint_lock.lease_path(run.ctx.settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    group: list[leadership.Driver] = []
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
 
-    def lease(part: chaos.Part) -> None:
-        write_json(path, {"pid": part.proc.pid, "host": "here", "epoch": 1, "at": time.time()})  # type: ignore[union-attr]
+    def lead(part: chaos.Part) -> None:  # the brokers' answer: this part leads, the other waits
+        other = standby if part is active else active
+        group[:] = [leadership.Driver(socket.gethostname(), part.proc.pid, True),  # type: ignore[union-attr]
+                    leadership.Driver(socket.gethostname(), other.proc.pid, False)]  # type: ignore[union-attr]
 
-    lease(active)
+    lead(active)
     run.supervisor.supervise()
     assert crew.stream is active and crew.standby is standby
-    lease(standby)
+    lead(standby)
     run.supervisor.supervise()
     assert crew.stream is standby and crew.standby is active and active.alive and standby.alive
     assert run.restarts.counts == {}  # nothing restarted, nothing taken over by a fault
 
 
-def test_a_standby_is_warm_once_warmed_up_and_waiting_for_the_checkpoints_lock(standby_run: chaos.ChaosRun) -> None:
-    import fcntl
-    import os
+def test_a_standby_is_warm_once_warmed_up_and_waiting_in_the_leadership_group(
+    standby_run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
 
-    from adpipe.stream import checkpoint_lock
+    from adpipe.stream import leadership
 
     run, crew = standby_run, standby_run.crew
-    lock = checkpoint_lock.lock_path(run.ctx.settings)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # the active driver's lock
-        crew.standby_argv = ["flock", str(lock), "sleep", "60"]  # waits for it, as a standby does
-        standby = crew.standby
-        assert standby is not None
-        crew.prepare_start(standby)
-        standby.start()
-        deadline = time.monotonic() + 5
-        while not checkpoint_lock.waiters(run.ctx.settings) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert crew.standby_state() == "waiting"  # waiting, its warm-up not done
-        with standby.log_path.open("a") as log:
-            log.write(f"INFO adpipe.stream: {checkpoint_lock.STANDBY_WARM_LINE}12.3 s\n")
-        assert crew.standby_state() == "warm"
-        standby.signal(signal.SIGKILL)
-        standby.proc.wait(timeout=5)  # type: ignore[union-attr]
-        assert crew.standby_state() == "down"
-    finally:
-        os.close(fd)
+    group: list[leadership.Driver] = []
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    crew.standby_argv = ["sleep", "60"]
+    standby = crew.standby
+    assert standby is not None
+    crew.prepare_start(standby)
+    standby.start()
+    assert crew.standby_state() == "warming"  # not in the group yet
+    group.append(leadership.Driver(socket.gethostname(), standby.proc.pid, False))  # type: ignore[union-attr]
+    assert crew.standby_state() == "waiting"  # waiting, its warm-up not done
+    with standby.log_path.open("a") as log:
+        log.write(f"INFO adpipe.stream: {leadership.STANDBY_WARM_LINE}12.3 s\n")
+    assert crew.standby_state() == "warm"
+    standby.signal(signal.SIGKILL)
+    standby.proc.wait(timeout=5)  # type: ignore[union-attr]
+    assert crew.standby_state() == "down"
 
 
 def test_with_a_standby_down_a_stream_pause_waits_for_it(standby_run: chaos.ChaosRun) -> None:
