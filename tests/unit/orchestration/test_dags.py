@@ -100,7 +100,8 @@ def test_load_dag_hourly_data_interval_catchup_and_doc(dagbag) -> None:  # noqa:
 def test_load_dag_publishes_the_table_assets_names_its_hour_and_always_links_data_docs(dagbag) -> None:  # noqa: ANN001
     dag = dagbag.dags["ad_union_and_load"]
     outlets = {getattr(o, "name", None) for o in dag.get_task("publish").outlets}
-    assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine"}
+    assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine",
+                       "ads.ad_minute_aggregate_revisions"}
     assert dag.get_task("publish_data_docs").trigger_rule == "all_done"
     assert [t.task_id for t in dag.tasks if not t.downstream_task_ids] == ["publish"]  # the one leaf decides
     assert dag.get_task("validate").retries == 0 and dag.get_task("verify").retries == 0
