@@ -283,9 +283,12 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
     _send(story, settings, topics.events, plan2)
     produce.write_summary(plan2.summary, work / "produce-2.json")
     # A few events of the next hour: time moves on, the watermark passes the
-    # end of the demo's hour and closes it for Union & Load.
+    # end of the demo's hour plus the allowed lateness (its windows final)
+    # and closes it for Union & Load.
+    closing_minute = -(-demo_settings.lateness_ms // 60_000)
     spec3 = produce.ProduceSpec(
-        events=20, seed=seed + 2, minutes=1, start=spec.start.replace(minute=0) + timedelta(hours=1, minutes=1)
+        events=20, seed=seed + 2, minutes=1,
+        start=spec.start.replace(minute=0) + timedelta(hours=1, minutes=closing_minute),
     )
     plan3 = produce.plan(spec3)
     _send(story, settings, topics.events, plan3)
@@ -335,7 +338,8 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
                 story.note("the quality gate failed, nothing was published:\n" + str(exc))
                 return 1
     if loaded is None:
-        story.note(f"hour {hour} is not closed: the stream's watermark has not passed its end")
+        story.note(f"hour {hour} is not closed: the stream's watermark has not passed its end plus the allowed "
+                   "lateness")
         return 1
     story.note(loaded.describe())
 
