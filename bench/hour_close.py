@@ -7,9 +7,10 @@ One run: fresh topics and job id (as the demo's), the stream job running
 as the DAG's ``warm`` steps). Then, for each of ``hours`` hours of event
 time from the demo's start: the hour's events (``events`` over 20 ads and
 its minutes, 2 % retries, 1 % malformed), then a few events of the next
-hour's first minute, whose batch carries the stream's watermark past the
-hour's end: the hour closes (the next hour's own events start at its
-second minute, so none of them is late). A probe asks ``hour_closed`` (what the DAG's
+hour's minute just after the watermark delay and the allowed lateness,
+whose batch carries the stream's watermark past the hour's end plus the
+allowed lateness: the hour closes (the next hour's own events start after
+that minute, so none of them is late). A probe asks ``hour_closed`` (what the DAG's
 trigger asks) every 0.5 s for the moment it does; a waiter asks every 10 s
 (the trigger's interval, ``HourClosedTrigger``), then runs ``adpipe load
 --hour H``. Timed: close to the load's end (the tables published), split
@@ -69,17 +70,21 @@ def run(settings: Settings, hours: int = 4, events: int = 4_000, seed: int = 7) 
     stream = start_detached([sys.executable, "-m", "adpipe", "stream"], work / "stream.log", env=env)
     rows = []
     probes = ThreadPoolExecutor(1)
+    # The minute into the next hour whose events close an hour for good
+    # (the watermark past its end plus the allowed lateness).
+    closing_minute = -(-job.lateness_ms // 60_000)
     try:
         for n in range(hours):
             hour = start + timedelta(hours=n)
-            # After the first hour, from its second minute: the closing events
-            # of the hour before are its first minute (on time, not late).
-            first_minute = 1 if n else 0
+            # After the first hour, from the minute after the closing events
+            # of the hour before (those are on time, not late).
+            first_minute = closing_minute + 1 if n else 0
             spec = produce.ProduceSpec(events=events, seed=seed + n, ads=20, minutes=60 - first_minute,
                                        start=hour + timedelta(minutes=first_minute),
                                        duplicate_rate=0.02, malformed_rate=0.01)
             produce.send(job.kafka, job.topics.events, produce.plan(spec))
-            closing = produce.ProduceSpec(events=10, seed=seed + 100 + n, minutes=1, start=hour + timedelta(hours=1))
+            closing = produce.ProduceSpec(events=10, seed=seed + 100 + n, minutes=1,
+                                          start=hour + timedelta(hours=1, minutes=closing_minute))
             stop = threading.Event()
             probe = probes.submit(_closed_at, job, hour, stop)
             produce.send(job.kafka, job.topics.events, produce.plan(closing))

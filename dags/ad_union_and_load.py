@@ -23,8 +23,10 @@ runs past hours the same way. A manual run may name its hour in the `hour`
 param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
 
 1. `wait_for_hour_closed` — sensor (timeout `ADPIPE_LOAD_WAIT_TIMEOUT_S`):
-   every region's stream has closed the hour (watermark past its end; a
-   quiet region: no lag and the clock past the end plus the lateness). It
+   every region's stream has closed the hour for good (watermark past its
+   end plus `ADPIPE_ALLOWED_LATENESS_S`, after which no window of it is
+   revised; a quiet region: no lag and the clock past the end plus the
+   watermark delay and the allowed lateness). It
    asks once, then defers to a trigger that asks every 10 s in Airflow's
    triggerer (no worker slot held): the load starts seconds after the close.
 2. `stage` — the new records of every region into `ads_staging.*`.

@@ -33,6 +33,8 @@ BUDGET_AFTER_EVENTS_COMMIT = "budget_after_events_commit"  # budget events in Ka
 # Union & Load (adpipe.lakehouse.load); "batch" is the load run's id.
 LOAD_AFTER_STAGE = "load_after_stage"  # rows staged, the ledger's "staged" row not written
 LOAD_AFTER_PUBLISH = "load_after_publish"  # one published table written, the others and the ledger not
+# A repair (adpipe.lakehouse.repair): its rebuilt hour written into one table, not the others nor its switch.
+REPAIR_AFTER_WRITE = "repair_after_write"
 POINTS = (
     AFTER_PRODUCE,
     DURING_COMMIT,
@@ -43,6 +45,7 @@ POINTS = (
     BUDGET_AFTER_EVENTS_COMMIT,
     LOAD_AFTER_STAGE,
     LOAD_AFTER_PUBLISH,
+    REPAIR_AFTER_WRITE,
 )
 
 

@@ -7,7 +7,9 @@ test process never holds a SparkSession of its own with other settings).
 Output: {"versions": {table: latest version}, "rows": {table: [row, ...]},
 "staged": {table: [row, ...]}, "whole": {table: [row of its whole-hour
 view, ...]}, "load_runs": [row, ...], "late_corrections": [row, ...]} with
-the rows sorted by their unique key and without ``loaded_at``.
+the rows sorted by their unique key and without ``loaded_at``; the
+aggregates' revisions table is in "versions", "rows" and "whole" (it has no
+staging twin).
 
 ``--serve``: one session for many dumps (a Spark JVM start each was the
 tests' costliest habit): each line read from stdin is an hour (or empty:
@@ -44,9 +46,13 @@ def _table(spark: SparkSession, name: str):  # noqa: ANN202
 def dump(spark: SparkSession, hour_label: str | None) -> dict:
     hour = parse_hour(hour_label) if hour_label else None
     out: dict = {"versions": {}, "rows": {}, "staged": {}, "whole": {}}
-    for name, (_schema, keys) in T.TABLES.items():
+    keyed = {**{name: keys for name, (_schema, keys) in T.TABLES.items()}, T.REVISIONS: ("record_uuid",)}
+    for name, keys in keyed.items():
         out["versions"][name] = DeltaTable.forName(spark, name).history(1).first()["version"]
-        for section, table in (("rows", name), ("staged", T.staged(name)), ("whole", T.whole_view(name))):
+        sections = [("rows", name), ("whole", T.whole_view(name))]
+        if name in T.TABLES:
+            sections.append(("staged", T.staged(name)))
+        for section, table in sections:
             df = _table(spark, table).drop("loaded_at")
             if hour is not None:
                 df = df.where(F.col("event_hour") == F.lit(hour))

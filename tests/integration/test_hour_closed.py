@@ -1,5 +1,7 @@
 """When an hour is closed for Union & Load, with a real broker and a real
-stream job: a busy region closes it by its watermark; a quiet region
+stream job: a busy region closes it once its watermark is past the hour's
+end plus the allowed lateness (not at the hour's end: its windows may
+still be revised); a quiet region
 (nothing arrived since the hour's end, so a watermark that stands still)
 closes it once its stream has no lag and the wall clock is past the hour's
 end plus the lateness; a region with records its stream has not committed,
@@ -24,7 +26,7 @@ from tests.integration.helpers import Pipeline, make_pipeline, on_producers_cloc
 
 HOUR = datetime(2026, 11, 22, 12, tzinfo=UTC)
 END = HOUR + timedelta(hours=1)
-LATENESS = timedelta(seconds=30)  # the default watermark delay, no allowed lateness
+LATENESS = timedelta(seconds=30 + 300)  # the default watermark delay and allowed lateness
 
 
 def _event(n: int, at: datetime) -> bytes:
@@ -79,8 +81,13 @@ def test_a_quiet_region_closes_its_hours_by_the_clock_a_lagging_one_does_not(
     (tmp_path / "quiet").mkdir()
     busy, quiet = make_pipeline(tmp_path / "busy"), make_pipeline(tmp_path / "quiet")
     on_producers_clock(quiet.settings)  # its records are written 'during' 12:00-13:00 by their timestamps
-    # The busy region's watermark passes 13:00: 12:58 .. 13:03 of events.
+    # The busy region's watermark passes 13:00 (12:58 .. 13:03 of events):
+    # the hour's windows are closed, not final (revised until 13:05).
     busy.produce(events=300, seed=51, minutes=5, start=HOUR + timedelta(minutes=58))
+    assert busy.stream().returncode == 0
+    assert not hour_closed(load_settings(busy.env), HOUR, now=END + timedelta(days=1))
+    # 13:03 .. 13:07: past 13:05, closed for good.
+    busy.produce(events=200, seed=52, minutes=4, start=HOUR + timedelta(minutes=63))
     assert busy.stream().returncode == 0
     env = _both(busy, quiet)
     settings = load_settings(env)

@@ -21,7 +21,7 @@ from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
 from adpipe.tools import verify
 
-from tests.integration.helpers import Pipeline, dump, in_hour, make_pipeline, send, warm_env
+from tests.integration.helpers import Pipeline, dump, in_hour, latest_revisions, make_pipeline, send, warm_env
 
 HOUR = "2026-11-22T12"
 
@@ -67,8 +67,9 @@ def _cross_region_ids(regions: Regions) -> set[str]:
 def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Regions:
     a, b = make_pipeline(tmp_path_factory.mktemp("a")), make_pipeline(tmp_path_factory.mktemp("b"))
     # Seeds and ads no other test uses: the tables are shared by the session.
-    # 12:58..13:02 on time, then 13:02..13:04 with late events timed
-    # 12:56..13:00 at the end: one stream run per region covers both.
+    # 12:58..13:02 on time, then 13:02..13:08 (the watermark past 13:05:
+    # hour 12 closed for good) with late events timed 12:51..12:55 at the
+    # end: one stream run per region covers both.
     for p, seed, offset in ((a, 4101, 500), (b, 4102, 600)):
         p.produce(events=700, seed=seed, ads=8, ad_offset=offset, minutes=4,
                   start=datetime(2026, 11, 22, 12, 58, tzinfo=UTC), duplicate_rate=0.05, malformed_rate=0.02)
@@ -77,7 +78,7 @@ def regions(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFac
             # another region): both streams count them.
             send(b, _first_events(a))
     for p, seed, offset in ((a, 4201, 500), (b, 4202, 600)):
-        p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=2,
+        p.produce(events=200, seed=seed, ads=8, ad_offset=offset, minutes=6,
                   start=datetime(2026, 11, 22, 13, 2, tzinfo=UTC), late_rate=0.1, late_by_minutes=4)
     _streams(a, b)
     regions_json = json.dumps(
@@ -117,7 +118,7 @@ def _expected(regions: Regions) -> dict[str, set]:
     verify's own (Python) reading of the raw events."""
     aggregates, raw, late = set(), set(), set()
     for p in (regions.a, regions.b):
-        for rec in p.aggregates():
+        for rec in latest_revisions(p.aggregates()).values():  # the table keeps each window's latest
             if rec["window_start"].startswith(HOUR):
                 aggregates.add((rec["record_uuid"], rec["ad_id"], rec["window_start"], rec["impressions"],
                                 rec["clicks"]))
@@ -184,7 +185,7 @@ def _commits(regions: Regions) -> dict[str, list[str]]:
     """Each table's Delta commit files: a table changes only by a new one."""
     warehouse = load_settings(regions.env).warehouse_dir
     commits = {}
-    for name in T.TABLES:
+    for name in T.PUBLISHED:
         log_dir = warehouse / f"{name.replace('.', '.db/', 1)}" / "_delta_log"
         commits[name] = sorted(p.name for p in log_dir.glob("*.json"))
         assert commits[name], f"no Delta log at {log_dir}"

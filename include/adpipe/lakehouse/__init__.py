@@ -2,7 +2,10 @@
 the Hive metastore, and the Great Expectations gate on them.
 
 * :mod:`~adpipe.lakehouse.load` - Union & Load, every region: stage, audit,
-  publish; repair.
+  publish.
+* :mod:`~adpipe.lakehouse.repair` - an hour rebuilt from Kafka, shown in
+  one step; a held hour's staged rows discarded.
+* :mod:`~adpipe.lakehouse.revisions` - each window's latest revision.
 * :mod:`~adpipe.lakehouse.ranges` - which Kafka offsets a load reads, when an
   hour is closed, what Kafka can still prove of an hour.
 * :mod:`~adpipe.lakehouse.tables` - the ``ads`` tables' names, schemas, keys.

@@ -38,8 +38,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     if not args.allow_open and not all(load.hour_closed(settings, h) for h in load.hours_between(hour, last)):
         # Refused before a Spark session is started for it.
         log.error(
-            "an hour asked for is not closed yet: a region's stream watermark has not passed its end. Wait, "
-            "or pass --allow-open to load what is there (its windows may be incomplete)."
+            "an hour asked for is not closed yet: a region's stream watermark has not passed its end plus the "
+            "allowed lateness (ADPIPE_ALLOWED_LATENESS_S). Wait, or pass --allow-open to load what is there (its "
+            "windows may be incomplete, or revised later: a later load brings their revisions as late corrections)."
         )
         return EXIT_HOUR_OPEN
     if args.step != "all" and (args.repair or last is not None or not args.run_file):
@@ -124,10 +125,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="Union & Load: new records of every region into the ads Delta tables, audited before publication",
         description="Reads what arrived in every region's raw, aggregates, late and DLQ topics since the last load "
         "(read_committed; raw records up to the stream job's committed offsets), unions the regions, dedupes by "
-        "record_uuid / event_id / (source, event_key), and files each row in the partition of its own event_hour "
+        "record_uuid / event_id / (source, event_key) (a raw record the DLQ lists, such as a re-stamped retry's "
+        "conflicting copy, is no raw row), and files each row in the partition of its own event_hour "
         "(a late record lands in its hour). Write-audit-publish: the rows are staged in ads_staging, the Great "
         "Expectations gate checks each closed hour's candidate (published plus staged rows) and what Kafka says "
-        "of it, and only then are they published into ads.ad_events_raw, ads.ad_minute_aggregates and "
+        "of it, and only then are they published into ads.ad_events_raw, ads.ad_minute_aggregates (each window's "
+        "highest revision: a lower one never replaces it), ads.ad_minute_aggregate_revisions (every revision) and "
         "ads.ad_events_quarantine (insert-if-absent: a rerun changes nothing). Write-audit-publish is per hour: an "
         "hour that fails its gate keeps its staged rows and is held (the ledger says failed; later runs leave it for "
         "an operator: load it again, --repair or --discard-staged); every hour that passes is published. Exit 1 "
@@ -140,13 +143,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hour", help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour); required but with --serve")
     p.add_argument("--to-hour", help="audit and publish every hour from --hour to this one, inclusive (a backfill)")
     p.add_argument(
-        "--allow-open", action="store_true", help="publish the hour even if the stream's watermark has not closed it"
+        "--allow-open",
+        action="store_true",
+        help="publish the hour even if the stream's watermark has not closed it (its end plus the allowed lateness)",
     )
     p.add_argument(
         "--repair",
         action="store_true",
-        help="rebuild the hour's published partitions from Kafka (read from the hour's start, audited, written over "
-        "the hour in one commit per table); idempotent. For an hour published wrongly before the gate existed.",
+        help="rebuild the hour from Kafka (read from the hour's start, audited, written beside the hour's rows and "
+        "shown in their place in one step: a reader of the ads.*_whole views sees the old hour or the rebuilt one, "
+        "never a mix); idempotent. For an hour published wrongly, or held by its gate.",
     )
     p.add_argument(
         "--discard-staged",
@@ -196,7 +202,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--tables",
         nargs="+",
         metavar="TABLE",
-        help="[database.]table names (default: the three published ads tables, their ads_staging twins and "
+        help="[database.]table names (default: the published ads tables, the aggregates' revisions included, their "
+        "ads_staging twins and "
         "ads.load_runs)",
     )
     p.set_defaults(func=cmd_maintain, needs_metastore=True, warm=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe.lakehouse import tables as T
@@ -86,6 +86,29 @@ def held_hours(spark: SparkSession) -> dict[str, str]:
         for hour in json.loads(row["hours"] or "[]"):
             last[hour] = (row["step"], row["message"])
     return {hour: message or "" for hour, (step, message) in last.items() if step == "failed"}
+
+
+def shown_in_hour(spark: SparkSession, hour: datetime) -> Column:
+    """Which published rows of ``hour`` are the hour as it stands, by the
+    ledger's repairs (adpipe.lakehouse.repair): a completed repair's rows
+    and later ones, never the rows it replaced; never the rows of a repair
+    not completed. Those are deleted by the repair (or by the next load),
+    but a reader outside the load lock (``verify --hour``) may come
+    between. True when the hour was never repaired and no repair runs."""
+    label = hour.astimezone(UTC).strftime("%Y-%m-%dT%H")
+    rows = spark.table(T.LOAD_RUNS).where(F.col("step").isin("repairing", "repaired", "cleared")).collect()
+    steps: dict[int, set[str]] = {}
+    for row in rows:
+        if label in json.loads(row["hours"] or "[]"):
+            steps.setdefault(int(row["run_id"]), set()).add(row["step"])
+    completed = [run for run, done in steps.items() if "repaired" in done]
+    unfinished = [run for run, done in steps.items() if done == {"repairing"}]
+    shown = F.lit(True)
+    if completed:
+        shown = shown & F.coalesce(F.col("load_run") >= F.lit(max(completed)), F.lit(False))
+    if unfinished:
+        shown = shown & (F.col("load_run").isNull() | ~F.col("load_run").isin(unfinished))
+    return shown
 
 
 def _failed_before(spark: SparkSession, hour: str, message: str, run_id: int) -> bool:

@@ -45,18 +45,26 @@ row the next run reads the same offsets again, and every write is
 insert-if-absent on the table's key (a staged row already published, or
 staged, is not written again); after it, the rows are in staging or
 published, and the next run audits and publishes what is staged. ``adpipe load --hour H --repair``
-rebuilds one hour's published partitions from Kafka (read from the hour's
-start, whatever was loaded), audited the same way: for an hour published
-wrongly before this gate existed.
+(:mod:`adpipe.lakehouse.repair`) rebuilds one hour from Kafka (read from
+the hour's start, whatever was loaded), audited the same way, and switches
+the views to it in one step.
+
+Aggregates: staging holds every revision of a window read (by
+``record_uuid``). Publishing writes each window's highest revision into
+``ads.ad_minute_aggregates`` (one row per window: inserted, or replacing a
+lower revision only; :func:`~adpipe.lakehouse.merge.merge_latest_revisions`),
+then every record into the revisions table (insert-if-absent).
+A revision of a window already published is a late correction as any row.
 
 A manifest of each run (ranges read, rows, gate) is kept under
 ``$ADPIPE_HOME/load/runs/``.
 
 This module is the write-audit-publish; its parts are
 :mod:`~adpipe.lakehouse.read` (Kafka into rows),
-:mod:`~adpipe.lakehouse.rows` (the rows' shape, pure),
-:mod:`~adpipe.lakehouse.merge` (insert-if-absent with conflict retries) and
-:mod:`~adpipe.lakehouse.ledger` (the ledger and the load lock)."""
+:mod:`~adpipe.lakehouse.rows` and :mod:`~adpipe.lakehouse.revisions` (the
+rows' shape, pure), :mod:`~adpipe.lakehouse.merge` (the MERGEs, with
+conflict retries), :mod:`~adpipe.lakehouse.ledger` (the ledger and the load
+lock) and :mod:`~adpipe.lakehouse.outcome` (results, manifests)."""
 
 from __future__ import annotations
 
@@ -67,9 +75,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import alerting, faults, metrics
@@ -86,11 +93,9 @@ from adpipe.lakehouse.ledger import (
     ledger_state,
     load_lock,
 )
-from adpipe.lakehouse.merge import (
-    _hours_condition,
-    merge_new_rows,
-)
+from adpipe.lakehouse.merge import merge_latest_revisions, merge_new_rows
 from adpipe.lakehouse.metastore import metastore_session
+from adpipe.lakehouse.outcome import GateFailed, LoadResult, gate_failure, write_manifest
 from adpipe.lakehouse.ranges import (
     ONE_HOUR,
     OutputNotStable,
@@ -111,6 +116,8 @@ from adpipe.lakehouse.read import (
     kafka_facts,
     table_rows,
 )
+from adpipe.lakehouse.repair import clear_staged, discard_staged, finish_repairs, repair_hour
+from adpipe.lakehouse.revisions import latest_per_window, newer_than_published
 from adpipe.lakehouse.staging import (
     FirstHours,
     KeptRows,
@@ -126,6 +133,7 @@ from adpipe.spark import in_threads
 
 __all__ = [
     "ONE_HOUR",
+    "GateFailed",
     "LoadError",
     "LoadResult",
     "OutputNotStable",
@@ -150,14 +158,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class GateFailed(LoadError):
-    """The audit failed: nothing was published; the message names the expectations."""
-
-    def __init__(self, message: str, results: list[quality.QualityResult]) -> None:
-        super().__init__(message)
-        self.results = results
 
 
 # --- write, audit, publish ----------------------------------------------------------------------
@@ -255,10 +255,12 @@ def _stage(
         if open_hours:
             raise HourOpen(
                 f"hour {hour_label(open_hours[0])} is not closed yet: a region's stream watermark has not passed "
-                f"{hour_label(open_hours[0] + ONE_HOUR)}. Wait, or pass --allow-open to load what is there (its "
-                "windows may be incomplete)."
+                f"{hour_label(open_hours[0] + ONE_HOUR)} plus the allowed lateness "
+                f"({settings.allowed_lateness_s} s). Wait, or pass --allow-open to load what is there (its windows "
+                "may be incomplete, or revised later: a later load brings their revisions as late corrections)."
             )
     with load_lock(settings):
+        finish_repairs(spark)  # a repair that died: its rows never shown by a later run's publication
         state = ledger_state(spark)
         run_id = state.next_run
         loaded_at = datetime.now(UTC).replace(microsecond=0)
@@ -315,7 +317,7 @@ def _stage(
                      ", ".join(run.direct))
         else:
             _append_ledger(spark, **ledger)
-    _write_manifest(settings, run_id, "staged", run.to_dict())
+    write_manifest(settings, run_id, "staged", run.to_dict())
     metrics.load().staged(settings, run_id, staged, lost, time.monotonic() - started)
     return run, kept
 
@@ -365,7 +367,7 @@ def audit(
                 f"an operator; other hours go on being published): {message}",
             })
     if failed:
-        _write_manifest(settings, run.run_id, "failed", {"failed": failed})
+        write_manifest(settings, run.run_id, "failed", {"failed": failed})
     gates = [(hour_label(r.hour), r.success) for r in results]
     metrics.load().audited(settings, run.run_id, gates, time.monotonic() - started)
     return results
@@ -391,6 +393,7 @@ def publish(
     "corrections": {hour: rows}}``."""
     started = time.monotonic()
     with load_lock(settings):
+        finish_repairs(spark)
         failed = _failed_in_run(spark, run.run_id)
         hours = [h for h in run.hour_list() if hour_label(h) not in failed]
         # Corrections are counted only in the hours published before (a
@@ -399,7 +402,7 @@ def publish(
         late_hours = [h for h in hours if hour_label(h) in finalized]
         fault_plan = faults.FaultPlan.from_env()
 
-        def publish_table(table: str) -> tuple[int, dict[str, int]]:
+        def publish_table(table: str) -> tuple[dict[str, int], dict[str, int]]:
             schema, keys = T.TABLES[table]
             staged = (
                 spark.table(T.staged(table))
@@ -409,11 +412,14 @@ def publish(
             if kept is not None:
                 staged = staged.unionByName(kept.of_hours(table, hours).select(*schema.fieldNames()))
             staged = staged.withColumn("load_run", F.lit(run.run_id).cast("long"))
-            published = spark.table(table).where(_in_hours(hours)).select(*keys)
+            published = spark.table(T.loaded_in(table)).where(_in_hours(hours)).select(*keys)
             new_rows = staged.join(published, list(keys), "left_anti")
-            late = hour_counts(new_rows.where(_in_hours(late_hours))) if late_hours else {}
-            rows = merge_new_rows(spark, table, new_rows, keys, hours)
-            log.info("run %d: %s: %d rows published", run.run_id, table, rows)
+            if table == T.AGGREGATES:
+                rows, late = _publish_aggregates(spark, staged, new_rows, hours, late_hours)
+            else:
+                late = hour_counts(new_rows.where(_in_hours(late_hours))) if late_hours else {}
+                rows = {table: merge_new_rows(spark, table, new_rows, keys, hours)}
+            log.info("run %d: %s rows published", run.run_id, rows)
             if fault_plan is not None:
                 fault_plan.hit(faults.LOAD_AFTER_PUBLISH, run.run_id, 1)
             return rows, late
@@ -428,64 +434,44 @@ def publish(
             done = {table: call() for table, call in calls.items()}
         else:
             done = in_threads(calls)
-        inserted = {table: rows for table, (rows, _late) in done.items()}
+        inserted = {table: n for rows, _late in done.values() for table, n in rows.items()}
         corrections: dict[str, int] = {}
         for _rows, late in done.values():
             for h, n in late.items():
                 corrections[h] = corrections.get(h, 0) + n
-        _clear_staged(spark, hours, run.run_id)
+        clear_staged(spark, hours, run.run_id)
         if kept is not None:
             kept.record(spark)  # the coverage past the kept rows, now published
         _append_ledger(spark, run.run_id, "published", run.kind, parse_hour(run.hour), rows=inserted,
                        hours=[hour_label(h) for h in hours], corrections=corrections)
     if corrections:
         log.info("run %d: late corrections to hours already published: %s", run.run_id, corrections)
-    _write_manifest(settings, run.run_id, "published", {"inserted": inserted, "corrections": corrections})
+    write_manifest(settings, run.run_id, "published", {"inserted": inserted, "corrections": corrections})
     metrics.load().published(settings, run.run_id, inserted, sum(corrections.values()), time.monotonic() - started)
     return {"inserted": inserted, "corrections": corrections}
 
 
-
-
-def _clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
-    from delta.tables import DeltaTable
-
-    def clear(table: str) -> None:
-        DeltaTable.forName(spark, T.staged(table)).delete(_in_hours(hours) & (F.col("load_run") <= through_run))
-
-    in_threads({table: functools.partial(clear, table) for table in T.TABLES})
-
-
-@dataclass
-class LoadResult:
-    hour: str
-    run_id: int = 0
-    hours: list[str] = field(default_factory=list)
-    staged: dict[str, int] = field(default_factory=dict)
-    inserted: dict[str, int] = field(default_factory=dict)
-    corrections: dict[str, int] = field(default_factory=dict)
-    gate: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    held: list[str] = field(default_factory=list)  # hours a failed gate holds, not published
-
-    def describe(self) -> str:
-        parts = ", ".join(f"{t}: +{self.inserted.get(t, 0)} of {self.staged.get(t, 0)} staged" for t in T.TABLES)
-        extra = f"; late corrections {self.corrections}" if self.corrections else ""
-        if self.held:
-            extra += f"; held by a failed gate (not published): {', '.join(sorted(set(self.held)))}"
-        hours = ", ".join(self.hours) or "none"
-        return f"run {self.run_id}: hours {hours} audited and published in {self.seconds:.1f}s ({parts}){extra}"
-
-
-def _gate_failure(results: list[quality.QualityResult], published: list[str] | None = None) -> GateFailed:
-    failed = [r for r in results if not r.success]
-    text = "\n".join(r.describe() for r in failed)
-    held = ", ".join(hour_label(r.hour) for r in failed)
-    done = (f"hours {', '.join(published)} passed and were published" if published
-            else "nothing was published")
-    return GateFailed(f"the gate failed for {held}: {done}; the failed hours' rows stay staged in "
-                      f"{T.STAGING_DATABASE} (held until an operator reloads, repairs or discards them):\n{text}",
-                      failed)
+def _publish_aggregates(
+    spark: SparkSession, staged: DataFrame, new_rows: DataFrame, hours: list[datetime], late_hours: list[datetime]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The audited aggregate records of ``hours`` (``staged``, every
+    revision read; ``new_rows``, those not in the revisions table yet):
+    each window's latest into ``ads.ad_minute_aggregates``, where it
+    replaces a lower revision only, then each record into the revisions
+    table. The latest are taken from every staged record, published already
+    or not, so that a run that died between the two MERGEs is completed by
+    the next one (which finds the records not in the revisions table yet,
+    and stages them again). In this order: a run's own new rows are lazy
+    frames that leave out what the revisions table holds. Returns the rows
+    written per table and the late corrections (windows inserted or revised
+    in hours published before)."""
+    changes = newer_than_published(
+        latest_per_window(staged), spark.table(T.AGGREGATES).where(_in_hours(hours))
+    )
+    late = hour_counts(changes.where(_in_hours(late_hours))) if late_hours else {}
+    rows = merge_latest_revisions(spark, T.AGGREGATES, changes, T.WINDOW_KEY, hours)
+    revisions = merge_new_rows(spark, T.REVISIONS, new_rows, ("record_uuid",), hours)
+    return {T.AGGREGATES: rows, T.REVISIONS: revisions}, late
 
 
 def load_hour(
@@ -513,76 +499,10 @@ def load_hour(
         if kept is not None:
             kept.record(spark)  # nothing passed: the kept rows are staged, held
     if failed_asked(run, results):
-        raise _gate_failure(results, passed)
+        raise gate_failure(results, passed)
     return LoadResult(
         hour=run.hour, run_id=run.run_id, hours=passed, staged=run.staged, inserted=done["inserted"],
         corrections=done["corrections"], gate=[r.describe().splitlines()[0] for r in results],
         seconds=time.monotonic() - started, held=[hour_label(r.hour) for r in results if not r.success] + run.held,
     )
 
-
-def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> LoadResult:
-    """Rebuild the published partitions of ``hour`` from Kafka: every record
-    from the hour's start (less the slack) to the ends a load reads, the rows
-    of that hour only, audited like a load, then written over the hour's
-    partitions in one Delta commit per table (``replaceWhere``). Idempotent:
-    the same records give the same rows."""
-    started = time.monotonic()
-    spark = spark or metastore_session(settings, f"adpipe-repair-{hour_label(hour)}")
-    with load_lock(settings):
-        run_id = ledger_state(spark).next_run
-        loaded_at = datetime.now(UTC).replace(microsecond=0)
-        ranges = [region_ranges(settings, r, hour, None) for r in settings.regions]
-        # Kept (table_rows' local checkpoints), lineage cut: the checks and
-        # the write below read shallow plans instead of re-planning four Kafka
-        # reads, joins and a window for every expectation.
-        rows = table_rows(spark, settings, ranges, loaded_at, run_id, hour)
-        frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
-                                    aggregates_df=rows[T.AGGREGATES])
-        result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
-        if not result.success:
-            _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
-                           message="\n".join(result.failed))
-            raise _gate_failure([result])
-        written: dict[str, int] = {}
-        for table, df in rows.items():
-            target = spark.table(table)
-            columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
-                       for c in target.columns]
-            written[table] = df.count()
-            df.select(*columns).write.format("delta").mode("overwrite").option(
-                "replaceWhere", _hours_condition("event_hour", [hour])
-            ).saveAsTable(table)
-        _clear_staged(spark, [hour], run_id)
-        _append_ledger(spark, run_id, "repaired", "repair", hour, read=[asdict(r) for r in ranges], rows=written,
-                       hours=[hour_label(hour)])
-    _write_manifest(settings, run_id, "repaired", {"hour": hour_label(hour), "rows": written})
-    return LoadResult(hour=hour_label(hour), run_id=run_id, hours=[hour_label(hour)], staged=written,
-                      inserted=written, gate=[result.describe().splitlines()[0]],
-                      seconds=time.monotonic() - started)
-
-
-def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> dict[str, int]:
-    """Delete the staged rows of ``hour`` (after a failed gate, once an
-    operator has inspected them and decided they must not be published); a
-    ``discarded`` ledger row records how many per table. The Kafka records
-    stay loaded (the coverage does not go back): ``--repair`` rebuilds the
-    hour from Kafka if it should be published after all."""
-    from delta.tables import DeltaTable
-
-    spark = spark or metastore_session(settings, f"adpipe-discard-{hour_label(hour)}")
-    with load_lock(settings):
-        run_id = ledger_state(spark).next_run
-        counts = {}
-        for table in T.TABLES:
-            staged = spark.table(T.staged(table)).where(_in_hours([hour]))
-            counts[table] = staged.count()
-            if counts[table]:
-                DeltaTable.forName(spark, T.staged(table)).delete(_in_hours([hour]))
-        _append_ledger(spark, run_id, "discarded", "discard", hour, rows=counts, hours=[hour_label(hour)])
-    log.warning("run %d: discarded the staged rows of %s: %s", run_id, hour_label(hour), counts)
-    return counts
-
-
-def _write_manifest(settings: Settings, run_id: int, step: str, body: dict) -> Path:
-    return write_json(settings.home / "load" / "runs" / f"{run_id:06d}-{step}.json", body)

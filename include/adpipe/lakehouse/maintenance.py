@@ -67,9 +67,10 @@ from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# What maintenance runs on when not told: the three published tables.
-# The published tables, their staging twins and the loads' ledger: every Delta table a load writes.
-DEFAULT_TABLES: tuple[str, ...] = (*T.TABLES, *(T.staged(t) for t in T.TABLES), T.LOAD_RUNS)
+# What maintenance runs on when not told: the published tables (the
+# aggregates' revisions among them), their staging twins and the loads'
+# ledger: every Delta table a load writes.
+DEFAULT_TABLES: tuple[str, ...] = (*T.PUBLISHED, *(T.staged(t) for t in T.TABLES), T.LOAD_RUNS)
 
 # A table name goes into SQL text: [database.]table, plain identifiers only.
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")

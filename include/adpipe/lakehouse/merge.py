@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -90,33 +91,72 @@ def merge_new_rows(
     jitter, and then finds the winner's rows present. ``before_merge`` runs
     before each MERGE (the tests hold two loads at a barrier there). Returns
     the number of rows inserted."""
+
+    def insert_absent(merge: Any) -> Any:
+        return merge.whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in source.columns})
+
+    metrics = _merge(spark, table, source, keys, hours, insert_absent, before_merge)
+    return int(metrics["num_inserted_rows"]) if metrics is not None else 0
+
+
+def merge_latest_revisions(
+    spark: SparkSession, table: str, source: DataFrame, keys: tuple[str, ...], hours: datetime | list[datetime]
+) -> int:
+    """Each window of ``source`` (one row per ``keys``: the latest revision
+    read, adpipe.lakehouse.revisions.latest_per_window) into the table: a
+    window it lacks is inserted, and its row replaced only by a higher
+    revision (a null one counts as 0). An older or the same revision read
+    again (a rerun, a backfill, a repair's reading) never overwrites the
+    newer. Give it the windows that change the table only
+    (adpipe.lakehouse.revisions.newer_than_published): a MERGE with a
+    matched clause rewrites every file it matches, whether the clause's
+    condition holds or not, so a rerun would write a table version of the
+    same rows. Conflicts are retried as by :func:`merge_new_rows`. Returns
+    the rows inserted or replaced."""
+    newer = "coalesce(s.revision, 0) > coalesce(t.revision, 0)"
+    values = {c: F.col(f"s.{c}") for c in source.columns}
+
+    def latest_wins(merge: Any) -> Any:
+        return merge.whenMatchedUpdate(condition=newer, set=values).whenNotMatchedInsert(values=values)
+
+    metrics = _merge(spark, table, source, keys, hours, latest_wins)
+    if metrics is None:
+        return 0
+    return int(metrics["num_inserted_rows"]) + int(metrics["num_updated_rows"])
+
+
+def _merge(
+    spark: SparkSession,
+    table: str,
+    source: DataFrame,
+    keys: tuple[str, ...],
+    hours: datetime | list[datetime],
+    clauses: Callable[[Any], Any],
+    before_merge: Callable[[], None] | None = None,
+) -> Any:
+    """A MERGE of ``source`` into ``table`` on ``keys`` within ``hours``
+    (``clauses`` adds its WHEN clauses), retried on Delta's write conflicts;
+    its metrics row, or None when there are no hours."""
     from delta.tables import DeltaTable
 
     hours = [hours] if isinstance(hours, datetime) else list(hours)
     if not hours:
-        return 0
+        return None
     # The partition list limits the MERGE's read (and so its conflicts) to these hours.
     in_hours = _hours_condition("t.event_hour", hours)
     condition = " AND ".join([f"t.{k} <=> s.{k}" for k in keys] + [in_hours])
     for attempt in range(1, MERGE_ATTEMPTS + 1):
         try:
             # No emptiness check first: it cost a second plan and run of the
-            # source. A MERGE that inserts nothing commits nothing (Delta
+            # source. A MERGE that writes nothing commits nothing (Delta
             # skips an empty commit: spark.databricks.delta.skipRecordingEmptyCommits,
             # set in adpipe.spark).
             if before_merge is not None:
                 before_merge()
             # The MERGE's own metrics row: the table's latest history entry
             # may already be another load's commit.
-            metrics = (
-                DeltaTable.forName(spark, table)
-                .alias("t")
-                .merge(source.alias("s"), condition)
-                .whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in source.columns})
-                .execute()
-                .first()
-            )
-            return int(metrics["num_inserted_rows"]) if metrics is not None else 0
+            merge = DeltaTable.forName(spark, table).alias("t").merge(source.alias("s"), condition)
+            return clauses(merge).execute().first()
         except Exception as exc:
             if not is_write_conflict(exc):
                 raise

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from adpipe import class_archive
@@ -177,7 +178,13 @@ def ensure_tables(spark: SparkSession) -> None:
     schema has and an existing table lacks (a table of an older version) is
     added. Callers hold the init lock: two applications creating the same
     Delta table at once conflict (Delta's ProtocolChangedException on an
-    empty directory)."""
+    empty directory).
+
+    Aggregates of a version before revisions (no ``revision`` column) are
+    migrated in place: their rows, each a window's revision 0, are copied
+    into the revisions table (insert-if-absent), and only then is the column
+    added and set to 0, so a migration cut short is done again at the next
+    start."""
     from delta.tables import DeltaTable
 
     present: set[str] = set()
@@ -186,13 +193,17 @@ def ensure_tables(spark: SparkSession) -> None:
         # From the metastore alone: creating a table that exists still
         # plans a Delta command per table (seconds at every start).
         present |= {f"{database}.{r['tableName']}".lower() for r in spark.sql(f"SHOW TABLES IN {database}").collect()}
-    wanted = [(name, schema, "event_hour", {}) for name, (schema, _keys) in T.TABLES.items()]
+    wanted = [(name, schema, "event_hour", {}) for name, schema in T.PUBLISHED.items()]
     # The staging twins keep no column statistics: only the loads read them,
     # by hour (the partition), and collecting them cost a million staged raw
     # rows 1.2 s of CPU.
     wanted += [(T.staged(name), schema, "event_hour", {"delta.dataSkippingNumIndexedCols": "0"})
                for name, (schema, _keys) in T.TABLES.items()]
     wanted.append((T.LOAD_RUNS, T.LOAD_RUNS_SCHEMA, None, {}))
+    unrevised = [
+        name for name in (T.AGGREGATES, T.staged(T.AGGREGATES))
+        if name.lower() in present and "revision" not in {c.lower() for c in spark.table(name).columns}
+    ]
     for name, schema, partition, properties in wanted:
         if name.lower() not in present:
             builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
@@ -205,11 +216,33 @@ def ensure_tables(spark: SparkSession) -> None:
                 if "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" not in str(exc) or not _clear_unregistered(spark, name):
                     raise
                 builder.execute()
-        _add_missing_columns(spark, name, schema)
+        if name not in unrevised:
+            _add_missing_columns(spark, name, schema)
+    if T.AGGREGATES in unrevised:
+        _copy_into_revisions(spark)
+    for name in unrevised:
+        _add_missing_columns(spark, name, T.AGGREGATES_SCHEMA)
+        spark.sql(f"UPDATE {name} SET revision = 0 WHERE revision IS NULL")  # noqa: S608 - our table names
     spark.sql(T.LATE_CORRECTIONS_SQL)
     spark.sql(T.CROSS_REGION_SQL)
-    for name in T.TABLES:
+    for name in T.PUBLISHED:
         spark.sql(T.whole_view_sql(name))
+
+
+def _copy_into_revisions(spark: SparkSession) -> None:
+    """The rows of an aggregates table of a version before revisions (each
+    its window's revision 0) into the revisions table, if absent."""
+    from delta.tables import DeltaTable
+
+    names = [f.name for f in T.REVISIONS_SCHEMA.fields if f.name != "revision"]
+    rows = spark.table(T.AGGREGATES).select(*names, F.lit(0).cast("long").alias("revision"))
+    log.info("%s: copying the rows of a version before revisions into %s", T.AGGREGATES, T.REVISIONS)
+    (
+        DeltaTable.forName(spark, T.REVISIONS).alias("t")
+        .merge(rows.alias("s"), "t.record_uuid = s.record_uuid AND t.event_hour = s.event_hour")
+        .whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in rows.columns})
+        .execute()
+    )
 
 
 def _clear_unregistered(spark: SparkSession, name: str) -> bool:

@@ -337,24 +337,29 @@ class StreamStates:
 def hour_closed(
     settings: Settings, hour: datetime, now: datetime | None = None, streams: StreamStates | None = None
 ) -> bool:
-    """True when every region has closed the hour: its stream job committed a
-    batch whose watermark (delay and allowed lateness included) is past the
-    hour's end, so all of the hour's windows are emitted and committed; or
-    the region is quiet: nothing reached its raw topic since the hour ended
-    (no record timestamp at or after the end), its stream has committed every
-    record (no lag), and the wall clock (``now``) is past the hour's end plus
-    the lateness. A quiet region's watermark stands still, so without this
-    rule it would hold every hour open. Windows it has not emitted yet (its
-    watermark short of their end) come with its next events, and a later
-    load picks them up."""
+    """True when every region has closed the hour for good: its stream job
+    committed a batch whose watermark is past the hour's end plus
+    ``ADPIPE_ALLOWED_LATENESS_S``, so every window of the hour is emitted,
+    and final: no late event can revise it any more (a window closes when
+    the watermark passes its end, and is revised by events of it read until
+    the watermark passes its end plus the allowed lateness); or the region
+    is quiet: nothing reached its raw topic since the hour ended (no record
+    timestamp at or after the end), its stream has committed every record
+    (no lag), and the wall clock (``now``) is past the hour's end plus the
+    lateness (watermark delay and allowed lateness). A quiet region's
+    watermark stands still, so without this rule it would hold every hour
+    open. Windows it has not emitted yet (its watermark short of their end)
+    come with its next events, and a later load picks them up, as it picks
+    up a revision of an hour loaded before it was closed (a late correction)."""
     end = hour + ONE_HOUR
+    final_ms = hour_ms(end) + settings.allowed_lateness_s * 1000
     end_ms = hour_ms(end)
     now = now or datetime.now(UTC)
     streams = streams or StreamStates(settings)
     for region in settings.regions:
         rs = settings.for_region(region)
         watermark, lag = streams.of(region)
-        if watermark is not None and watermark >= end_ms:
+        if watermark is not None and watermark >= final_ms:
             continue
         arrived_since = kafka_io.offsets_for_times(rs.kafka, rs.topics.events, end_ms)
         quiet = lag == 0 and all(offset is None for offset in arrived_since.values())

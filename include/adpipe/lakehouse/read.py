@@ -33,10 +33,12 @@ from adpipe.lakehouse.rows import (
     _ranked_raw,
     aggregate_table_rows,
     cross_region_copies,
+    dlq_sources,
     mark_late_repeats,
     quarantine_table_rows,
     raw_table_rows,
     with_aggregate_fields,
+    without_dlq_copies,
 )
 from adpipe.settings import KafkaAccess, Settings
 from adpipe.spark import in_threads
@@ -108,6 +110,10 @@ def table_rows(
     raw_union = functools.reduce(DataFrame.unionByName, [
         raw_table_rows(records(rr, rr.raw), rr.region, hour, loaded_at, settings.max_future_skew_ms) for rr in ranges
     ])
+    # The raw records the DLQ lists are no raw rows: a re-stamped retry's
+    # later copies (conflicting_duplicate) were not counted, the first was.
+    listed = functools.reduce(DataFrame.unionByName, [dlq_sources(records(rr, rr.dlq), rr.region) for rr in ranges])
+    raw_union = without_dlq_copies(raw_union, listed)
 
     def rows_of(table: str, union: DataFrame, eager: bool = False) -> DataFrame:
         _schema, keys = T.TABLES[table]
@@ -123,6 +129,13 @@ def table_rows(
     # checkpoint that two jobs compute at once hangs Spark's scheduler (a
     # two-region load did). Each checkpoint here is computed by its own job.
     kept = in_threads({T.RAW: functools.partial(rows_of, T.RAW, raw_union, eager=True), "aggregates": kept_aggregates})
+    earlier = _listed_by_earlier_runs(spark, kept[T.RAW], ranges)
+    if earlier is not None:
+        # A DLQ copy loaded before its raw record (its batch committed
+        # between an earlier run's reading of the ledger and of the DLQ):
+        # the raw rows again, without that record.
+        raw_union = without_dlq_copies(raw_union, listed.unionByName(earlier))
+        kept[T.RAW] = rows_of(T.RAW, raw_union, eager=True)
     parts: dict[str, list[DataFrame]] = {T.AGGREGATES: [], T.QUARANTINE: []}
     for rr, agg_df in zip(ranges, kept["aggregates"], strict=True):
         parts[T.AGGREGATES].append(aggregate_table_rows(agg_df, rr.region, hour, loaded_at))
@@ -141,6 +154,31 @@ def table_rows(
             cross_region_copies(unions[T.RAW], loaded, loaded_at)
         )
     return out | {table: rows_of(table, unions[table]) for table in unions if table != T.RAW}
+
+
+def _listed_by_earlier_runs(spark: SparkSession, raw_rows: DataFrame, ranges: list[RegionRanges]) -> DataFrame | None:
+    """The DLQ rows earlier runs loaded (published or staged) that name a
+    raw record this run read (``ranges``), in the hours of its ``raw_rows``
+    (a re-stamped copy and its DLQ row share their event hour): (``region``,
+    ``event_key``), or None for none (the rule: a DLQ copy comes with its raw
+    record, or in the run before)."""
+    hours = [parse_hour(h) for h in _hour_labels(raw_rows)]
+    if not hours:
+        return None
+    parts = F.split("event_key", "/")
+    read = F.lit(False)
+    for rr in ranges:
+        for p in rr.raw.partitions():
+            read = read | (
+                (F.col("region") == rr.region) & (parts[0] == rr.raw.topic) & (parts[1] == str(p))
+                & (parts[2].try_cast("long") >= rr.raw.start[p]) & (parts[2].try_cast("long") < rr.raw.end[p])
+            )
+    loaded = [
+        spark.table(t).where(_in_hours(hours) & (F.col("source") == F.lit(T.SOURCE_DLQ))).select("region", "event_key")
+        for t in (T.QUARANTINE, T.staged(T.QUARANTINE))
+    ]
+    earlier = functools.reduce(DataFrame.unionByName, loaded).where(read)
+    return None if earlier.isEmpty() else earlier.localCheckpoint()
 
 
 def _loaded_raw(spark: SparkSession, keys: DataFrame) -> DataFrame:

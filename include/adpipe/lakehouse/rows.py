@@ -115,10 +115,39 @@ def aggregate_table_rows(kafka_df: DataFrame, region: str, hour: datetime | None
         "window_end",
         F.col("a.impressions").alias("impressions"),
         F.col("a.clicks").alias("clicks"),
+        F.coalesce(F.col("a.revision"), F.lit(0).cast("long")).alias("revision"),  # absent: 0
         _hour_of(F.col("window_start")).alias("event_hour"),
         *_kafka_columns(region, loaded_at),
     ).where(_in_hour(hour))
     return rows.select(*T.AGGREGATES_SCHEMA.fieldNames())
+
+
+def source_of_raw(df: DataFrame) -> Column:
+    """A raw row's Kafka record as the DLQ's source header names it: ``topic/partition/offset``."""
+    return F.concat_ws("/", df["kafka_topic"], df["kafka_partition"], df["kafka_offset"])
+
+
+def dlq_sources(dlq_df: DataFrame, region: str) -> DataFrame:
+    """DLQ records -> (``region``, ``event_key``): the raw record each one
+    names (its source header), as the quarantine keys its row."""
+    return dlq_df.select(F.lit(region).alias("region"), _header(S.HEADER_SOURCE).alias("event_key")).where(
+        F.col("event_key").isNotNull()
+    )
+
+
+def without_dlq_copies(raw_df: DataFrame, listed_df: DataFrame) -> DataFrame:
+    """Raw rows -> those whose Kafka record no DLQ record of their region
+    names (``listed_df``: ``region``, ``event_key``). Every record the DLQ
+    lists is a rejected one: a malformed record (never a raw row anyway) or
+    a re-stamped retry, a later copy of an ``event_id`` with another
+    ``event_time``, which the stream did not count (reason
+    ``conflicting_duplicate``): the raw table holds the copy it counted."""
+    listed = listed_df.select("region", F.col("event_key").alias("__listed")).distinct()
+    joined = raw_df.join(
+        F.broadcast(listed), (raw_df["region"] == listed["region"]) & (source_of_raw(raw_df) == listed["__listed"]),
+        "left_anti",
+    )
+    return joined.select(*raw_df.columns)
 
 
 def _header(name: str) -> Column:

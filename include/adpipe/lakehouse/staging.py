@@ -35,12 +35,14 @@ def pending_hours(spark: SparkSession, run_id: int) -> list[str]:
 
 def rows_not_loaded(spark: SparkSession, table: str, source: DataFrame) -> tuple[DataFrame, list[datetime]]:
     """The rows of ``source`` that are neither published nor staged yet (a
-    lazy frame), and the hours of ``source``."""
+    lazy frame), and the hours of ``source``. An aggregate record is
+    published once it is in the revisions table (ads.ad_minute_aggregates
+    holds only each window's latest)."""
     # ``source`` is kept (table_rows) by its first job, the hours, for what follows.
     hours = [parse_hour(h) for h in _hour_labels(source)]
     _schema, keys = T.TABLES[table]
     rows = source
-    for loaded in (table, T.staged(table)):
+    for loaded in (T.loaded_in(table), T.staged(table)):
         rows = rows.join(spark.table(loaded).where(_in_hours(hours)).select(*keys), list(keys), "left_anti")
     return rows, hours
 

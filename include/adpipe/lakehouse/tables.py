@@ -12,7 +12,14 @@ Great Expectations gate audits them, and only then are they published into
 ``ads``. ``load_run`` is the load run that published a row (in staging: the
 run that staged it). ``ads.load_runs`` is the loads' ledger (which Kafka
 offsets each run read, what it published), and ``ads.late_corrections``
-the rows published into an hour after its first publication."""
+the rows published into an hour after its first publication.
+
+A minute window may be emitted more than once (revisions 0, 1, ...: each
+the window's full counts): ``ads.ad_minute_aggregates`` holds each window's
+highest revision loaded, one row per (``region``, ``ad_id``,
+``window_start``), and ``ads.ad_minute_aggregate_revisions`` every revision
+loaded (the latest included), one row per ``record_uuid``. Staging holds
+aggregate records as they come, every revision, by ``record_uuid``."""
 
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ STAGING_DATABASE = "ads_staging"
 RAW = f"{DATABASE}.ad_events_raw"
 AGGREGATES = f"{DATABASE}.ad_minute_aggregates"
 QUARANTINE = f"{DATABASE}.ad_events_quarantine"
+# Every revision of every window loaded (ads.ad_minute_aggregates keeps the latest).
+REVISIONS = f"{DATABASE}.ad_minute_aggregate_revisions"
 LOAD_RUNS = f"{DATABASE}.load_runs"
 LATE_CORRECTIONS = f"{DATABASE}.late_corrections"
 
@@ -79,8 +88,14 @@ AGGREGATES_SCHEMA = StructType(
         StructField("clicks", LongType(), False),
         StructField("event_hour", TimestampType(), False),
         *_KAFKA_COLUMNS,
+        # 0 for a window's first emission, then 1, 2, ... Last, where a table
+        # of a version before revisions gains it; null (read as 0) in a row of
+        # such a table whose migration was cut short.
+        StructField("revision", LongType(), True),
     ]
 )
+# One row per revision: the aggregates' columns.
+REVISIONS_SCHEMA = AGGREGATES_SCHEMA
 
 QUARANTINE_SCHEMA = StructType(
     [
@@ -100,17 +115,31 @@ QUARANTINE_SCHEMA = StructType(
     ]
 )
 
-# table -> (schema, unique key used by the insert-if-absent MERGE)
+# table -> (schema, key of the rows a load reads: its insert-if-absent
+# MERGE's into staging, and into the published table but for the aggregates,
+# whose records are every revision: published, each goes to REVISIONS by
+# this key, and the latest of its window to AGGREGATES by WINDOW_KEY).
 TABLES: dict[str, tuple[StructType, tuple[str, ...]]] = {
     RAW: (RAW_SCHEMA, ("event_id",)),
     AGGREGATES: (AGGREGATES_SCHEMA, ("record_uuid",)),
     QUARANTINE: (QUARANTINE_SCHEMA, ("source", "event_key")),
 }
+# ads.ad_minute_aggregates' one row per window (regions count their own events).
+WINDOW_KEY = ("region", "ad_id", "window_start")
+# Every published table: the three, and the aggregates' revisions (no staging twin of its own).
+PUBLISHED: dict[str, StructType] = {**{t: schema for t, (schema, _k) in TABLES.items()}, REVISIONS: REVISIONS_SCHEMA}
 
 
 def staged(table: str) -> str:
     """The staging twin of a published table (``ads.x`` -> ``ads_staging.x``)."""
     return f"{STAGING_DATABASE}.{table.split('.', 1)[1]}"
+
+
+def loaded_in(table: str) -> str:
+    """The published table that holds every row of ``table`` a load has
+    published, by its key (TABLES): the aggregates' revisions for the
+    aggregates (ads.ad_minute_aggregates keeps only each window's latest)."""
+    return REVISIONS if table == AGGREGATES else table
 
 
 # The loads' ledger: one row per step of a run (append-only).
@@ -170,22 +199,77 @@ FROM {QUARANTINE} WHERE source = '{SOURCE_CROSS_REGION}'
 """  # noqa: S608 - table names are this module's constants
 
 
-# A load publishes the three tables in three Delta commits (one per table),
-# then its ``published`` ledger row. A reader of a table itself may see a
-# run's rows in one table and not yet in the next; a reader of the
-# whole-hour views never does: they show the rows of runs up to the last one
-# whose publication (or repair) completed, by the ledger. A run that died
-# half-way is shown whole once a later run completes it.
+# A load publishes the tables one Delta commit each, then its ``published``
+# ledger row. A reader of a table itself may see a run's rows in one table
+# and not yet in the next; a reader of the whole-hour views never does: they
+# show the rows of runs up to the last one whose publication (or repair)
+# completed, by the ledger. A run that died half-way is shown whole once a
+# later run completes it.
+#
+# A repair of an hour (``repaired`` in the ledger) writes the rebuilt hour
+# beside the old one, under its own run, and its ledger row switches the
+# views from one to the other: from then on they show the hour's rows of
+# that run and later ones only (the old ones are deleted after the switch).
+#
+# ads.ad_minute_aggregates keeps one row per window, replaced in place by a
+# newer revision; while the run that replaced it has not completed, the
+# aggregates' view shows the window's revision before it, from the
+# revisions table (which only ever gains rows).
 def whole_view(table: str) -> str:
     """The whole-hour view of a published table (``ads.x`` -> ``ads.x_whole``)."""
     return f"{table}_whole"
 
 
+# The last run whose publication (or repair) completed.
+_LAST_COMPLETED = f"(SELECT max(run_id) AS run FROM {LOAD_RUNS} WHERE step IN ('published', 'repaired'))"  # noqa: S608
+# Per hour, the run of its last completed repair.
+_REPAIRED_HOURS = f"""(
+    SELECT to_timestamp(h, "yyyy-MM-dd'T'HH") AS event_hour, max(run_id) AS repair_run
+    FROM {LOAD_RUNS} LATERAL VIEW explode(from_json(hours, 'array<string>')) x AS h
+    WHERE step = 'repaired' GROUP BY 1
+)"""  # noqa: S608 - table names are this module's constants
+
+
+def _visible(t: str) -> str:
+    """Whether row ``t`` (beside ``last`` and ``r``, its hour's repair) is shown."""
+    return (
+        f"coalesce(({t}.load_run IS NULL OR {t}.load_run <= last.run) "
+        f"AND (r.repair_run IS NULL OR {t}.load_run >= r.repair_run), false)"
+    )
+
+
+def _with_visible(source: str, alias: str) -> str:
+    """``source`` (a table, or a table and a join) with ``__visible``."""
+    joins = f"CROSS JOIN {_LAST_COMPLETED} last LEFT JOIN {_REPAIRED_HOURS} r ON {alias}.event_hour = r.event_hour"
+    return f"SELECT {alias}.*, {_visible(alias)} AS __visible FROM {source} {joins}"  # noqa: S608 - our tables
+
+
 def whole_view_sql(table: str) -> str:
+    if table == AGGREGATES:
+        return _aggregates_whole_view_sql()
     return f"""
 CREATE OR REPLACE VIEW {whole_view(table)} AS
-SELECT * FROM {table}
-WHERE load_run IS NULL
-   OR load_run <= (SELECT max(run_id) FROM {LOAD_RUNS} WHERE step IN ('published', 'repaired'))
+SELECT * EXCEPT (__visible) FROM ({_with_visible(f"{table} t", "t")}) WHERE __visible
 """  # noqa: S608 - table names are this module's constants
 
+
+def _aggregates_whole_view_sql() -> str:
+    columns = ", ".join(AGGREGATES_SCHEMA.fieldNames())
+    window = ", ".join(("event_hour", *WINDOW_KEY))
+    replaced = " AND ".join(f"v.{k} = h.{k}" for k in ("event_hour", *WINDOW_KEY))
+    return f"""
+CREATE OR REPLACE VIEW {whole_view(AGGREGATES)} AS
+WITH current AS ({_with_visible(f"{AGGREGATES} a", "a")}),
+shown AS (SELECT {columns} FROM current WHERE __visible),
+replaced AS (SELECT DISTINCT {window} FROM current WHERE NOT __visible),
+earlier AS (
+    SELECT {columns}, row_number() OVER (PARTITION BY {window} ORDER BY revision DESC) AS __n
+    FROM ({_with_visible(f"{REVISIONS} v LEFT SEMI JOIN replaced h ON {replaced}", "v")})
+    WHERE __visible
+)
+SELECT * FROM shown
+UNION ALL
+SELECT {", ".join(f"e.{c}" for c in AGGREGATES_SCHEMA.fieldNames())} FROM earlier e
+LEFT ANTI JOIN shown s ON {" AND ".join(f"e.{k} = s.{k}" for k in ("event_hour", *WINDOW_KEY))}
+WHERE e.__n = 1
+"""  # noqa: S608 - table names are this module's constants

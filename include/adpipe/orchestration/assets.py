@@ -1,5 +1,5 @@
-"""Airflow Assets for the published ``ads`` tables: the load's ``publish``
-task updates them, so a downstream DAG can be scheduled on them
+"""Airflow Assets for the published ``ads`` tables (the aggregates'
+revisions included): the load's ``publish`` task updates them, so a downstream DAG can be scheduled on them
 (``schedule=[TABLE_ASSETS[0]]``) instead of on the clock."""
 
 from __future__ import annotations
@@ -15,4 +15,4 @@ def table_asset(table: str) -> Asset:
     return Asset(name=table, uri=f"delta://hive/{database}/{name}", group="adpipe")
 
 
-TABLE_ASSETS = [table_asset(table) for table in T.TABLES]
+TABLE_ASSETS = [table_asset(table) for table in T.PUBLISHED]

@@ -5,7 +5,8 @@ hour, without holding a worker slot and without minutes of polling.
 ago: a catchup, a backfill, a rerun); otherwise it defers to
 :class:`HourClosedTrigger` in Airflow's triggerer, which asks again every
 ``interval_s`` seconds (``hour_closed``: each region's stream watermark
-past the hour's end, or a quiet region's clock) and resumes the task the
+past the hour's end plus the allowed lateness, after which no window of
+the hour is revised, or a quiet region's clock) and resumes the task the
 moment the hour closes. The load then starts seconds after the close
 rather than at the sensor's next reschedule, a minute later. Both read the
 settings from the Connections (adpipe.orchestration.connections), the

@@ -3,10 +3,12 @@ taken from the run's data interval (never from the clock), or from the
 ``hour`` param of a manual run, so a rerun, a catchup run or a backfill run
 of an hour does the same thing. Write-audit-publish, one step per task:
 
-1. ``wait_for_hour_closed`` - every region has closed the hour: its stream
-   watermark (delay and allowed lateness included) is past the hour's end,
-   or, for a quiet region, its stream has no lag and the clock is past the
-   hour's end plus the lateness (``adpipe.lakehouse.ranges.hour_closed``).
+1. ``wait_for_hour_closed`` - every region has closed the hour for good:
+   its stream watermark is past the hour's end plus the allowed lateness
+   (``ADPIPE_ALLOWED_LATENESS_S``: no window of the hour is revised after
+   that), or, for a quiet region, its stream has no lag and the clock is
+   past the hour's end plus the watermark delay and the allowed lateness
+   (``adpipe.lakehouse.ranges.hour_closed``).
 2. ``stage`` - what arrived since the last run, every region, into the
    staging tables, each row in its own hour (``adpipe.lakehouse.load.stage``).
 3. ``validate`` - the Great Expectations gate on each hour the run would
@@ -170,6 +172,8 @@ def verify(settings: Settings, hour: datetime, path: Path, env: dict[str, str] |
         ]
         if tables.get("past_retention_count"):
             parts.append(f"{tables['past_retention_count']} partitions past Kafka retention")
+        if tables.get("revisions_over_latest_count"):
+            parts.append(f"{tables['revisions_over_latest_count']} revisions counting more than their window's latest")
         counts = ("missing_count", "unexpected_count", "duplicated_count", "wrong_count")
         details = {k: v for k, v in tables.items() if isinstance(v, dict) and any(v.get(c) for c in counts)}
         raise TablesDisagree(

@@ -339,7 +339,8 @@ def run(settings: Settings, events: int = 3000, seed: int = 42, verbose: bool = 
                 story.note("the quality gate failed, nothing was published:\n" + str(exc))
                 return 1
     if loaded is None:
-        story.note(f"hour {hour} is not closed: the stream's watermark has not passed its end")
+        story.note(f"hour {hour} is not closed: the stream's watermark has not passed its end plus the allowed "
+                   "lateness")
         return 1
     story.note(loaded.describe())
 

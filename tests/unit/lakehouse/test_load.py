@@ -314,12 +314,13 @@ def test_closed_hours_stop_asking_once_an_hour_is_closed(monkeypatch: pytest.Mon
 
 
 def test_a_bisection_reads_each_regions_stream_state_from_kafka_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The watermark closes hours up to 11:00 (its end 12:00); the region is
-    not quiet (records arrived after every hour's end)."""
+    """The watermark closes hours up to 11:00 (its end 12:00, plus the
+    allowed lateness); the region is not quiet (records arrived after every
+    hour's end)."""
     from adpipe import kafka_io
 
     first = datetime(2026, 11, 22, 0, tzinfo=UTC)
-    watermark_ms = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp() * 1000)
+    watermark_ms = int(datetime(2026, 11, 22, 12, 5, tzinfo=UTC).timestamp() * 1000)
     reads = {"commits": 0, "lag": 0, "arrived": 0}
 
     def commits(_rs: object) -> dict:
@@ -345,6 +346,27 @@ def test_a_bisection_reads_each_regions_stream_state_from_kafka_once(monkeypatch
     assert reads["commits"] == 2  # one more read for the new series of questions
     assert not ranges.hour_closed(settings, first + 12 * load.ONE_HOUR)  # alone, it reads for itself
     assert reads["commits"] == 3
+
+
+def test_an_hour_closes_once_the_watermark_is_past_its_end_plus_the_allowed_lateness(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past its end the hour's windows are emitted, but may still be revised
+    until the watermark passes the end plus ADPIPE_ALLOWED_LATENESS_S."""
+    from adpipe import kafka_io
+
+    marks = {"ms": 0}
+    monkeypatch.setattr(kafka_io, "stream_commits", lambda _rs: {0: (9, "{}")})
+    monkeypatch.setattr(kafka_io, "committed_watermark", lambda _c: marks["ms"])
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _rs, _c: {0: 0})
+    monkeypatch.setattr(kafka_io, "offsets_for_times", lambda _k, _t, _ms: {0: 7})  # not quiet
+    end_ms = int((HOUR + load.ONE_HOUR).timestamp() * 1000)
+    for allowed_s, watermark_ms, closed in (
+        (300, end_ms, False), (300, end_ms + 299_999, False), (300, end_ms + 300_000, True), (0, end_ms, True),
+    ):
+        marks["ms"] = watermark_ms
+        settings = load_settings({"ADPIPE_ALLOWED_LATENESS_S": str(allowed_s)})
+        assert ranges.hour_closed(settings, HOUR) is closed, (allowed_s, watermark_ms - end_ms)
 
 
 def test_a_staged_run_survives_xcom() -> None:

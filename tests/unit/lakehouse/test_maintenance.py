@@ -62,9 +62,11 @@ def test_maintain_help_names_the_default_tables_and_the_retention(capsys: pytest
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "adpipe maintain" in out and "--tables TABLE [TABLE ...]" in out
     assert "OPTIMIZE" in out and "VACUUM" in out and "ADPIPE_VACUUM_RETENTION_H (168" in out
-    assert "(default: the three published ads tables, their ads_staging twins and ads.load_runs)" in out
+    assert ("(default: the published ads tables, the aggregates' revisions included, their ads_staging twins and "
+            "ads.load_runs)") in out
     assert maintenance.DEFAULT_TABLES == (
-        T.RAW, T.AGGREGATES, T.QUARANTINE, T.staged(T.RAW), T.staged(T.AGGREGATES), T.staged(T.QUARANTINE), T.LOAD_RUNS
+        T.RAW, T.AGGREGATES, T.QUARANTINE, T.REVISIONS, T.staged(T.RAW), T.staged(T.AGGREGATES),
+        T.staged(T.QUARANTINE), T.LOAD_RUNS,
     )
 
 

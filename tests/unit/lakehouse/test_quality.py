@@ -46,10 +46,11 @@ def agg(
     clicks: int,
     window_end: datetime | None = None,
     region: str = "region-local",
+    revision: int = 0,
 ) -> tuple:
     hour = window_start.replace(minute=0, second=0, microsecond=0)
     end = window_end or window_start + MIN
-    return (record_uuid, ad_id, window_start, end, impressions, clicks, hour, *kafka(0, region))
+    return (record_uuid, ad_id, window_start, end, impressions, clicks, hour, *kafka(0, region), revision)
 
 
 def late(event_id: str, ad_id: str, event_type: str, event_time: datetime) -> tuple:
@@ -107,18 +108,12 @@ def failed_with(result: Q.QualityResult, *fragments: str) -> list[str]:
 
 
 RECON_SCHEMA = StructType(
-    [
-        StructField("region", StringType()),
-        StructField("ad_id", StringType()),
-        StructField("window_start", TimestampType()),
-        StructField("expected_impressions", LongType()),
-        StructField("expected_clicks", LongType()),
-        StructField("actual_impressions", LongType()),
-        StructField("actual_clicks", LongType()),
-        StructField("aggregate_rows", LongType()),
-        StructField("impressions_diff", LongType()),
-        StructField("clicks_diff", LongType()),
-    ]
+    [StructField(name, StringType()) for name in ("region", "ad_id")]
+    + [StructField("window_start", TimestampType())]
+    + [StructField(name, LongType()) for name in (
+        "expected_impressions", "expected_clicks", "actual_impressions", "actual_clicks", "aggregate_rows",
+        "impressions_diff", "clicks_diff", "revision_gap", "revisions_over_latest", "duplicated_revisions",
+    )]
 )
 
 
@@ -138,8 +133,8 @@ def test_reconciliation_frame_consistent_hour(spark: SparkSession) -> None:
     got = Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df)
     expected = spark.createDataFrame(
         [
-            ("region-local", "ad-1", at(0), 2, 1, 2, 1, 1, 0, 0),
-            ("region-local", "ad-2", at(1), 1, 0, 1, 0, 1, 0, 0),
+            ("region-local", "ad-1", at(0), 2, 1, 2, 1, 1, 0, 0, 0, 0, 0),
+            ("region-local", "ad-2", at(1), 1, 0, 1, 0, 1, 0, 0, 0, 0, 0),
         ],
         RECON_SCHEMA,
     )
@@ -168,10 +163,11 @@ def test_reconciliation_frame_shows_every_kind_of_difference(spark: SparkSession
     got = Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df)
     expected = spark.createDataFrame(
         [
-            ("region-local", "ad-1", at(0), 1, 1, 2, 1, 1, 1, 0),
-            ("region-local", "ad-2", at(1), 1, 0, None, None, None, None, None),
-            ("region-local", "ad-4", at(3), 0, 1, 0, 2, 2, 0, 1),
-            ("region-local", "ad-9", at(5), None, None, 1, 0, 1, None, None),
+            ("region-local", "ad-1", at(0), 1, 1, 2, 1, 1, 1, 0, 0, 0, 0),
+            ("region-local", "ad-2", at(1), 1, 0, None, None, None, None, None, 0, 0, 0),
+            # The duplicate is a revision 0 twice (the aggregates stand in for their revisions here).
+            ("region-local", "ad-4", at(3), 0, 1, 0, 2, 2, 0, 1, 0, 0, 1),
+            ("region-local", "ad-9", at(5), None, None, 1, 0, 1, None, None, 0, 0, 0),
         ],
         RECON_SCHEMA,
     )
@@ -191,7 +187,8 @@ def test_each_region_is_reconciled_with_its_own_copy_of_an_event_that_reached_tw
     f = frames(spark, raw_rows, [copy, repeat], agg_rows)
     got = Q.reconciliation_frame(f.raw_df, f.quarantine_df, f.aggregates_df)
     expected = spark.createDataFrame(
-        [("a", "ad-1", at(0), 1, 0, 1, 0, 1, 0, 0), ("b", "ad-1", at(0), 1, 1, 1, 1, 1, 0, 0)], RECON_SCHEMA
+        [("a", "ad-1", at(0), 1, 0, 1, 0, 1, 0, 0, 0, 0, 0), ("b", "ad-1", at(0), 1, 1, 1, 1, 1, 0, 0, 0, 0, 0)],
+        RECON_SCHEMA,
     )
     assert_frame(got, expected)
 
@@ -220,7 +217,7 @@ def test_consistent_hour_passes_and_keeps_results_and_docs(spark: SparkSession, 
     assert result.failed == []
     assert result.hour == HOUR
     # 7 raw + 18 aggregates + 4 reconciliation expectations.
-    assert result.evaluated == 29
+    assert result.evaluated == 33
     assert result.parameters == {
         "expected_windows": 2,
         "expected_impressions": 3,
@@ -274,14 +271,15 @@ def test_the_engine_follows_the_hour_size_and_both_find_the_same_defects(
     on_spark = Q.validate_frames(load_settings(env), HOUR, hour_frames)
     engines = [json.loads(r.results_path.read_text())["engine"] for r in (on_pandas, on_spark)]
     assert engines == ["pandas", "spark"] and "did not collect to pandas: the driver has no room" in caplog.text
-    assert on_pandas.evaluated == on_spark.evaluated == 29 and on_pandas.parameters == on_spark.parameters
+    assert on_pandas.evaluated == on_spark.evaluated == 33 and on_pandas.parameters == on_spark.parameters
     assert failed_with(on_pandas, "expect_column_values_to_be_of_type", "type_='int64'", "observed 'float64'")
     assert failed_with(on_spark, "expect_column_values_to_be_of_type", "type_='LongType'", "observed 'DoubleType'")
 
     def others(result: Q.QualityResult) -> list[str]:
         return [line for line in result.failed if "to_be_of_type" not in line]
 
-    assert others(on_pandas) == others(on_spark) and len(others(on_pandas)) == 4
+    # The duplicated window is a revision held twice too (no revisions given: the aggregates are theirs).
+    assert others(on_pandas) == others(on_spark) and len(others(on_pandas)) == 5
     # An unexpected row names the gate's index columns first, then the rest by name.
     row = "{ad_id='ad-2', window_start=2026-11-22T12:01:00, region='region-local'}"
     assert any(f"e.g. {row}; {row}" in line for line in others(on_pandas))
@@ -457,7 +455,7 @@ def test_hour_of_only_late_events_still_checks_raw(spark: SparkSession, tmp_path
     result = Q.validate_frames(load_settings({"ADPIPE_HOME": str(tmp_path)}), HOUR, hour_frames)
     assert not result.success
     failed_with(result, Q.RAW_NAME, "column='is_late'", "observed 1")
-    assert result.evaluated == 7 and len(result.failed) == 1  # the raw suite only
+    assert result.evaluated == 8 and len(result.failed) == 1  # the raw suite only
     assert any("nothing to reconcile" in note for note in result.notes)
     lenient = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_MAX_LATE_SHARE": "1"})
     assert Q.validate_frames(lenient, HOUR, hour_frames).success
@@ -524,6 +522,8 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
         ("RAW", tables.RAW_SCHEMA, [*RAW_ROWS, raw("x1", "ad-1", "click", other)]),  # x1: 1 click
         ("QUARANTINE", tables.QUARANTINE_SCHEMA, QUARANTINE_ROWS),
         ("AGGREGATES", tables.AGGREGATES_SCHEMA, [*AGG_ROWS, agg("x", "ad-1", other, 7, 7)]),
+        ("REVISIONS", tables.REVISIONS_SCHEMA, [*AGG_ROWS, agg("x", "ad-1", other, 7, 7)]),
+        ("LOAD_RUNS", tables.LOAD_RUNS_SCHEMA, []),
     ):
         view = f"quality_test_{name.lower()}"
         spark.createDataFrame(rows, schema).createOrReplaceTempView(view)
@@ -533,7 +533,7 @@ def test_validate_hour_reads_only_that_hour_and_reruns(spark: SparkSession, sett
         first = Q.validate_hour(settings, HOUR, spark)
         second = Q.validate_hour(settings, HOUR, spark)
         assert first.success and second.success, first.describe() + "\n" + second.describe()
-        assert first.evaluated == second.evaluated == 29
+        assert first.evaluated == second.evaluated == 33
         assert first.results_path != second.results_path
         assert first.results_path.exists() and second.results_path.exists()
         # Re-running updated the stored suites in place instead of adding copies.

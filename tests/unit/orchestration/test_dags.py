@@ -225,7 +225,8 @@ def test_load_dag_hourly_data_interval_catchup_and_doc(dagbag) -> None:  # noqa:
 def test_load_dag_publishes_the_table_assets_names_its_hour_and_always_links_data_docs(dagbag) -> None:  # noqa: ANN001
     dag = dagbag.dags["ad_union_and_load"]
     outlets = {getattr(o, "name", None) for o in dag.get_task("publish").outlets}
-    assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine"}
+    assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine",
+                       "ads.ad_minute_aggregate_revisions"}
     assert dag.get_task("publish_data_docs").trigger_rule == "all_done"
     # Publish waits on the two checks, never on the cosmetic Data Docs page.
     assert dag.get_task("publish").upstream_task_ids == {"validate", "verify"}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from adpipe import schemas as S
 from adpipe.lakehouse import tables
 
 if TYPE_CHECKING:
@@ -28,11 +29,18 @@ MINUTE_US = 60_000_000
 
 @dataclass(frozen=True)
 class HourFrames:
-    """The three tables' rows of one ``event_hour``."""
+    """The tables' rows of one ``event_hour``: the raw events, the
+    quarantine, each window's latest aggregate (``aggregates_df``) and every
+    revision of the windows (``revisions_df``; None: the aggregates are
+    their windows' only revisions)."""
 
     raw_df: DataFrame
     quarantine_df: DataFrame
     aggregates_df: DataFrame
+    revisions_df: DataFrame | None = None
+
+    def revisions(self) -> DataFrame:
+        return self.aggregates_df if self.revisions_df is None else self.revisions_df
 
     @contextmanager
     def for_gate(self) -> Iterator[HourFrames]:
@@ -42,7 +50,8 @@ class HourFrames:
         read twice from their tables instead: building the cache of a
         million raw rows cost 3-4 s more than the second read, and a small
         hour's audit takes as long either way."""
-        pruned = HourFrames(**{f.name: getattr(self, f.name).select(*GATE_COLUMNS[f.name]) for f in fields(self)})
+        frames = {f.name: getattr(self, f.name) for f in fields(self)} | {"revisions_df": self.revisions()}
+        pruned = HourFrames(**{name: df.select(*GATE_COLUMNS[name]) for name, df in frames.items()})
         pruned.quarantine_df.persist()
         try:
             yield pruned
@@ -54,11 +63,14 @@ class HourFrames:
 # reconciliation's (validate_frames, expected_minute_counts, with_late_flag).
 GATE_COLUMNS = {
     "raw_df": ("event_id", "ad_id", "event_type", "event_time", "event_hour", "region"),
-    "quarantine_df": ("source", "event_id", "ad_id", "event_type", "event_time", "region"),
+    "quarantine_df": ("source", "reason", "event_id", "ad_id", "event_type", "event_time", "region"),
     "aggregates_df": (
         "record_uuid", "region", "ad_id", "window_start", "window_end", "event_hour", "impressions", "clicks",
+        "revision",
     ),
+    "revisions_df": ("record_uuid", "region", "ad_id", "window_start", "revision", "impressions", "clicks"),
 }
+WINDOW_KEYS = ["region", "ad_id", "window_start"]
 
 
 def normalize_hour(hour: datetime) -> datetime:
@@ -77,37 +89,56 @@ def hour_frames(
     staged_through: int | None = None,
     unstaged: dict[str, DataFrame] | None = None,
 ) -> HourFrames:
-    """The three tables' rows of ``event_hour == hour``: the published ones,
+    """The tables' rows of ``event_hour == hour``: the published ones
+    (those of the hour's current repair and later runs, :func:`shown_in_hour`),
     or with ``staged_through`` the candidate a write-audit-publish run would
     publish: the published rows plus the staged rows of runs up to that one
     that are not published yet, plus (``unstaged``, per table) the run's own
     rows it keeps in memory instead of staging them, which are neither
-    published nor staged."""
-    hour = normalize_hour(hour)
+    published nor staged. The candidate's aggregates are, per window, the
+    rows at its highest revision among the published and the new ones (two
+    of one revision stay two: a duplicate the gate fails); its revisions,
+    the published ones and the new ones."""
+    from adpipe.lakehouse.ledger import shown_in_hour
+    from adpipe.lakehouse.revisions import at_highest_revision, revision_of
 
-    def read(name: str, schema: Any) -> DataFrame:
-        keys = next(k for s, k in tables.TABLES.values() if s is schema)
+    hour = normalize_hour(hour)
+    in_hour = (F.col("event_hour") == F.lit(hour)) & shown_in_hour(spark, hour)
+
+    def published(name: str, schema: Any) -> DataFrame:
+        df = spark.table(name).where(in_hour).select(*schema.fieldNames())
+        return df.withColumn("revision", revision_of()) if "revision" in schema.fieldNames() else df
+
+    def new(name: str, schema: Any) -> DataFrame:
+        """The staged and unstaged rows of ``name`` not published yet (by its load key)."""
+        _schema, keys = tables.TABLES[name]
         names = schema.fieldNames()
-        published = spark.table(name).where(F.col("event_hour") == F.lit(hour)).select(*names)
-        if staged_through is None:
-            return published
         staged = (
             spark.table(tables.staged(name))  # the staging twin of a published table
             .where((F.col("event_hour") == F.lit(hour)) & (F.col("load_run") <= F.lit(staged_through)))
             .select(*names)
-            .join(published.select(*keys), list(keys), "left_anti")
         )
-        candidate = published.unionByName(staged)
         if unstaged is not None:
-            candidate = candidate.unionByName(
-                unstaged[name].where(F.col("event_hour") == F.lit(hour)).select(*names)
-            )
-        return candidate
+            staged = staged.unionByName(unstaged[name].where(F.col("event_hour") == F.lit(hour)).select(*names))
+        loaded = published(tables.loaded_in(name), schema).select(*keys)
+        rows = staged.join(loaded, list(keys), "left_anti")
+        return rows.withColumn("revision", revision_of()) if "revision" in names else rows
 
+    raw = published(tables.RAW, tables.RAW_SCHEMA)
+    quarantine = published(tables.QUARANTINE, tables.QUARANTINE_SCHEMA)
+    aggregates = published(tables.AGGREGATES, tables.AGGREGATES_SCHEMA)
+    revisions = published(tables.REVISIONS, tables.REVISIONS_SCHEMA)
+    if staged_through is None:
+        return HourFrames(raw, quarantine, aggregates, revisions)
+    new_aggregates = new(tables.AGGREGATES, tables.AGGREGATES_SCHEMA)
+    # A record the table holds already (a run that died before it reached
+    # the revisions table) is not a second row of its window.
+    unpublished = new_aggregates.join(aggregates.select("record_uuid"), "record_uuid", "left_anti")
     return HourFrames(
-        raw_df=read(tables.RAW, tables.RAW_SCHEMA),
-        quarantine_df=read(tables.QUARANTINE, tables.QUARANTINE_SCHEMA),
-        aggregates_df=read(tables.AGGREGATES, tables.AGGREGATES_SCHEMA),
+        raw_df=raw.unionByName(new(tables.RAW, tables.RAW_SCHEMA)),
+        quarantine_df=quarantine.unionByName(new(tables.QUARANTINE, tables.QUARANTINE_SCHEMA)),
+        aggregates_df=at_highest_revision(aggregates.unionByName(unpublished)),
+        revisions_df=revisions.unionByName(new_aggregates),
     )
 
 
@@ -158,29 +189,72 @@ def emitted_only(raw_df: DataFrame, watermarks: dict[str, int] | None) -> DataFr
     return raw_df.where(F.coalesce(window_end_ms <= mark, F.lit(False)))
 
 
-def reconciliation_frame(raw_df: DataFrame, quarantine_df: DataFrame, aggregates_df: DataFrame) -> DataFrame:
+def revision_stats(revisions_df: DataFrame, aggregates_df: DataFrame) -> DataFrame:
+    """Per (``region``, ``ad_id``, ``window_start``) of the revisions: the
+    history against the window's latest row(s) in the aggregates.
+    ``history_max_revision``, ``history_rows``, ``history_revisions`` (distinct)
+    and ``revisions_over_latest``: the revisions counting more impressions
+    or more clicks than the latest (a revision only ever adds events)."""
+    latest = aggregates_df.groupBy(*WINDOW_KEYS).agg(
+        F.sum("impressions").alias("__latest_impressions"), F.sum("clicks").alias("__latest_clicks")
+    )
+    over = (F.col("impressions") > F.col("__latest_impressions")) | (F.col("clicks") > F.col("__latest_clicks"))
+    return (
+        revisions_df.join(latest, on=WINDOW_KEYS, how="left")
+        .groupBy(*WINDOW_KEYS)
+        .agg(
+            F.max(F.coalesce("revision", F.lit(0).cast("long"))).alias("history_max_revision"),
+            F.count(F.lit(1)).alias("history_rows"),
+            F.countDistinct(F.coalesce("revision", F.lit(0).cast("long"))).alias("history_revisions"),
+            F.count(F.when(over, True)).alias("revisions_over_latest"),
+        )
+    )
+
+
+def reconciliation_frame(
+    raw_df: DataFrame, quarantine_df: DataFrame, aggregates_df: DataFrame, revisions_df: DataFrame | None = None
+) -> DataFrame:
     """Per (``region``, ``ad_id``, ``window_start``): expected counts (from
-    raw) next to the aggregates' counts, full outer join, so a missing aggregate has null
-    ``actual_*`` and an aggregate without raw events has null ``expected_*``.
+    raw) next to the latest aggregates' counts and the window's revisions,
+    full outer joins, so a missing aggregate has null ``actual_*`` and an
+    aggregate without raw events has null ``expected_*``.
 
     Columns: ``region``, ``ad_id``, ``window_start``, ``expected_impressions``,
     ``expected_clicks``, ``actual_impressions``, ``actual_clicks`` (summed over
     the aggregate rows of the key, so a duplicated aggregate shows as an
     over-count too), ``aggregate_rows``, ``impressions_diff`` and
-    ``clicks_diff`` (actual - expected; null when a side is missing)."""
+    ``clicks_diff`` (actual - expected; null when a side is missing), and of
+    the revisions (``revisions_df``; None: the aggregates are the only ones):
+    ``revision_gap`` (the history's highest revision less the latest row's,
+    each -1 where missing: 0 when the table holds the newest revision
+    loaded), ``revisions_over_latest`` and ``duplicated_revisions`` (rows of
+    a revision the history holds twice)."""
     expected_df = expected_minute_counts(raw_df, quarantine_df)
-    actual_df = aggregates_df.groupBy("region", "ad_id", "window_start").agg(
+    actual_df = aggregates_df.groupBy(*WINDOW_KEYS).agg(
         F.sum("impressions").alias("actual_impressions"),
         F.sum("clicks").alias("actual_clicks"),
         F.count(F.lit(1)).alias("aggregate_rows"),
+        F.max(F.coalesce("revision", F.lit(0).cast("long"))).alias("latest_revision"),
     )
+    history_df = revision_stats(aggregates_df if revisions_df is None else revisions_df, aggregates_df)
+    missing = F.lit(-1).cast("long")
     # A hash join, not Spark's default sort-merge: the 10,000-ad hour's
     # reconciliation 5.1-5.7 -> 3.2-3.8 s. Its table is a partition's share of
     # the hour's windows (a row per ad and minute), not of its events.
     return (
-        expected_df.join(actual_df.hint("shuffle_hash"), on=["region", "ad_id", "window_start"], how="full_outer")
+        expected_df.join(actual_df.hint("shuffle_hash"), on=WINDOW_KEYS, how="full_outer")
+        .join(history_df.hint("shuffle_hash"), on=WINDOW_KEYS, how="full_outer")
         .withColumn("impressions_diff", F.col("actual_impressions") - F.col("expected_impressions"))
         .withColumn("clicks_diff", F.col("actual_clicks") - F.col("expected_clicks"))
+        .withColumn(
+            "revision_gap",
+            F.coalesce("history_max_revision", missing) - F.coalesce("latest_revision", missing),
+        )
+        .withColumn("revisions_over_latest", F.coalesce("revisions_over_latest", F.lit(0).cast("long")))
+        .withColumn(
+            "duplicated_revisions",
+            F.coalesce(F.col("history_rows") - F.col("history_revisions"), F.lit(0).cast("long")),
+        )
         .select(
             "region",
             "ad_id",
@@ -192,6 +266,9 @@ def reconciliation_frame(raw_df: DataFrame, quarantine_df: DataFrame, aggregates
             "aggregate_rows",
             "impressions_diff",
             "clicks_diff",
+            "revision_gap",
+            "revisions_over_latest",
+            "duplicated_revisions",
         )
     )
 
@@ -220,6 +297,24 @@ def with_late_flag(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
     )
     return raw_df.join(late_ids_df, on="event_id", how="left").withColumn(
         "is_late", F.coalesce(F.col("is_late"), F.lit(0))
+    )
+
+
+def with_conflict_flag(raw_df: DataFrame, quarantine_df: DataFrame) -> DataFrame:
+    """``is_conflicting_copy``: 1 for a raw event whose copy (its region,
+    ``event_id`` and ``event_time``) the DLQ lists as a re-stamped retry
+    (reason ``conflicting_duplicate``): the stream did not count that copy,
+    so the raw table must hold the other. Else 0."""
+    listed = (
+        quarantine_df.where(
+            (F.col("source") == F.lit(tables.SOURCE_DLQ)) & (F.col("reason") == F.lit(S.REASON_CONFLICTING_DUPLICATE))
+        )
+        .where(F.col("event_id").isNotNull() & F.col("event_time").isNotNull())
+        .select("region", "event_id", "event_time", F.lit(1).alias("is_conflicting_copy"))
+        .distinct()
+    )
+    return raw_df.join(listed, on=["region", "event_id", "event_time"], how="left").withColumn(
+        "is_conflicting_copy", F.coalesce(F.col("is_conflicting_copy"), F.lit(0))
     )
 
 

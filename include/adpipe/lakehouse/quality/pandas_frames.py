@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from adpipe import schemas as S
 from adpipe.lakehouse import tables
 from adpipe.lakehouse.quality.frames import GATE_COLUMNS, MINUTE_US, HourFrames, pandas_frame
 from adpipe.lakehouse.quality.suites import (
@@ -30,25 +31,28 @@ if TYPE_CHECKING:
 WINDOW_KEYS = ["region", "ad_id", "window_start"]
 RECONCILIATION_COLUMNS = (
     "region", "ad_id", "window_start", "expected_impressions", "expected_clicks", "actual_impressions",
-    "actual_clicks", "aggregate_rows", "impressions_diff", "clicks_diff",
+    "actual_clicks", "aggregate_rows", "impressions_diff", "clicks_diff", "revision_gap", "revisions_over_latest",
+    "duplicated_revisions",
 )
 
 
 @dataclass(frozen=True)
 class CollectedHour:
-    """The hour's three frames in pandas, cut to the columns the gate reads."""
+    """The hour's frames in pandas, cut to the columns the gate reads."""
 
     raw: pd.DataFrame
     quarantine: pd.DataFrame
     aggregates: pd.DataFrame
+    revisions: pd.DataFrame
 
 
 def collect(frames: HourFrames) -> CollectedHour:
-    """The three frames collected through Arrow (one Spark job each)."""
+    """The four frames collected through Arrow (one Spark job each)."""
     return CollectedHour(
         raw=pandas_frame(frames.raw_df.select(*GATE_COLUMNS["raw_df"])),
         quarantine=pandas_frame(frames.quarantine_df.select(*GATE_COLUMNS["quarantine_df"])),
         aggregates=pandas_frame(frames.aggregates_df.select(*GATE_COLUMNS["aggregates_df"])),
+        revisions=pandas_frame(frames.revisions().select(*GATE_COLUMNS["revisions_df"])),
     )
 
 
@@ -65,8 +69,25 @@ def _late_ids(quarantine: pd.DataFrame) -> pd.DataFrame:
     return late[["region", "event_id"]].drop_duplicates()
 
 
+def _conflicting_copies(raw: pd.DataFrame, quarantine: pd.DataFrame) -> pd.Series:
+    """``with_conflict_flag``'s flag: whether a raw event's (region,
+    event_id, event_time) is a copy the DLQ lists as conflicting_duplicate."""
+    import pandas as pd
+
+    keys = ["region", "event_id", "event_time"]
+    listed = quarantine[
+        (quarantine["source"] == tables.SOURCE_DLQ) & (quarantine["reason"] == S.REASON_CONFLICTING_DUPLICATE)
+    ].dropna(subset=["event_id", "event_time"])
+    flag = pd.Series(0, index=raw.index, dtype="int32")  # Spark's lit(1): an int
+    if len(listed) and len(raw):
+        known = raw[keys].notna().all(axis=1)  # a null never matches in Spark's join
+        hits = pd.MultiIndex.from_frame(raw.loc[known, keys]).isin(pd.MultiIndex.from_frame(listed[keys]))
+        flag[raw.index[known][hits]] = 1
+    return flag
+
+
 def raw_checked(collected: CollectedHour) -> pd.DataFrame:
-    """``with_late_flag(with_hour_check(raw))`` cut to RAW_CHECKED_COLUMNS."""
+    """``with_conflict_flag(with_late_flag(with_hour_check(raw)))`` cut to RAW_CHECKED_COLUMNS."""
     import pandas as pd
 
     raw = collected.raw
@@ -78,6 +99,7 @@ def raw_checked(collected: CollectedHour) -> pd.DataFrame:
             "event_time_hour": raw["event_time"].dt.floor("h"),
             "event_hour": raw["event_hour"],
             "is_late": raw["event_id"].isin(late_ids).astype("int32"),  # Spark's lit(1): an int
+            "is_conflicting_copy": _conflicting_copies(raw, collected.quarantine),
             "region": raw["region"],
         }
     )
@@ -145,29 +167,64 @@ def _spark_like(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype(floats) if floats else frame
 
 
-def reconciliation(collected: CollectedHour, watermarks: dict[str, int] | None) -> pd.DataFrame:
-    """:func:`adpipe.lakehouse.quality.frames.reconciliation_frame` of the
-    emitted raw events, in pandas."""
+def _outer(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    """Spark's full outer join on WINDOW_KEYS: a row with a null key meets nothing, on either side."""
     import pandas as pd
 
-    expected = expected_minute_counts(emitted_only(collected.raw, watermarks), collected.quarantine)
-    grouped = collected.aggregates.groupby(WINDOW_KEYS, dropna=False, sort=False)
-    actual = grouped[["impressions", "clicks"]].sum(min_count=1)
-    actual.columns = ["actual_impressions", "actual_clicks"]
-    actual["aggregate_rows"] = grouped.size().astype("Int64")
-    actual = actual.reset_index()
-    # Spark's join: a row with a null key meets nothing, on either side.
-    expected_null, actual_null = _any_null(expected, WINDOW_KEYS), _any_null(actual, WINDOW_KEYS)
-    joined = pd.concat(
+    left_null, right_null = _any_null(left, WINDOW_KEYS), _any_null(right, WINDOW_KEYS)
+    return pd.concat(
         [
-            expected[~expected_null].merge(actual[~actual_null], on=WINDOW_KEYS, how="outer", sort=False),
-            expected[expected_null],
-            actual[actual_null],
+            left[~left_null].merge(right[~right_null], on=WINDOW_KEYS, how="outer", sort=False),
+            left[left_null],
+            right[right_null],
         ],
         ignore_index=True,
     )
+
+
+def revision_stats(revisions: pd.DataFrame, aggregates: pd.DataFrame) -> pd.DataFrame:
+    """:func:`adpipe.lakehouse.quality.frames.revision_stats` in pandas."""
+    import pandas as pd
+
+    latest = aggregates.groupby(WINDOW_KEYS, dropna=False, sort=False)[["impressions", "clicks"]].sum(min_count=1)
+    latest.columns = ["latest_impressions", "latest_clicks"]
+    latest = latest.reset_index()
+    history = revisions.assign(revision=revisions["revision"].fillna(0))
+    # A left join: a null key meets nothing.
+    matched = history[~_any_null(history, WINDOW_KEYS)].merge(
+        latest[~_any_null(latest, WINDOW_KEYS)], on=WINDOW_KEYS, how="left", sort=False
+    )
+    history = pd.concat([matched, history[_any_null(history, WINDOW_KEYS)]], ignore_index=True)
+    over = (history["impressions"] > history["latest_impressions"]) | (history["clicks"] > history["latest_clicks"])
+    history["over"] = over.fillna(False).astype("int64")
+    grouped = history.groupby(WINDOW_KEYS, dropna=False, sort=False)
+    return pd.DataFrame(
+        {
+            "history_max_revision": grouped["revision"].max().astype("Int64"),
+            "history_rows": grouped.size().astype("Int64"),
+            "history_revisions": grouped["revision"].nunique().astype("Int64"),
+            "revisions_over_latest": grouped["over"].sum().astype("Int64"),
+        }
+    ).reset_index()
+
+
+def reconciliation(collected: CollectedHour, watermarks: dict[str, int] | None) -> pd.DataFrame:
+    """:func:`adpipe.lakehouse.quality.frames.reconciliation_frame` of the
+    emitted raw events, in pandas."""
+    expected = expected_minute_counts(emitted_only(collected.raw, watermarks), collected.quarantine)
+    aggregates = collected.aggregates.assign(revision=collected.aggregates["revision"].fillna(0))
+    grouped = aggregates.groupby(WINDOW_KEYS, dropna=False, sort=False)
+    actual = grouped[["impressions", "clicks"]].sum(min_count=1)
+    actual.columns = ["actual_impressions", "actual_clicks"]
+    actual["aggregate_rows"] = grouped.size().astype("Int64")
+    actual["latest_revision"] = grouped["revision"].max().astype("Int64")
+    actual = actual.reset_index()
+    joined = _outer(_outer(expected, actual), revision_stats(collected.revisions, collected.aggregates))
     joined["impressions_diff"] = joined["actual_impressions"] - joined["expected_impressions"]
     joined["clicks_diff"] = joined["actual_clicks"] - joined["expected_clicks"]
+    joined["revision_gap"] = joined["history_max_revision"].fillna(-1) - joined["latest_revision"].fillna(-1)
+    joined["revisions_over_latest"] = joined["revisions_over_latest"].fillna(0)
+    joined["duplicated_revisions"] = (joined["history_rows"] - joined["history_revisions"]).fillna(0)
     return _spark_like(joined[list(RECONCILIATION_COLUMNS)])
 
 

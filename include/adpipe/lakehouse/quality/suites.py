@@ -33,7 +33,9 @@ P_MIN_RAW_ROWS = "min_raw_rows"
 EVENT_TYPES = ("impression", "click")
 # What the raw and aggregates suites read (and the index columns their
 # failures name rows by): the gate hands GE these columns only.
-RAW_CHECKED_COLUMNS = ("event_id", "event_type", "event_time_hour", "event_hour", "is_late", "region")
+RAW_CHECKED_COLUMNS = (
+    "event_id", "event_type", "event_time_hour", "event_hour", "is_late", "is_conflicting_copy", "region",
+)
 AGGREGATES_CHECKED_COLUMNS = (
     "record_uuid", "region", "ad_id", "window_start", "window_end", "window_start_us_past_minute",
     "window_length_us", "window_start_hour", "event_hour", "impressions", "clicks",
@@ -54,6 +56,11 @@ def _raw_expectations(engine: str) -> list[Any]:
         gxe.ExpectColumnValuesToBeInSet(column="event_type", value_set=list(EVENT_TYPES)),
         gxe.ExpectColumnPairValuesToBeEqual(
             column_A="event_time_hour", column_B="event_hour", notes="event_hour is the hour of event_time"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="is_conflicting_copy",
+            value_set=[0],
+            notes="a raw event is the copy the stream counted, never one the DLQ lists as conflicting_duplicate",
         ),
         gxe.ExpectColumnMeanToBeBetween(
             column="is_late",
@@ -139,6 +146,19 @@ def _reconciliation_expectations(engine: str) -> list[Any]:
         ),
         gxe.ExpectColumnValuesToBeInSet(
             column="clicks_diff", value_set=[0], notes="aggregate clicks = distinct raw clicks"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="revision_gap",
+            value_set=[0],
+            notes="each window's aggregate is the highest revision of it in the revisions table",
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="revisions_over_latest",
+            value_set=[0],
+            notes="no earlier revision of a window counts more impressions or clicks than its latest",
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="duplicated_revisions", value_set=[0], notes="one row per window and revision in the revisions"
         ),
     ]
 

@@ -35,6 +35,7 @@ from adpipe.lakehouse.quality.frames import (
     hour_frames,
     normalize_hour,
     reconciliation_frame,
+    with_conflict_flag,
     with_hour_check,
     with_late_flag,
     with_window_checks,
@@ -272,10 +273,13 @@ def _spark_input(frames: HourFrames, facts: KafkaFacts) -> _GateInput:
     the reconciliation cached: GE's runs on them (which persist the same
     frames) read what the parameters and the row count computed, instead of
     joining again; each is released after its run, or before if none."""
-    raw_df = with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df).select(*RAW_CHECKED_COLUMNS)
+    flagged = with_conflict_flag(with_late_flag(with_hour_check(frames.raw_df), frames.quarantine_df),
+                                 frames.quarantine_df)
+    raw_df = flagged.select(*RAW_CHECKED_COLUMNS)
     aggregates_df = with_window_checks(frames.aggregates_df).select(*AGGREGATES_CHECKED_COLUMNS)
     recon_df = reconciliation_frame(
-        emitted_only(frames.raw_df, facts.watermarks), frames.quarantine_df, frames.aggregates_df
+        emitted_only(frames.raw_df, facts.watermarks), frames.quarantine_df, frames.aggregates_df,
+        frames.revisions(),
     )
     for df in (raw_df, recon_df):
         df.persist()
