@@ -192,6 +192,11 @@ class _Locations:
     def jar_cache(self) -> Path:
         return PROJECT_ROOT / ".cache" / "jvm"
 
+    @property
+    def data_docs_assets(self) -> Path:
+        """The Data Docs' stylesheets and scripts (make data-docs-assets)."""
+        return PROJECT_ROOT / ".cache" / "data-docs" / "node_modules"
+
 
 @dataclass(frozen=True)
 class Settings(_Locations):
