@@ -11,9 +11,10 @@ ARG AIRFLOW_CONSTRAINTS=https://raw.githubusercontent.com/apache/airflow/constra
 
 USER root
 # Java for Spark and Maven for the jars: the Makefile's JVM_DEBIAN_PACKAGES;
-# make to run its install step. The image's Debian is bookworm, which has Java 17.
+# make to run its install steps; npm for the Data Docs' stylesheets and
+# scripts. The image's Debian is bookworm, which has Java 17.
 RUN apt-get update -q \
-    && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless maven make \
+    && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless maven make nodejs npm \
     && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
 # The project, ADPIPE_HOME and Airflow's config and logs folders: the last
 # three are named volumes in the compose file, which Docker makes from these
@@ -24,13 +25,15 @@ USER airflow
 WORKDIR /opt/adpipe
 
 COPY --chown=airflow:0 requirements.txt pyproject.toml Makefile ./
+COPY --chown=airflow:0 deploy/data-docs ./deploy/data-docs
 COPY --chown=airflow:0 include ./include
 # The same install steps as `make venv` and `make jars`, into Airflow's own
 # environment: the Makefile's python-packages target (the pins of
 # requirements.txt, every other package held to Airflow's constraints), then
-# the JVM jars from Maven Central into .cache/jvm.
+# the JVM jars from Maven Central into .cache/jvm, the Data Docs' assets
+# from npm into .cache/data-docs.
 RUN make python-packages PYTHON=python PIP=pip AIRFLOW_CONSTRAINTS=${AIRFLOW_CONSTRAINTS} \
-    && adpipe jars
+    && adpipe jars && make data-docs-assets
 COPY --chown=airflow:0 jobs ./jobs
 COPY --chown=airflow:0 dags ./dags
 

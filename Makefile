@@ -4,20 +4,39 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps deps-ui venv python-packages jars demo test test-slow test-ui test-long test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
+.PHONY: help deps deps-ui data-docs-assets venv python-packages jars demo test test-slow test-ui test-long test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # Java for Spark (a JDK: javac builds adpipe's own Spark functions) and Maven
-# for the jars (the Dockerfile installs these too),
-# and the PostgreSQL server of the embedded default.
+# for the jars (the Dockerfile installs these too), the PostgreSQL server of
+# the embedded default, and npm for the Data Docs' stylesheets and scripts.
 JVM_DEBIAN_PACKAGES := openjdk-17-jdk-headless maven
 
-deps: ## system packages (Java 17+, Maven, PostgreSQL server) if missing; needs root or sudo
-	@command -v java >/dev/null && command -v javac >/dev/null && command -v mvn >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+deps: ## system packages (Java 17+, Maven, PostgreSQL server, npm) if missing; needs root or sudo
+	@command -v java >/dev/null && command -v javac >/dev/null && command -v mvn >/dev/null && command -v npm >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $(JVM_DEBIAN_PACKAGES) postgresql; }
+	  PKGS="$(JVM_DEBIAN_PACKAGES) postgresql"; command -v npm >/dev/null || PKGS="$$PKGS nodejs npm"; \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$PKGS; }
+
+# Great Expectations' Data Docs load their stylesheets and scripts from CDNs.
+# npm installs them, at the versions GE's templates name (deploy/data-docs:
+# package.json and its lock), into .cache/data-docs; adpipe copies them into
+# each Data Docs site and points the pages at them
+# (adpipe.lakehouse.quality.offline). npm's own cache is .cache/npm, and an
+# install newer than the lock is kept: a second run needs no network.
+DOCS_ASSETS := .cache/data-docs
+DOCS_ASSETS_STAMP := $(DOCS_ASSETS)/node_modules/.package-lock.json
+
+$(DOCS_ASSETS_STAMP): deploy/data-docs/package.json deploy/data-docs/package-lock.json deploy/data-docs/.npmrc
+	@command -v npm >/dev/null || { echo "npm is missing: make deps installs it"; exit 1; }
+	mkdir -p $(DOCS_ASSETS)
+	cp deploy/data-docs/package.json deploy/data-docs/package-lock.json deploy/data-docs/.npmrc $(DOCS_ASSETS)/
+	cd $(DOCS_ASSETS) && npm ci --cache ../npm --prefer-offline --ignore-scripts --no-audit --no-fund
+	touch $(DOCS_ASSETS_STAMP)
+
+data-docs-assets: $(DOCS_ASSETS_STAMP) ## the Data Docs' stylesheets, scripts and fonts (npm, pinned) into .cache/data-docs
 
 deps-ui: ## Debian's Chromium for make test-ui (Playwright drives it; it never downloads a browser); needs root or sudo
 	@command -v chromium >/dev/null || { \
@@ -43,7 +62,7 @@ python-packages: ## requirements.txt (under AIRFLOW_CONSTRAINTS=URL|file when gi
 	$(PIP) install -q -r requirements.txt --constraint $(CONSTRAINTS_FILE)
 	$(PIP) install -q --no-deps -e .
 
-venv: deps $(STAMP) ## Python environment with every pinned package
+venv: deps $(STAMP) data-docs-assets ## Python environment with every pinned package, and the Data Docs' assets
 
 jars: venv ## JVM jars from Maven Central into .cache/jvm, and the Spark drivers' class archives (once)
 	$(BIN)/adpipe jars

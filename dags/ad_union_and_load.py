@@ -62,8 +62,13 @@ OPTIMIZE and VACUUM takes too. The idempotent tasks (the sensor, `stage`,
 Addresses and credentials come from the Connections `adpipe_kafka`,
 `adpipe_metastore_db`, `adpipe_spark` (`adpipe.orchestration.connections`).
 
-Every task alerts once on failure through the one notifier (task level
-only). Logic: `adpipe.orchestration.load_tasks`, `adpipe.lakehouse.load`.
+**Alerts.** Every task alerts once on failure through the one notifier (task
+level only): the alerts file, the webhook, e-mail and Slack
+(`adpipe.orchestration.alerts`). A deadline alert fires when a run's hour is
+not published `ADPIPE_PUBLISH_DEADLINE_S` after the hour's end (default: the
+watermark delay plus the allowed lateness plus 10 minutes, 930 s), whatever
+holds it up (`adpipe.orchestration.deadline`).
+Logic: `adpipe.orchestration.load_tasks`, `adpipe.lakehouse.load`.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from datetime import timedelta
 
 from adpipe.orchestration.alerts import notify_failure
 from adpipe.orchestration.assets import TABLE_ASSETS
+from adpipe.orchestration.deadline import publish_deadline
 from adpipe.orchestration.hour_closed import HourClosedSensor
 from adpipe.orchestration.load_tasks import FIRST_START, load_step
 from adpipe.settings import TABLES_POOL, load_settings
@@ -89,6 +95,8 @@ with DAG(
     catchup=_settings.load_start is not None,
     max_active_runs=1,
     dagrun_timeout=timedelta(seconds=_settings.rails.load_run_timeout_s),
+    # The hour published ADPIPE_PUBLISH_DEADLINE_S after its end, or an alert.
+    deadline=publish_deadline(_settings),
     doc_md=__doc__,
     tags=["adpipe", "load"],
     params={

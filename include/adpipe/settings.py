@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+from adpipe.alert_settings import AlertSettings, alert_settings
 from adpipe.kafka_access import (
     KAFKA_SECURITY,
     SCRAM_MECHANISM,
@@ -50,6 +51,7 @@ __all__ = [
     "BUDGET_PERIODS",
     "TABLES_POOL",
     "AirflowRails",
+    "AlertSettings",
     "KAFKA_SECURITY",
     "PROJECT_ROOT",
     "SCRAM_MECHANISM",
@@ -189,6 +191,11 @@ class _Locations:
     @property
     def jar_cache(self) -> Path:
         return PROJECT_ROOT / ".cache" / "jvm"
+
+    @property
+    def data_docs_assets(self) -> Path:
+        """The Data Docs' stylesheets and scripts (make data-docs-assets)."""
+        return PROJECT_ROOT / ".cache" / "data-docs" / "node_modules"
 
 
 @dataclass(frozen=True)
@@ -340,6 +347,8 @@ class Settings(_Locations):
     # home/alerts and, when set, are POSTed to this webhook.
     alert_webhook: str = field(default="", repr=False)  # a webhook URL often holds its token
     alert_webhook_timeout_s: int = 5
+    # E-mail and Slack, retries, the load's publish deadline (adpipe.alert_settings).
+    alerts: AlertSettings = field(default_factory=AlertSettings)
     # Stream supervision: alert when the stream was restarted more than
     # stream_max_restarts times within stream_restart_window_s, or when its
     # input lag (raw records not yet committed by the job) passes
@@ -484,6 +493,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     metastore = _one_of(env, "ADPIPE_METASTORE", ("postgres", "derby"))
     wait_s = integer(env, "ADPIPE_LOAD_WAIT_TIMEOUT_S", Settings.load_wait_timeout_s, 1)
     metastore_database = env.get("ADPIPE_METASTORE_DATABASE", Settings.metastore_database)
+    delay_s = integer(env, "ADPIPE_WATERMARK_DELAY_S", Settings.watermark_delay_s)
+    lateness_s = integer(env, "ADPIPE_ALLOWED_LATENESS_S", Settings.allowed_lateness_s)
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", metastore_database):
         raise SettingsError(
             f"ADPIPE_METASTORE_DATABASE={metastore_database!r} must be a lower-case PostgreSQL name (a-z, 0-9, _)"
@@ -514,9 +525,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         topics=topics,
         topic_partitions=integer(env, "ADPIPE_TOPIC_PARTITIONS", Settings.topic_partitions, 1),
         shuffle_partitions=integer(env, "ADPIPE_SHUFFLE_PARTITIONS", slots or Settings.shuffle_partitions, 1),
-        watermark_delay_s=integer(env, "ADPIPE_WATERMARK_DELAY_S", Settings.watermark_delay_s),
+        watermark_delay_s=delay_s,
         watermark_alignment=choice(env, "ADPIPE_WATERMARK_ALIGNMENT", ("on", "off")) == "on",
-        allowed_lateness_s=integer(env, "ADPIPE_ALLOWED_LATENESS_S", Settings.allowed_lateness_s),
+        allowed_lateness_s=lateness_s,
         trigger_interval_s=integer(env, "ADPIPE_TRIGGER_INTERVAL_S", Settings.trigger_interval_s, 1),
         max_offsets_per_trigger=integer(env, "ADPIPE_MAX_OFFSETS_PER_TRIGGER", Settings.max_offsets_per_trigger),
         max_future_skew_s=integer(env, "ADPIPE_MAX_FUTURE_SKEW_S", Settings.max_future_skew_s),
@@ -559,6 +570,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         extra_regions=regions_of(env.get("ADPIPE_REGIONS", ""), bootstrap, topics, credentials, home),
         alert_webhook=env.get("ADPIPE_ALERT_WEBHOOK", ""),
         alert_webhook_timeout_s=integer(env, "ADPIPE_ALERT_WEBHOOK_TIMEOUT_S", Settings.alert_webhook_timeout_s, 1),
+        alerts=alert_settings(env, delay_s, lateness_s),
         stream_max_restarts=integer(env, "ADPIPE_STREAM_MAX_RESTARTS", Settings.stream_max_restarts),
         stream_restart_window_s=integer(env, "ADPIPE_STREAM_RESTART_WINDOW_S", Settings.stream_restart_window_s, 1),
         stream_max_lag=integer(env, "ADPIPE_STREAM_MAX_LAG", Settings.stream_max_lag),

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -500,6 +501,28 @@ class Standalone:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.settings.airflow_port}"
+
+
+class Api:
+    """Airflow's REST API as the UI uses it: a token from the simple auth
+    manager's login, then JSON calls."""
+
+    def __init__(self, port: int, password: str) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        body = self._request("POST", "/auth/token", {"username": "admin", "password": password}, token=None)
+        self.token = body["access_token"]
+
+    def _request(self, method: str, path: str, body: dict | None, token: str | None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback only
+            return json.loads(response.read() or b"{}")
+
+    def __call__(self, method: str, path: str, body: dict | None = None) -> dict:
+        return self._request(method, path, body, self.token)
 
 
 @contextmanager

@@ -17,7 +17,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from adpipe.local.airflow import admin_password
 from adpipe.settings import Settings
 
 from tests.conftest import PORT_BASE
-from tests.integration.helpers import Pipeline, airflow_standalone, dump, make_pipeline, until, warm_env
+from tests.integration.helpers import Api, Pipeline, airflow_standalone, dump, make_pipeline, until, warm_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 DAG = "ad_union_and_load"
@@ -44,28 +43,6 @@ class Scene:
     hours: list[datetime]  # the two closed hours since ADPIPE_LOAD_START
     sent: dict
     log_path: Path
-
-
-class Api:
-    """Airflow's REST API as the UI uses it: a token from the simple auth
-    manager's login, then JSON calls."""
-
-    def __init__(self, port: int, password: str) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        body = self._request("POST", "/auth/token", {"username": "admin", "password": password}, token=None)
-        self.token = body["access_token"]
-
-    def _request(self, method: str, path: str, body: dict | None, token: str | None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback only
-            return json.loads(response.read() or b"{}")
-
-    def __call__(self, method: str, path: str, body: dict | None = None) -> dict:
-        return self._request(method, path, body, self.token)
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -49,6 +48,7 @@ from adpipe.orchestration.stream_supervisor import process_alive, read_state
 from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce
 
+from tests.alert_receivers import Hooks, Inbox, alert_env, hooks_server, html_text, smtp_server
 from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate, warm_env
 
 H0 = datetime(2026, 11, 22, 6, tzinfo=UTC)
@@ -239,24 +239,12 @@ def _tables(output: str) -> dict[str, list[str]]:
     return json.loads(lines[0][7:])
 
 
-class _Capture(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802
-        type(self).received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 class Flow:
-    def __init__(self, env: dict[str, str], settings: Settings, workdir: Path, webhook: str) -> None:
+    def __init__(self, env: dict[str, str], settings: Settings, workdir: Path, inbox: Inbox) -> None:
         self.env = env
         self.settings = settings
         self.workdir = workdir
-        self.webhook = webhook
+        self.inbox = inbox  # the alerts' e-mails; Hooks: the webhook's and Slack's
 
     def load_env(self, name: str, **extra: str) -> dict[str, str]:
         """The load DAG's environment with tables of its own (a metastore
@@ -288,16 +276,15 @@ class Flow:
 def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     name = f"af{uuid.uuid4().hex[:8]}"
     workdir = tmp_path_factory.mktemp("airflow-dags")
-    _Capture.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Capture)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    webhook = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    receivers = ExitStack()
+    inbox = receivers.enter_context(smtp_server())
+    hooks_url = receivers.enter_context(hooks_server())
     base = {
         **os.environ,
         **BROKER_ENV,
         **isolated_env(name),
         "ADPIPE_SPARK_DRIVER_MEMORY": "1g",
-        "ADPIPE_ALERT_WEBHOOK": webhook,
+        **alert_env(inbox, hooks_url),  # every alert by e-mail, to Slack and the webhook
         "ADPIPE_LOAD_START": H0.isoformat(),
     }
     settings = load_settings(base)
@@ -311,10 +298,10 @@ def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactor
         produce.ProduceSpec(events=30, seed=8, ads=6, minutes=2, start=H0 + timedelta(hours=3, minutes=2)),
     ):
         produce.send(settings.kafka_bootstrap, settings.topics.events, produce.plan(spec))
-    the_flow = Flow(env, settings, workdir, webhook)
+    the_flow = Flow(env, settings, workdir, inbox)
     yield the_flow
     the_flow.stop_stream()
-    server.shutdown()
+    receivers.close()
 
 
 def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> None:
@@ -350,7 +337,8 @@ def test_stream_dag_starts_the_job_and_restarts_it_after_a_death(flow: Flow) -> 
     task_alerts = [a for a in alerts if a.get("task_id") == "check_stream"]
     assert task_alerts and "restarted 1 times" in task_alerts[-1]["message"]
     assert "ADPIPE_STREAM_MAX_RESTARTS=0" in task_alerts[-1]["message"]
-    assert any(p.get("task_id") == "check_stream" for p in _Capture.received)
+    assert any(p.get("task_id") == "check_stream" for p in Hooks.posted())
+    assert any(m["Subject"] == "[adpipe] ad_aggregation_stream.check_stream failed" for m in flow.inbox.messages)
     flow.stop_stream()  # the loads below need only the committed ledger
 
 
@@ -437,7 +425,8 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     # the duplicate, whose record_uuid is new. The Spark steps are submitted
     # with SparkSubmitOperator this time (LoadStepSubmitOperator).
     env = flow.load_env("backfill", ADPIPE_LOAD_SUBMIT="spark-submit")
-    _Capture.received.clear()
+    Hooks.received.clear()
+    flow.inbox.messages.clear()
     results, out = _run(
         DAG_TEST,
         [str(DAGS_FOLDER), "ad_union_and_load", (HOURS[1] + timedelta(hours=1)).isoformat()],
@@ -463,9 +452,18 @@ def test_injected_duplicate_aggregate_fails_the_run_and_alerts_naming_the_expect
     assert f"ad_id={original['ad_id']!r}, window_start={original['window_start'][:19]}" in message, message
     # A new record_uuid: the record_uuid uniqueness check itself still holds.
     assert "expect_column_values_to_be_unique(column='record_uuid')" not in message, message
-    posted = [p for p in _Capture.received if p.get("task_id") == "validate"]
+    posted = [p for p in Hooks.posted() if p.get("task_id") == "validate"]
     assert posted and posted[-1]["message"] == message
     # One alert per failed task (task-level callbacks only), none for the DAG run itself.
-    assert sorted(p.get("task_id") for p in _Capture.received) == ["validate", "verify"]
-    verify_alert = next(p for p in _Capture.received if p.get("task_id") == "verify")
+    assert sorted(p.get("task_id") for p in Hooks.posted()) == ["validate", "verify"]
+    verify_alert = next(p for p in Hooks.posted() if p.get("task_id") == "verify")
     assert verify_alert["message"].startswith("TablesDisagree") and "duplicated" in verify_alert["message"]
+    # The same two alerts by e-mail (the real SMTP server) and to Slack, each naming the hour.
+    label = HOURS[1].strftime("%Y-%m-%dT%H")
+    mails = {m["Subject"]: html_text(m) for m in flow.inbox.messages}
+    subjects = [f"[adpipe] ad_union_and_load.{task} failed, hour {label}" for task in ("validate", "verify")]
+    assert sorted(mails) == subjects
+    assert message in mails[f"[adpipe] ad_union_and_load.validate failed, hour {label}"]
+    slack = sorted(m["text"] for m in Hooks.slack())
+    assert [t.split("\n", 1)[0] for t in slack] == sorted(mails)
+    assert "expect_compound_columns_to_be_unique(column_list=['region', 'ad_id', 'window_start'])" in slack[0]

@@ -23,6 +23,7 @@ PACKAGE_DIR = PROJECT_ROOT / "include" / "adpipe"
 # The pieces of the contract every part may use.
 SHARED = {
     "adpipe",
+    "adpipe.alert_settings",
     "adpipe.alerting",
     "adpipe.class_archive",
     "adpipe.faults",

@@ -448,7 +448,7 @@ def test_the_dockerfile_installs_with_the_makefiles_steps() -> None:
     runs = _dockerfile_run_commands()
     # No install of its own: Python packages only through the Makefile's target.
     assert not [c for c in runs if re.search(r"\bpip3? install\b", c)], runs
-    [make_run] = [c for c in runs if c.startswith("make ")]
+    [make_run] = [c for c in runs if c.startswith("make python-packages ")]
     words = shlex.split(make_run)
     assert words[1] == "python-packages" and "AIRFLOW_CONSTRAINTS=${AIRFLOW_CONSTRAINTS}" in words
     docker_args = [w.replace("${AIRFLOW_CONSTRAINTS}", "https://example.invalid/constraints.txt") for w in words[2:]]
@@ -470,6 +470,9 @@ def test_the_dockerfile_installs_with_the_makefiles_steps() -> None:
     jars = [line for line in make_dry_run("-W", "requirements.txt", "jars") if line.endswith(" jars")]
     assert [j.replace(".venv/bin/", "") for j in jars] == ["adpipe jars"]
     assert "adpipe jars" in runs
+    # The Data Docs' assets: the Makefile's target, which make venv runs too.
+    assert [c for c in runs if c.startswith("make ") and c not in (make_run,)] == ["make data-docs-assets"]
+    assert re.search(r"^venv:.*\bdata-docs-assets\b", MAKEFILE.read_text(), re.MULTILINE)
 
 
 def test_the_image_has_the_makefiles_jvm_packages() -> None:

@@ -40,6 +40,7 @@ from adpipe.lakehouse.quality.frames import (
     with_late_flag,
     with_window_checks,
 )
+from adpipe.lakehouse.quality.offline import localize, run_pages
 from adpipe.lakehouse.quality.report import QualityResult, failure_line, hour_tag
 from adpipe.lakehouse.quality.suites import (
     AGGREGATES_CHECKED_COLUMNS,
@@ -186,6 +187,9 @@ def validate_frames(
                 failed += [failure_line(name, evr, INDEX_COLUMNS[name]) for evr in suite_result.results
                            if not evr.success]
         data_docs = docs_index(context)
+        if data_docs is not None:  # the pages just written, pointed at the site's own assets
+            site = data_docs.parent
+            localize(site, settings.data_docs_assets, run_pages(site, run_id.run_name))
 
     failed += facts.failures()
     success = all_succeeded and not failed
