@@ -75,7 +75,7 @@ from pyspark.sql import functions as F
 from adpipe import alerting, faults, metrics
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
-from adpipe.lakehouse.errors import LoadError
+from adpipe.lakehouse.errors import HourNotHeld, LoadError
 from adpipe.lakehouse.handover import step_file, write_json
 from adpipe.lakehouse.ledger import (
     _append_ledger,
@@ -83,6 +83,7 @@ from adpipe.lakehouse.ledger import (
     _failed_in_run,
     _finalized_hours,
     held_hours,
+    last_steps,
     ledger_state,
     load_lock,
 )
@@ -125,7 +126,9 @@ from adpipe.settings import Settings
 from adpipe.spark import in_threads
 
 __all__ = [
+    "HOUR_ACTIONS",
     "ONE_HOUR",
+    "HourNotHeld",
     "LoadError",
     "LoadResult",
     "OutputNotStable",
@@ -133,6 +136,7 @@ __all__ = [
     "TopicRange",
     "audit",
     "discard_staged",
+    "hour_action",
     "hour_closed",
     "hour_label",
     "hours_between",
@@ -141,6 +145,7 @@ __all__ = [
     "load_hour",
     "parse_hour",
     "publish",
+    "published_rows",
     "read_since_ms",
     "region_ranges",
     "repair_hour",
@@ -521,15 +526,37 @@ def load_hour(
     )
 
 
-def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> LoadResult:
+def require_held(spark: SparkSession, hour: datetime, action: str) -> None:
+    """Raise :class:`HourNotHeld` unless a failed gate holds ``hour`` (its
+    last ledger step is ``failed``), saying what its last step was."""
+    label = hour_label(hour)
+    steps = last_steps(spark)
+    last = steps.get(label)
+    if last is not None and last.step == "failed":
+        return
+    held = sorted(h for h, s in steps.items() if s.step == "failed")
+    was = f"its last step: {last.describe()}" if last is not None else "no load has audited it"
+    raise HourNotHeld(
+        f"hour {label} is not held by a failed gate ({was}): nothing to {action.replace('_', ' ')}. "
+        f"Hours held now: {', '.join(held) or 'none'}"
+    )
+
+
+def repair_hour(
+    settings: Settings, hour: datetime, spark: SparkSession | None = None, held_only: bool = False
+) -> LoadResult:
     """Rebuild the published partitions of ``hour`` from Kafka: every record
     from the hour's start (less the slack) to the ends a load reads, the rows
     of that hour only, audited like a load, then written over the hour's
     partitions in one Delta commit per table (``replaceWhere``). Idempotent:
-    the same records give the same rows."""
+    the same records give the same rows. ``held_only``: raise
+    :class:`HourNotHeld`, having read nothing from Kafka, unless a failed
+    gate holds the hour."""
     started = time.monotonic()
     spark = spark or metastore_session(settings, f"adpipe-repair-{hour_label(hour)}")
     with load_lock(settings):
+        if held_only:
+            require_held(spark, hour, "repair")
         run_id = ledger_state(spark).next_run
         loaded_at = datetime.now(UTC).replace(microsecond=0)
         ranges = [region_ranges(settings, r, hour, None) for r in settings.regions]
@@ -562,16 +589,22 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
                       seconds=time.monotonic() - started)
 
 
-def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> dict[str, int]:
+def discard_staged(
+    settings: Settings, hour: datetime, spark: SparkSession | None = None, held_only: bool = False
+) -> dict[str, int]:
     """Delete the staged rows of ``hour`` (after a failed gate, once an
     operator has inspected them and decided they must not be published); a
     ``discarded`` ledger row records how many per table. The Kafka records
     stay loaded (the coverage does not go back): ``--repair`` rebuilds the
-    hour from Kafka if it should be published after all."""
+    hour from Kafka if it should be published after all. ``held_only``:
+    raise :class:`HourNotHeld`, deleting nothing, unless a failed gate holds
+    the hour."""
     from delta.tables import DeltaTable
 
     spark = spark or metastore_session(settings, f"adpipe-discard-{hour_label(hour)}")
     with load_lock(settings):
+        if held_only:
+            require_held(spark, hour, "discard_staged")
         run_id = ledger_state(spark).next_run
         counts = {}
         for table in T.TABLES:
@@ -582,6 +615,36 @@ def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | Non
         _append_ledger(spark, run_id, "discarded", "discard", hour, rows=counts, hours=[hour_label(hour)])
     log.warning("run %d: discarded the staged rows of %s: %s", run_id, hour_label(hour), counts)
     return counts
+
+
+def published_rows(spark: SparkSession, hour: datetime) -> dict[str, int]:
+    """How many rows of ``hour`` each published table holds."""
+    return {table: spark.table(table).where(_in_hours([hour])).count() for table in T.TABLES}
+
+
+# What an operator does to one hour a failed gate holds: ``adpipe load
+# --repair`` / ``--discard-staged``, and the Airflow form ``ad_hour_repair``.
+HOUR_ACTIONS = ("repair", "discard_staged")
+
+
+def hour_action(
+    settings: Settings, hour: datetime, action: str, spark: SparkSession | None = None, held_only: bool = False
+) -> str:
+    """Run ``action`` (:data:`HOUR_ACTIONS`) on ``hour``: :func:`repair_hour`
+    or :func:`discard_staged`. Returns what it did in one line, ending with
+    the rows of the hour published now. Raises what they raise:
+    :class:`GateFailed` (a repair's audit failed: nothing written, the hour
+    stays held), :class:`HourNotHeld` (``held_only``)."""
+    spark = spark or metastore_session(settings, f"adpipe-{action}-{hour_label(hour)}")
+    if action == "repair":
+        said = repair_hour(settings, hour, spark, held_only=held_only).describe()
+    elif action == "discard_staged":
+        counts = discard_staged(settings, hour, spark, held_only=held_only)
+        said = f"discarded the staged rows of {hour_label(hour)}: {counts}"
+    else:
+        raise ValueError(f"action {action!r}: expected one of {', '.join(HOUR_ACTIONS)}")
+    published = ", ".join(f"{table} {rows}" for table, rows in published_rows(spark, hour).items())
+    return f"{said}; hour {hour_label(hour)} published: {published}"
 
 
 def _write_manifest(settings: Settings, run_id: int, step: str, body: dict) -> Path:
