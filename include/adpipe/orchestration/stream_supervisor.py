@@ -36,9 +36,11 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,7 @@ class StreamHealth:
     restarts_in_window: int = 0
     standby_pids: list[int] = field(default_factory=list)  # standby drivers waiting for the checkpoint
     last_failover: dict[str, Any] | None = None  # the last standby takeover (liveness.record_failover)
+    host: str | None = None  # where the active driver runs (None: unknown, a heartbeat only)
 
     @property
     def needs_start(self) -> bool:
@@ -115,8 +118,10 @@ class StreamHealth:
             f"; last failover {time.time() - failover['at']:.0f}s ago ({failover.get('reason')}, next batch "
             f"{failover.get('seconds')}s after)" if failover and "at" in failover else ""
         )
+        where = f" on {self.host}" if self.host and self.pid else ""
         return (
-            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}; {standby}); last batch {self.last_batch} "
+            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}{where}; {standby}); "
+            f"last batch {self.last_batch} "
             f"{age}; lag {self.lag} records{self._lag_age()}; restarts in window {self.restarts_in_window}"
             f"{took_over}"
         )
@@ -180,7 +185,39 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),
         standby_pids=checkpoint_lock.waiters(settings),
         last_failover=read_failover(settings),
+        # A pid seen running, or holding the checkpoint's lock, is on this host.
+        host=socket.gethostname() if how in ("process", "lock") else None,
     )
+
+
+def stream_state(health: StreamHealth, now: float | None = None) -> dict[str, Any]:
+    """What the Airflow UI shows of the stream job (``check_stream``'s XCom
+    ``stream_state``): its state, the active and standby drivers, the last
+    batch and its age, the watermark, the lag, restarts and the last
+    failover, and :meth:`StreamHealth.describe`'s line."""
+    now = time.time() if now is None else now
+    state = "stalled" if health.stalled else ("alive" if health.alive else "down")
+    active = {"pid": health.pid, "host": health.host, "seen_by": health.how} if health.alive else None
+    standby_host = socket.gethostname()  # waiters on the checkpoint's lock, on this host
+    watermark = (
+        datetime.fromtimestamp(health.watermark_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+        if health.watermark_ms else None
+    )
+    return {
+        "state": state,
+        "summary": health.describe(),
+        "job_id": health.job_id,
+        "active_driver": active,
+        "standby_drivers": [{"pid": pid, "host": standby_host} for pid in health.standby_pids],
+        "last_batch": health.last_batch,
+        "last_batch_age_s": None if health.heartbeat_age_s is None else round(health.heartbeat_age_s, 1),
+        "watermark": watermark,
+        "lag_records": health.lag,
+        "lag_oldest_s": None if health.lag_s is None else round(health.lag_s, 1),
+        "restarts_in_window": health.restarts_in_window,
+        "last_failover": health.last_failover,
+        "checked_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    }
 
 
 def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
@@ -200,10 +237,18 @@ def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
     return breaches
 
 
-def check(settings: Settings) -> dict[str, Any]:
-    """The DAG's last task: the health, or StreamAlertError naming each breach."""
+STATE_XCOM = "stream_state"
+
+
+def check(settings: Settings, ti: Any = None) -> dict[str, Any]:
+    """The DAG's last task: the health, or StreamAlertError naming each
+    breach. With the task instance ``ti``, first the XCom ``stream_state``
+    (:func:`stream_state`), so that the UI shows the job's state whether the
+    check passes or fails."""
     health = inspect(settings)
     log.info("%s", health.describe())
+    if ti is not None:
+        ti.xcom_push(key=STATE_XCOM, value=stream_state(health))
     breaches = threshold_breaches(health, settings)
     if breaches:
         raise StreamAlertError("; ".join(breaches))
