@@ -29,13 +29,14 @@ minutes** (one at a time, no catchup) that supervises it:
    lag passes `ADPIPE_STREAM_MAX_LAG`.
 
 **The job's state in the UI.** `check_stream` publishes it, passing or
-failing, as its XCom `stream_state` (the task instance's XCom tab):
-`state` (alive, stalled or down), `active_driver` (pid, host, and how it was
-seen: its process, the checkpoint's lock or a heartbeat), `standby_drivers`,
-`last_batch` and its age, the event-time `watermark`, `lag_records` and
-how long the oldest waiting record has waited, restarts within the window,
-the last failover, and `summary`, the line its log shows. The same facts as
-the stream row of `adpipe status`.
+failing, in its XCom tab (a run, `check_stream`, XCom): `stream_summary`,
+one line (alive, stalled or down; the active driver's pid and host; the
+standby drivers; the last batch, its age and watermark; the lag; restarts),
+and `stream_state`, the same as JSON (`state`, `active_driver` with how it
+was seen: its process, the checkpoint's lock or a heartbeat,
+`standby_drivers`, `last_batch`, `last_batch_age_s`, `watermark`,
+`lag_records`, `lag_oldest_s`, `restarts_in_window`, `last_failover`,
+`checked_at`). The same facts as the stream row of `adpipe status`.
 
 Without a standby, a death between two runs costs at most five minutes of latency, never data:
 the restarted job resumes from its checkpoint and Kafka ledger, exactly once.

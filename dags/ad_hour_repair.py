@@ -77,9 +77,12 @@ with DAG(
             "repair",
             type="string",
             enum=list(ACTIONS),
+            values_display={
+                "repair": "repair: rebuild the hour from Kafka, audited, over its published rows",
+                "discard_staged": "discard_staged: delete its staged rows; its published rows stand",
+            },
             title="Action",
-            description="repair: rebuild the hour from Kafka, audited, over its published rows; "
-            "discard_staged: delete its staged rows, its published rows stand",
+            description="What to do with the held hour (this DAG's Docs say when to choose which)",
         ),
     },
     default_args={

@@ -119,12 +119,17 @@ class StreamHealth:
             f"{failover.get('seconds')}s after)" if failover and "at" in failover else ""
         )
         where = f" on {self.host}" if self.host and self.pid else ""
+        watermark = f" (watermark {_utc_text(self.watermark_ms / 1000)})" if self.watermark_ms else ""
         return (
             f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}{where}; {standby}); "
             f"last batch {self.last_batch} "
-            f"{age}; lag {self.lag} records{self._lag_age()}; restarts in window {self.restarts_in_window}"
-            f"{took_over}"
+            f"{age}{watermark}; lag {self.lag} records{self._lag_age()}; restarts in window "
+            f"{self.restarts_in_window}{took_over}"
         )
+
+
+def _utc_text(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
@@ -199,10 +204,7 @@ def stream_state(health: StreamHealth, now: float | None = None) -> dict[str, An
     state = "stalled" if health.stalled else ("alive" if health.alive else "down")
     active = {"pid": health.pid, "host": health.host, "seen_by": health.how} if health.alive else None
     standby_host = socket.gethostname()  # waiters on the checkpoint's lock, on this host
-    watermark = (
-        datetime.fromtimestamp(health.watermark_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
-        if health.watermark_ms else None
-    )
+    watermark = _utc_text(health.watermark_ms / 1000) if health.watermark_ms else None
     return {
         "state": state,
         "summary": health.describe(),
@@ -216,7 +218,7 @@ def stream_state(health: StreamHealth, now: float | None = None) -> dict[str, An
         "lag_oldest_s": None if health.lag_s is None else round(health.lag_s, 1),
         "restarts_in_window": health.restarts_in_window,
         "last_failover": health.last_failover,
-        "checked_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "checked_at": _utc_text(now),
     }
 
 
@@ -237,18 +239,24 @@ def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
     return breaches
 
 
+# The XComs of check_stream the UI shows (the task instance's XCom tab): the
+# health line, readable at a glance, and the state as JSON.
+SUMMARY_XCOM = "stream_summary"
 STATE_XCOM = "stream_state"
 
 
 def check(settings: Settings, ti: Any = None) -> dict[str, Any]:
     """The DAG's last task: the health, or StreamAlertError naming each
-    breach. With the task instance ``ti``, first the XCom ``stream_state``
+    breach. With the task instance ``ti``, first the XComs
+    ``stream_summary`` (:meth:`StreamHealth.describe`) and ``stream_state``
     (:func:`stream_state`), so that the UI shows the job's state whether the
     check passes or fails."""
     health = inspect(settings)
     log.info("%s", health.describe())
     if ti is not None:
-        ti.xcom_push(key=STATE_XCOM, value=stream_state(health))
+        state = stream_state(health)
+        ti.xcom_push(key=SUMMARY_XCOM, value=state["summary"])
+        ti.xcom_push(key=STATE_XCOM, value=state)
     breaches = threshold_breaches(health, settings)
     if breaches:
         raise StreamAlertError("; ".join(breaches))

@@ -558,7 +558,8 @@ def test_the_stream_state_the_ui_shows_names_the_drivers_batch_watermark_and_lag
         "checked_at": "2027-01-15T08:00:00Z",
     }
     assert state["summary"].startswith(
-        "stream unit: alive (process, pid 41 on worker-1; standby pid 42); last batch 17")
+        "stream unit: alive (process, pid 41 on worker-1; standby pid 42); last batch 17 4s ago "
+        "(watermark 2025-11-24T16:00:00Z); lag 12 records, the oldest 7 s; restarts in window 1")
     down = stream_state(_health(alive=False, how="down", pid=None, last_batch=None, heartbeat_age_s=None,
                                 watermark_ms=None), now)
     assert (down["state"], down["active_driver"], down["standby_drivers"], down["watermark"]) == (
@@ -580,8 +581,10 @@ def test_check_publishes_the_stream_state_before_a_breach_fails_it(
     monkeypatch.setattr(stream_supervisor, "inspect", lambda _s: _health(alive=False, how="down", pid=None))
     with pytest.raises(StreamAlertError, match="stream unit is down"):
         check(settings, ti)
-    assert [(key, value["state"], value["lag_records"]) for key, value in pushed] == [
-        ("stream_state", "alive", 3), ("stream_state", "down", 0)]
+    assert [key for key, _value in pushed] == ["stream_summary", "stream_state"] * 2
+    assert [(value["state"], value["lag_records"]) for key, value in pushed if key == "stream_state"] == [
+        ("alive", 3), ("down", 0)]
+    assert pushed[2][1].startswith("stream unit: down (down, pid None; no standby); last batch 3 ")
 
 
 def test_a_live_driver_seen_by_its_process_or_lock_is_on_this_host(
