@@ -40,7 +40,7 @@ it may wait for the pool behind a load). One run at a time. A failure
 alerts once through the one notifier. Kafka, PostgreSQL and Spark come
 from the Connections `adpipe_kafka`, `adpipe_metastore_db`, `adpipe_spark`.
 
-Logic: `adpipe.orchestration.hour_actions`, `adpipe.lakehouse.load`.
+Logic: `adpipe.orchestration.hour_actions`, `adpipe.lakehouse.repair`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ EXIT_NOT_HELD = 4  # --held-only: no failed gate holds the hour
 
 
 def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import load, repair
+    from adpipe.lakehouse.errors import HourNotHeld
     from adpipe.lakehouse.ledger import load_lock
     from adpipe.lakehouse.metastore import metastore_session
 
@@ -37,9 +38,9 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if args.discard_staged:
         try:
-            print(load.hour_action(settings, hour, "discard_staged", metastore_session(settings, "adpipe-load"),
-                                   held_only=args.held_only))
-        except load.HourNotHeld as exc:
+            print(repair.hour_action(settings, hour, "discard_staged", metastore_session(settings, "adpipe-load"),
+                                     held_only=args.held_only))
+        except HourNotHeld as exc:
             log.error("%s", exc)
             return EXIT_NOT_HELD
         return 0
@@ -63,7 +64,7 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         with load_lock(settings):
             spark = metastore_session(settings, "adpipe-load")
             if args.repair:
-                said = load.hour_action(settings, hour, "repair", spark, held_only=args.held_only)
+                said = repair.hour_action(settings, hour, "repair", spark, held_only=args.held_only)
             elif args.step != "all":
                 return _one_step(args.step, settings, spark, hour, Path(args.run_file))
             else:
@@ -74,7 +75,7 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     except load.OutputNotStable as exc:
         log.error("%s", exc)
         return EXIT_OUTPUT_NOT_STABLE
-    except load.HourNotHeld as exc:
+    except HourNotHeld as exc:
         log.error("%s", exc)
         return EXIT_NOT_HELD
     print(said)

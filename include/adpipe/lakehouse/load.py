@@ -44,10 +44,9 @@ A crash anywhere loses and doubles nothing: before the ``staged`` ledger
 row the next run reads the same offsets again, and every write is
 insert-if-absent on the table's key (a staged row already published, or
 staged, is not written again); after it, the rows are in staging or
-published, and the next run audits and publishes what is staged. ``adpipe load --hour H --repair``
-rebuilds one hour's published partitions from Kafka (read from the hour's
-start, whatever was loaded), audited the same way: for an hour published
-wrongly before this gate existed.
+published, and the next run audits and publishes what is staged. An
+operator's repair of an hour (rebuilt from Kafka, audited the same way) and
+discard of its staged rows are :mod:`~adpipe.lakehouse.repair`'s.
 
 A manifest of each run (ranges read, rows, gate) is kept under
 ``$ADPIPE_HOME/load/runs/``.
@@ -75,7 +74,7 @@ from pyspark.sql import functions as F
 from adpipe import alerting, faults, metrics
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
-from adpipe.lakehouse.errors import HourNotHeld, LoadError
+from adpipe.lakehouse.errors import LoadError
 from adpipe.lakehouse.handover import step_file, write_json
 from adpipe.lakehouse.ledger import (
     _append_ledger,
@@ -83,12 +82,10 @@ from adpipe.lakehouse.ledger import (
     _failed_in_run,
     _finalized_hours,
     held_hours,
-    last_steps,
     ledger_state,
     load_lock,
 )
 from adpipe.lakehouse.merge import (
-    _hours_condition,
     merge_new_rows,
 )
 from adpipe.lakehouse.metastore import metastore_session
@@ -126,17 +123,13 @@ from adpipe.settings import Settings
 from adpipe.spark import in_threads
 
 __all__ = [
-    "HOUR_ACTIONS",
     "ONE_HOUR",
-    "HourNotHeld",
     "LoadError",
     "LoadResult",
     "OutputNotStable",
     "StagedRun",
     "TopicRange",
     "audit",
-    "discard_staged",
-    "hour_action",
     "hour_closed",
     "hour_label",
     "hours_between",
@@ -145,10 +138,8 @@ __all__ = [
     "load_hour",
     "parse_hour",
     "publish",
-    "published_rows",
     "read_since_ms",
     "region_ranges",
-    "repair_hour",
     "stage",
     "step_file",
     "write_json",
@@ -524,127 +515,6 @@ def load_hour(
         corrections=done["corrections"], gate=[r.describe().splitlines()[0] for r in results],
         seconds=time.monotonic() - started, held=[hour_label(r.hour) for r in results if not r.success] + run.held,
     )
-
-
-def require_held(spark: SparkSession, hour: datetime, action: str) -> None:
-    """Raise :class:`HourNotHeld` unless a failed gate holds ``hour`` (its
-    last ledger step is ``failed``), saying what its last step was."""
-    label = hour_label(hour)
-    steps = last_steps(spark)
-    last = steps.get(label)
-    if last is not None and last.step == "failed":
-        return
-    held = sorted(h for h, s in steps.items() if s.step == "failed")
-    was = f"its last step: {last.describe()}" if last is not None else "no load has audited it"
-    raise HourNotHeld(
-        f"hour {label} is not held by a failed gate ({was}): nothing to {action.replace('_', ' ')}. "
-        f"Hours held now: {', '.join(held) or 'none'}"
-    )
-
-
-def repair_hour(
-    settings: Settings, hour: datetime, spark: SparkSession | None = None, held_only: bool = False
-) -> LoadResult:
-    """Rebuild the published partitions of ``hour`` from Kafka: every record
-    from the hour's start (less the slack) to the ends a load reads, the rows
-    of that hour only, audited like a load, then written over the hour's
-    partitions in one Delta commit per table (``replaceWhere``). Idempotent:
-    the same records give the same rows. ``held_only``: raise
-    :class:`HourNotHeld`, having read nothing from Kafka, unless a failed
-    gate holds the hour."""
-    started = time.monotonic()
-    spark = spark or metastore_session(settings, f"adpipe-repair-{hour_label(hour)}")
-    with load_lock(settings):
-        if held_only:
-            require_held(spark, hour, "repair")
-        run_id = ledger_state(spark).next_run
-        loaded_at = datetime.now(UTC).replace(microsecond=0)
-        ranges = [region_ranges(settings, r, hour, None) for r in settings.regions]
-        # Kept (table_rows' local checkpoints), lineage cut: the checks and
-        # the write below read shallow plans instead of re-planning four Kafka
-        # reads, joins and a window for every expectation.
-        rows = table_rows(spark, settings, ranges, loaded_at, run_id, hour)
-        frames = quality.HourFrames(raw_df=rows[T.RAW], quarantine_df=rows[T.QUARANTINE],
-                                    aggregates_df=rows[T.AGGREGATES])
-        result = quality.validate_frames(settings, hour, frames, kafka_facts(settings, spark, hour))
-        if not result.success:
-            _append_ledger(spark, run_id, "failed", "repair", hour, hours=[hour_label(hour)],
-                           message="\n".join(result.failed))
-            raise _gate_failure([result])
-        written: dict[str, int] = {}
-        for table, df in rows.items():
-            target = spark.table(table)
-            columns = [F.col(c) if c in df.columns else F.lit(None).cast(target.schema[c].dataType).alias(c)
-                       for c in target.columns]
-            written[table] = df.count()
-            df.select(*columns).write.format("delta").mode("overwrite").option(
-                "replaceWhere", _hours_condition("event_hour", [hour])
-            ).saveAsTable(table)
-        _clear_staged(spark, [hour], run_id)
-        _append_ledger(spark, run_id, "repaired", "repair", hour, read=[asdict(r) for r in ranges], rows=written,
-                       hours=[hour_label(hour)])
-    _write_manifest(settings, run_id, "repaired", {"hour": hour_label(hour), "rows": written})
-    return LoadResult(hour=hour_label(hour), run_id=run_id, hours=[hour_label(hour)], staged=written,
-                      inserted=written, gate=[result.describe().splitlines()[0]],
-                      seconds=time.monotonic() - started)
-
-
-def discard_staged(
-    settings: Settings, hour: datetime, spark: SparkSession | None = None, held_only: bool = False
-) -> dict[str, int]:
-    """Delete the staged rows of ``hour`` (after a failed gate, once an
-    operator has inspected them and decided they must not be published); a
-    ``discarded`` ledger row records how many per table. The Kafka records
-    stay loaded (the coverage does not go back): ``--repair`` rebuilds the
-    hour from Kafka if it should be published after all. ``held_only``:
-    raise :class:`HourNotHeld`, deleting nothing, unless a failed gate holds
-    the hour."""
-    from delta.tables import DeltaTable
-
-    spark = spark or metastore_session(settings, f"adpipe-discard-{hour_label(hour)}")
-    with load_lock(settings):
-        if held_only:
-            require_held(spark, hour, "discard_staged")
-        run_id = ledger_state(spark).next_run
-        counts = {}
-        for table in T.TABLES:
-            staged = spark.table(T.staged(table)).where(_in_hours([hour]))
-            counts[table] = staged.count()
-            if counts[table]:
-                DeltaTable.forName(spark, T.staged(table)).delete(_in_hours([hour]))
-        _append_ledger(spark, run_id, "discarded", "discard", hour, rows=counts, hours=[hour_label(hour)])
-    log.warning("run %d: discarded the staged rows of %s: %s", run_id, hour_label(hour), counts)
-    return counts
-
-
-def published_rows(spark: SparkSession, hour: datetime) -> dict[str, int]:
-    """How many rows of ``hour`` each published table holds."""
-    return {table: spark.table(table).where(_in_hours([hour])).count() for table in T.TABLES}
-
-
-# What an operator does to one hour a failed gate holds: ``adpipe load
-# --repair`` / ``--discard-staged``, and the Airflow form ``ad_hour_repair``.
-HOUR_ACTIONS = ("repair", "discard_staged")
-
-
-def hour_action(
-    settings: Settings, hour: datetime, action: str, spark: SparkSession | None = None, held_only: bool = False
-) -> str:
-    """Run ``action`` (:data:`HOUR_ACTIONS`) on ``hour``: :func:`repair_hour`
-    or :func:`discard_staged`. Returns what it did in one line, ending with
-    the rows of the hour published now. Raises what they raise:
-    :class:`GateFailed` (a repair's audit failed: nothing written, the hour
-    stays held), :class:`HourNotHeld` (``held_only``)."""
-    spark = spark or metastore_session(settings, f"adpipe-{action}-{hour_label(hour)}")
-    if action == "repair":
-        said = repair_hour(settings, hour, spark, held_only=held_only).describe()
-    elif action == "discard_staged":
-        counts = discard_staged(settings, hour, spark, held_only=held_only)
-        said = f"discarded the staged rows of {hour_label(hour)}: {counts}"
-    else:
-        raise ValueError(f"action {action!r}: expected one of {', '.join(HOUR_ACTIONS)}")
-    published = ", ".join(f"{table} {rows}" for table, rows in published_rows(spark, hour).items())
-    return f"{said}; hour {hour_label(hour)} published: {published}"
 
 
 def _write_manifest(settings: Settings, run_id: int, step: str, body: dict) -> Path:

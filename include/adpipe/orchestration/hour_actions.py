@@ -10,7 +10,7 @@ is created (a bad value is refused with the param's description):
 * ``action`` — ``repair`` or ``discard_staged``.
 
 Each action is the command line's, run by the same code
-(:func:`adpipe.lakehouse.load.hour_action`):
+(:func:`adpipe.lakehouse.repair.hour_action`):
 
 =================  ==================================================
 ``repair``         ``adpipe load --hour H --repair --held-only``: the
@@ -138,9 +138,9 @@ class HourActionOperator(WarmLoadOperator):
         return _result(hour, action, said)
 
     def _here(self, settings: Settings, hour: datetime, action: str) -> str:
-        from adpipe.lakehouse import load
+        from adpipe.lakehouse import repair
 
-        return load.hour_action(settings, hour, action, held_only=True)
+        return repair.hour_action(settings, hour, action, held_only=True)
 
     def _in_warm_driver(self, env: dict[str, str], settings: Settings, hour: datetime, action: str) -> str:
         out, err = LogLines(self.log, keep=5), LogLines(self.log, keep=200)

@@ -1,6 +1,6 @@
 """The ``ad_hour_repair`` DAG: its trigger form's params as Airflow checks
 them, the task's dispatch to the command line's own actions (the same
-``adpipe.lakehouse.load.hour_action`` as ``adpipe load --repair`` /
+``adpipe.lakehouse.repair.hour_action`` as ``adpipe load --repair`` /
 ``--discard-staged``), and what the task says when the hour is not held or
 the action fails. No Spark here: the lakehouse's functions are stood in for
 where named."""
@@ -73,10 +73,10 @@ def test_the_actions_are_the_command_lines_own() -> None:
     and the warm load driver parse these very arguments), and the
     lakehouse's dispatcher knows the same names."""
     from adpipe.cli import build_parser
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import repair
     from adpipe.orchestration.hour_actions import ACTIONS, action_args
 
-    assert tuple(ACTIONS) == load.HOUR_ACTIONS
+    assert tuple(ACTIONS) == repair.HOUR_ACTIONS
     for action in ACTIONS:
         args = build_parser().parse_args(["load", *action_args(HOUR, action)])
         assert (args.hour, args.repair, args.discard_staged, args.held_only) == (
@@ -107,7 +107,7 @@ def _context(action: str) -> dict:
 def test_in_process_the_task_calls_the_lakehouses_action_on_held_hours_only(
     action: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import repair
     from adpipe.orchestration.assets import REPAIRED_TABLES
     from adpipe.orchestration.hour_actions import HourActionOperator
 
@@ -118,7 +118,7 @@ def test_in_process_the_task_calls_the_lakehouses_action_on_held_hours_only(
         calls.append((settings.home, hour, asked, held_only))
         return f"{asked} done; hour 2026-11-22T12 published: ads.ad_minute_aggregates 150"
 
-    monkeypatch.setattr(load, "hour_action", hour_action)
+    monkeypatch.setattr(repair, "hour_action", hour_action)
     context = _context(action)
     result = HourActionOperator(task_id="act_on_held_hour").execute(context)
     assert calls == [(tmp_path, HOUR, action, True)]
@@ -181,7 +181,7 @@ def test_in_the_warm_driver_a_refusal_or_a_failure_fails_the_task_saying_why(
 def test_in_the_warm_driver_the_result_is_the_commands_last_line_and_without_one_it_runs_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import repair
     from adpipe.orchestration.hour_actions import HourActionOperator
 
     _operator_env(monkeypatch, tmp_path, "warm")
@@ -198,12 +198,12 @@ def test_in_the_warm_driver_the_result_is_the_commands_last_line_and_without_one
 
     # No warm load driver could take it: the same action in this process.
     monkeypatch.setattr(operator, "_delegate", lambda *args: None)
-    monkeypatch.setattr(load, "hour_action", lambda settings, hour, action, held_only=False: f"{action} {held_only}")
+    monkeypatch.setattr(repair, "hour_action", lambda settings, hour, action, held_only=False: f"{action} {held_only}")
     assert operator.execute(_context("discard_staged"))["result"] == "discard_staged True"
 
 
 def test_an_hour_not_held_is_refused_naming_its_last_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import repair
     from adpipe.lakehouse.ledger import HourStep
 
     at = datetime(2026, 11, 22, 15, 4, 5, tzinfo=UTC)
@@ -212,56 +212,56 @@ def test_an_hour_not_held_is_refused_naming_its_last_step(monkeypatch: pytest.Mo
         "2026-11-22T13": HourStep("failed", 4, at, "expect_column_values_to_be_between"),
         "2026-11-22T14": HourStep("failed", 5, at, "is_late"),
     }
-    monkeypatch.setattr(load, "last_steps", lambda _spark: steps)
-    load.require_held(None, datetime(2026, 11, 22, 13, tzinfo=UTC), "repair")  # held: no error
-    with pytest.raises(load.HourNotHeld) as refused:
-        load.require_held(None, HOUR, "discard_staged")
+    monkeypatch.setattr(repair, "last_steps", lambda _spark: steps)
+    repair.require_held(None, datetime(2026, 11, 22, 13, tzinfo=UTC), "repair")  # held: no error
+    with pytest.raises(repair.HourNotHeld) as refused:
+        repair.require_held(None, HOUR, "discard_staged")
     assert str(refused.value) == (
         "hour 2026-11-22T12 is not held by a failed gate (its last step: published by run 3 at 2026-11-22T15:04:05Z): "
         "nothing to discard staged. Hours held now: 2026-11-22T13, 2026-11-22T14"
     )
-    with pytest.raises(load.HourNotHeld, match=r"2026-11-22T11 is not held by a failed gate \(no load has audited "):
-        load.require_held(None, datetime(2026, 11, 22, 11, tzinfo=UTC), "repair")
+    with pytest.raises(repair.HourNotHeld, match=r"2026-11-22T11 is not held by a failed gate \(no load has audited "):
+        repair.require_held(None, datetime(2026, 11, 22, 11, tzinfo=UTC), "repair")
 
 
 def test_the_lakehouse_dispatcher_runs_the_clis_functions_and_says_what_is_published(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import repair
 
     settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
     calls = []
-    monkeypatch.setattr(load, "repair_hour", lambda s, hour, spark, held_only: calls.append(("repair", held_only))
-                        or load.LoadResult(hour="2026-11-22T12", run_id=9, hours=["2026-11-22T12"]))
-    monkeypatch.setattr(load, "discard_staged", lambda s, hour, spark, held_only: calls.append(("discard", held_only))
+    monkeypatch.setattr(repair, "repair_hour", lambda s, hour, spark, held_only: calls.append(("repair", held_only))
+                        or repair.LoadResult(hour="2026-11-22T12", run_id=9, hours=["2026-11-22T12"]))
+    monkeypatch.setattr(repair, "discard_staged", lambda s, hour, spark, held_only: calls.append(("discard", held_only))
                         or {"ads.ad_minute_aggregates": 1})
-    monkeypatch.setattr(load, "published_rows", lambda spark, hour: {"ads.ad_events_raw": 230,
+    monkeypatch.setattr(repair, "published_rows", lambda spark, hour: {"ads.ad_events_raw": 230,
                                                                      "ads.ad_minute_aggregates": 150})
     spark = object()
-    repaired = load.hour_action(settings, HOUR, "repair", spark, held_only=True)
+    repaired = repair.hour_action(settings, HOUR, "repair", spark, held_only=True)
     assert repaired.startswith("run 9: hours 2026-11-22T12 audited and published in ")
     assert repaired.endswith("; hour 2026-11-22T12 published: ads.ad_events_raw 230, ads.ad_minute_aggregates 150")
-    discarded = load.hour_action(settings, HOUR, "discard_staged", spark)
+    discarded = repair.hour_action(settings, HOUR, "discard_staged", spark)
     assert discarded == ("discarded the staged rows of 2026-11-22T12: {'ads.ad_minute_aggregates': 1}; hour "
                          "2026-11-22T12 published: ads.ad_events_raw 230, ads.ad_minute_aggregates 150")
     assert calls == [("repair", True), ("discard", False)]
     with pytest.raises(ValueError, match="action 'load': expected one of repair, discard_staged"):
-        load.hour_action(settings, HOUR, "load", spark)
+        repair.hour_action(settings, HOUR, "load", spark)
 
 
 def test_the_command_line_refuses_an_hour_not_held_with_exit_4(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from adpipe.lakehouse import cli, load, metastore
+    from adpipe.lakehouse import cli, metastore, repair
 
     settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
     monkeypatch.setattr(metastore, "metastore_session", lambda *_args: object())
 
     def not_held(*_args: object, **kwargs: object) -> str:
         assert kwargs == {"held_only": True}
-        raise load.HourNotHeld("hour 2026-11-22T12 is not held by a failed gate")
+        raise repair.HourNotHeld("hour 2026-11-22T12 is not held by a failed gate")
 
-    monkeypatch.setattr(load, "hour_action", not_held)
+    monkeypatch.setattr(repair, "hour_action", not_held)
     args = cli_args("--hour", "2026-11-22T12", "--discard-staged", "--held-only")
     with caplog.at_level("ERROR", logger="adpipe.lakehouse"):
         assert cli.cmd_load(args, settings) == cli.EXIT_NOT_HELD == 4
