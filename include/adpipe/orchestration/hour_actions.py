@@ -83,13 +83,15 @@ def action_args(hour: datetime, action: str) -> list[str]:
 
 
 def _error_text(lines: list[str]) -> str:
-    """What a command's log said from its first ERROR line on, without the
-    log lines' time, level and logger (adpipe.cli's format)."""
-    first = next((n for n, line in enumerate(lines) if " ERROR " in line), None)
-    if first is None:
+    """Why a command failed: its log from its last ERROR line on (the
+    command's own verdict, which may run over several lines; a part may
+    have logged an error before it), without the log line's time, level
+    and logger (adpipe.cli's format)."""
+    last = next((n for n in range(len(lines) - 1, -1, -1) if " ERROR " in lines[n]), None)
+    if last is None:
         return "\n".join(lines[-5:])
-    said = [line.split(" ERROR ", 1)[1].split(": ", 1)[-1] if " ERROR " in line else line for line in lines[first:]]
-    return "\n".join(said)[-4000:]
+    said = [lines[last].split(" ERROR ", 1)[1].split(": ", 1)[-1], *lines[last + 1:]]
+    return "\n".join(said)[:4000]
 
 
 def _announce_repair(context: Any, hour: datetime, action: str) -> None:

@@ -146,6 +146,7 @@ NOT_HELD = (
     [
         (4, [f"2026-11-29 04:00:00,000 ERROR adpipe.lakehouse: {NOT_HELD}"], "HourNotHeld", NOT_HELD),
         (1, ["2026-11-29 04:00:00,000 INFO adpipe.lakehouse.load: reading",
+             "2026-11-29 04:00:00,000 ERROR adpipe.lakehouse.quality: GE: hour 2026-11-22T12 FAILED:",
              "2026-11-29 04:00:00,000 ERROR adpipe.lakehouse: the gate failed for 2026-11-22T12: nothing was "
              "published; the failed hours' rows stay staged", "expect_compound_columns_to_be_unique(...)"],
          "HourActionFailed",
