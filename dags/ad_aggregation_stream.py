@@ -28,6 +28,16 @@ minutes** (one at a time, no catchup) that supervises it:
    Fails — and so alerts — when restarts pass `ADPIPE_STREAM_MAX_RESTARTS` or
    lag passes `ADPIPE_STREAM_MAX_LAG`.
 
+**The job's state in the UI.** `check_stream` publishes it, passing or
+failing, in its XCom tab (a run, `check_stream`, XCom): `stream_summary`,
+one line (alive, stalled or down; the active driver's pid and host; the
+standby drivers; the last batch, its age and watermark; the lag; restarts),
+and `stream_state`, the same as JSON (`state`, `active_driver` with how it
+was seen: its process, the checkpoint's lock or a heartbeat,
+`standby_drivers`, `last_batch`, `last_batch_age_s`, `watermark`,
+`lag_records`, `lag_oldest_s`, `restarts_in_window`, `last_failover`,
+`checked_at`). The same facts as the stream row of `adpipe status`.
+
 Without a standby, a death between two runs costs at most five minutes of latency, never data:
 the restarted job resumes from its checkpoint and Kafka ledger, exactly once.
 Every failed task alerts once through the one notifier (`adpipe.orchestration.alerts`).
@@ -79,10 +89,10 @@ with DAG(
         return stream_started(task_settings())
 
     @task(task_id="check_stream")
-    def check_stream() -> dict:
+    def check_stream(**context) -> dict:  # noqa: ANN003
         from adpipe.orchestration.connections import task_settings
         from adpipe.orchestration.stream_supervisor import check
 
-        return check(task_settings())
+        return check(task_settings(), ti=context["ti"])
 
     start >> wait_for_stream() >> check_stream()

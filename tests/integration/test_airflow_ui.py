@@ -21,7 +21,17 @@ Playwright's waits, no sleeps) and saved as a screenshot under
 6. the hour's Great Expectations Data Docs: ``publish_data_docs`` logs the
    page's ``file://`` address (``$ADPIPE_HOME/data_docs/<hour>.html``). A web
    page may not link to a local file, so the test opens the address the UI
-   shows; from there the failed validation's page is one click away.
+   shows; from there the failed validation's page is one click away;
+7. the engineer acts on the held hour from ``ad_hour_repair``'s trigger form:
+   a malformed hour is refused naming the param; a ``repair`` (the form's
+   default) fails, its log saying why (it reads Kafka again, and the
+   duplicate is there) and that nothing was published; ``discard_staged``
+   succeeds, and its log gives the hour's published rows: as many aggregates
+   as Kafka holds windows of the hour;
+8. the stream job's state: a run of ``ad_aggregation_stream`` starts the job,
+   and ``check_stream``'s XCom tab shows it alive, its driver's pid (the one
+   the supervisor started) and host, no standby, its last batch, watermark
+   and lag.
 
 ``ADPIPE_LOAD_START`` is the test's own start (to the minute): the
 timetable's first hourly run would be due an hour or more later, so
@@ -30,7 +40,9 @@ date (the trigger form's default, now) is not before the DAG's start.
 
 Chromium is ``/usr/bin/chromium`` (``ADPIPE_TEST_CHROMIUM`` for another),
 installed by ``make deps-ui``. Marked ``ui``: ``make test-ui``, about
-eight minutes on two busy cores (the two runs share one warm load driver)."""
+eight minutes on two busy cores (the load runs and the hour's actions share
+one warm load driver); the stream job the last step starts is stopped with
+the scene."""
 
 from __future__ import annotations
 
@@ -39,6 +51,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,8 +60,10 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from adpipe import kafka_io
 from adpipe.local.airflow import ADMIN_USER, DAGS_FOLDER
 from adpipe.orchestration.alerts import alerts_file
+from adpipe.orchestration.stream_supervisor import process_alive, read_state, stop_stream
 from adpipe.settings import Settings
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
@@ -65,6 +80,8 @@ pytestmark = [pytest.mark.ui, pytest.mark.timeout(2400)]
 
 DAG = "ad_union_and_load"
 TASKS = ("wait_for_hour_closed", "stage", "validate", "verify", "publish_data_docs", "publish")
+REPAIR_DAG = "ad_hour_repair"
+STREAM_DAG = "ad_aggregation_stream"
 CHROMIUM = os.environ.get("ADPIPE_TEST_CHROMIUM", "/usr/bin/chromium")
 UI_HOME = TEST_HOME / "ui"
 # A run is a few Spark applications on two shared cores: minutes, not seconds.
@@ -109,8 +126,14 @@ def scene(broker: Settings, pg: Settings) -> Iterator[Scene]:
     p.produce(events=240, seed=7401, ads=3, ad_offset=960, minutes=62, start=hour, duplicate_rate=0.05)
     run = p.stream(max_offsets=400)
     assert run.returncode == 0, run.log[-3000:]
-    with airflow_standalone(p, name) as airflow:
-        yield Scene(airflow, hour.strftime("%Y-%m-%dT%H"))
+    try:
+        with airflow_standalone(p, name) as airflow:
+            yield Scene(airflow, hour.strftime("%Y-%m-%dT%H"))
+    finally:
+        # The stream job ad_aggregation_stream started outlives Airflow (detached).
+        started = read_state(p.settings).get("pid")
+        if process_alive(started):
+            stop_stream(started)
 
 
 @pytest.fixture
@@ -159,38 +182,55 @@ def _dag_docs() -> dict[str, str]:
     return docs
 
 
-def _trigger(page: Page, scene: Scene, shot: str) -> str:
-    """Trigger a run of the hour from the DAG page's trigger form; its run id."""
-    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+def _open_trigger_form(page: Page, scene: Scene, dag: str = DAG) -> Locator:
+    page.goto(f"{scene.airflow.url}/dags/{dag}")
     page.get_by_test_id("trigger-dag-button").click()
     form = page.get_by_role("dialog")
-    expect(form).to_contain_text("Run Parameters")
+    expect(form).to_contain_text(f"Trigger Dag - {dag}")
+    return form
+
+
+def _fill_hour(form: Locator, hour: str) -> None:
     hour_field = form.locator("input[name=element_hour]")
-    hour_field.fill(scene.hour)
-    expect(hour_field).to_have_value(scene.hour)
+    hour_field.fill(hour)
+    expect(hour_field).to_have_value(hour)
+
+
+def _submit(page: Page, scene: Scene, form: Locator, shot: str, dag: str = DAG) -> str:
+    """Screenshot the filled form, trigger the run; its run id."""
     _shot(page, scene, shot, form)
     form.get_by_test_id("trigger-dag-submit").click()
-    page.wait_for_url(re.compile(rf"/dags/{DAG}/runs/manual__"))
+    page.wait_for_url(re.compile(rf"/dags/{dag}/runs/manual__"))
     return unquote(urlsplit(page.url).path.rsplit("/runs/", 1)[1])
 
 
-def _wait_for_run_end(page: Page, scene: Scene, run_id: str) -> str:
+def _trigger(page: Page, scene: Scene, shot: str) -> str:
+    """Trigger a run of the hour from the DAG page's trigger form; its run id."""
+    form = _open_trigger_form(page, scene)
+    expect(form).to_contain_text("Run Parameters")
+    _fill_hour(form, scene.hour)
+    return _submit(page, scene, form, shot)
+
+
+def _wait_for_run_end(page: Page, scene: Scene, run_id: str, dag: str = DAG) -> str:
     """The run's end as the DAG page shows it: the "Latest Run" badge, which
     the UI refreshes while a run is active."""
-    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    page.goto(f"{scene.airflow.url}/dags/{dag}")
     badge = (
-        page.get_by_test_id("header-card").locator(f"a[href='/dags/{DAG}/runs/{run_id}']").get_by_test_id("state-badge")
+        page.get_by_test_id("header-card").locator(f"a[href='/dags/{dag}/runs/{run_id}']").get_by_test_id("state-badge")
     )
     expect(badge).to_have_attribute("aria-label", re.compile("^(success|failed)$"), timeout=RUN_TIMEOUT_MS)
     return str(badge.get_attribute("aria-label"))
 
 
-def _grid_states(page: Page, scene: Scene, run_id: str) -> dict[str, str]:
+def _grid_states(
+    page: Page, scene: Scene, run_id: str, dag: str = DAG, tasks: tuple[str, ...] = TASKS
+) -> dict[str, str]:
     """Each task's state in the run's grid column, read from the tooltip its
     cell shows on hover."""
-    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    page.goto(f"{scene.airflow.url}/dags/{dag}")
     states = {}
-    for task in TASKS:
+    for task in tasks:
         page.get_by_test_id(f"grid-{run_id}-{task}").hover()
         tooltip = page.get_by_role("tooltip")
         expect(tooltip).to_contain_text(f"Task ID: {task}")
@@ -201,9 +241,9 @@ def _grid_states(page: Page, scene: Scene, run_id: str) -> dict[str, str]:
     return states
 
 
-def _open_task_log(page: Page, scene: Scene, run_id: str, task: str) -> Locator:
+def _open_task_log(page: Page, scene: Scene, run_id: str, task: str, dag: str = DAG) -> Locator:
     """Open a task instance from its grid cell; its log, as displayed."""
-    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    page.goto(f"{scene.airflow.url}/dags/{dag}")
     page.get_by_test_id(f"grid-{run_id}-{task}").click()
     page.wait_for_url(f"**/runs/{run_id}/tasks/{task}")
     log = page.get_by_test_id("virtualized-list")
@@ -304,3 +344,104 @@ def test_a_triggered_hour_succeeds_then_a_duplicate_fails_it_with_the_alert_and_
     )
     expect(body).to_contain_text(f"{original['ad_id']}{original['window_start'][:19]}")
     _shot(page, scene, "11-data-docs-validation", failed_check)
+
+
+def _hour_windows(settings: Settings, hour: str) -> int:
+    """The (ad_id, window_start) pairs of ``hour`` among the aggregates in
+    Kafka (read_committed), read in plain Python: the rows the hour's
+    published table must have, one per window whatever duplicates Kafka holds."""
+    records = kafka_io.read_topic(settings.kafka_bootstrap, settings.topics.aggregates)
+    aggregates = [json.loads(r.value) for r in records]
+    return len({(a["ad_id"], a["window_start"]) for a in aggregates if a["window_start"].startswith(hour)})
+
+
+def _act_on_hour(page: Page, scene: Scene, action: str, shot: str) -> str:
+    """Trigger ``ad_hour_repair`` for the scene's hour with ``action``, from
+    the form (the action picked in its select, by its label); the run id."""
+    form = _open_trigger_form(page, scene, REPAIR_DAG)
+    _fill_hour(form, scene.hour)
+    current = form.get_by_text("repair: rebuild the hour from Kafka", exact=False)
+    if action != "repair":  # the default
+        current.click()
+        page.get_by_role("option", name=re.compile(f"^{action}: ")).click()
+        expect(form.get_by_text(f"{action}: ", exact=False)).to_be_visible()
+    return _submit(page, scene, form, shot, REPAIR_DAG)
+
+
+def test_the_held_hour_is_acted_on_from_the_trigger_form_and_published(scene: Scene, page: Page) -> None:
+    # 1. The failed hour, as the engineer finds it: the load's latest run failed.
+    page.goto(f"{scene.airflow.url}/dags/{DAG}")
+    latest = page.get_by_test_id("header-card").locator(f"a[href^='/dags/{DAG}/runs/manual__']").first
+    expect(latest.get_by_test_id("state-badge")).to_have_attribute("aria-label", "failed")
+
+    # 2. A malformed hour: Airflow refuses the run, naming the param and its pattern.
+    form = _open_trigger_form(page, scene, REPAIR_DAG)
+    expect(form).to_contain_text("Held hour")
+    bad = scene.hour.replace("T", " ")
+    _fill_hour(form, bad)
+    form.get_by_test_id("trigger-dag-submit").click()
+    expect(form).to_contain_text(f"Invalid input for param hour: '{bad}' does not match")
+    _shot(page, scene, "12-repair-form-refused", form.get_by_text("Invalid input for param hour", exact=False))
+    page.keyboard.press("Escape")
+
+    # 3. A repair (the form's default) reads Kafka again, the duplicate with
+    # it: its gate fails, nothing is written, and the task's log says so.
+    repair_run = _act_on_hour(page, scene, "repair", "13-repair-form")
+    assert _wait_for_run_end(page, scene, repair_run, REPAIR_DAG) == "failed"
+    log = _open_task_log(page, scene, repair_run, "act_on_held_hour", REPAIR_DAG)
+    page.get_by_test_id("log-search-input").fill("HourActionFailed")
+    failure = (f"HourActionFailed: adpipe load --hour {scene.hour} --repair --held-only exited 1: the gate failed "
+               f"for {scene.hour}: nothing was published")
+    expect(log).to_contain_text(failure)
+    expect(log).to_contain_text("expect_compound_columns_to_be_unique(column_list=['region', 'ad_id', 'window_start'])")
+    _shot(page, scene, "14-repair-failed", log.get_by_text(failure, exact=False).first)
+
+    # 4. The staged duplicate discarded: the hour is published, as audited.
+    discard_run = _act_on_hour(page, scene, "discard_staged", "15-discard-form")
+    assert _wait_for_run_end(page, scene, discard_run, REPAIR_DAG) == "success"
+    states = _grid_states(page, scene, discard_run, REPAIR_DAG, ("act_on_held_hour",))
+    assert states == {"act_on_held_hour": "Success"}
+    log = _open_task_log(page, scene, discard_run, "act_on_held_hour", REPAIR_DAG)
+    page.get_by_test_id("log-search-input").fill(f"hour {scene.hour} published: ")
+    expect(log).to_contain_text(f"discarded the staged rows of {scene.hour}: {{'ads.ad_events_raw': 0, "
+                                f"'ads.ad_minute_aggregates': 1, 'ads.ad_events_quarantine': 0}}; hour {scene.hour} "
+                                "published: ads.ad_events_raw ")
+    published = re.search(
+        rf"hour {scene.hour} published: ads\.ad_events_raw (\d+), ads\.ad_minute_aggregates (\d+), ", log.inner_text()
+    )
+    assert published, log.inner_text()[-3000:]
+    raw, aggregates = int(published.group(1)), int(published.group(2))
+    assert aggregates == _hour_windows(scene.settings, scene.hour) and raw > aggregates, published.group(0)
+    _shot(page, scene, "16-discarded-published", log.get_by_text(f"hour {scene.hour} published", exact=False).first)
+
+
+def test_the_stream_jobs_state_is_in_the_ui(scene: Scene, page: Page) -> None:
+    # A run of the supervising DAG (unpaused by the form) starts the job and checks it.
+    form = _open_trigger_form(page, scene, STREAM_DAG)
+    expect(form.get_by_text(f"Unpause {STREAM_DAG} on trigger")).to_be_visible()
+    run_id = _submit(page, scene, form, "17-stream-trigger", STREAM_DAG)
+    assert _wait_for_run_end(page, scene, run_id, STREAM_DAG) == "success"
+    # Paused again: the five-minute schedule starts no other run in the test.
+    page.goto(f"{scene.airflow.url}/dags/{STREAM_DAG}")
+    toggle = page.get_by_test_id("toggle-pause")
+    expect(toggle).to_have_attribute("data-state", "checked")
+    toggle.click()
+    expect(toggle).to_have_attribute("data-state", "unchecked")
+
+    # check_stream's XCom tab: the line, then the JSON.
+    state = read_state(scene.settings)
+    assert process_alive(state.get("pid")), state
+    job = scene.settings.job_id
+    page.goto(f"{scene.airflow.url}/dags/{STREAM_DAG}/runs/{run_id}/tasks/check_stream/xcom")
+    summary = page.get_by_role("row").filter(has_text="stream_summary")
+    expect(summary).to_contain_text(
+        re.compile(rf"stream {job}: alive \(process, pid {state['pid']} on {re.escape(socket.gethostname())}; "
+                   rf"no standby\); last batch \d+ \d+s ago \(watermark \d{{4}}-\d\d-\d\dT[\d:]+Z\); lag 0 records;")
+    )
+    _shot(page, scene, "18-stream-state", summary)
+    page.get_by_role("button", name="Expand all extra JSON").click()
+    facts = page.get_by_role("row").filter(has_text="stream_state")
+    for fact in ('"state": "alive"', f'"pid": {state["pid"]}', '"seen_by": "process"', '"standby_drivers": []',
+                 '"lag_records": 0', '"watermark": "'):
+        expect(facts).to_contain_text(re.compile(re.escape(fact).replace(r"\ ", r"\s+")))
+    _shot(page, scene, "19-stream-state-json", facts)

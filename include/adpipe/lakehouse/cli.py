@@ -16,10 +16,12 @@ log = logging.getLogger("adpipe.lakehouse")
 
 EXIT_HOUR_OPEN = 2
 EXIT_OUTPUT_NOT_STABLE = 3  # retriable: the stream's last batch's markers are not written yet
+EXIT_NOT_HELD = 4  # --held-only: no failed gate holds the hour
 
 
 def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
-    from adpipe.lakehouse import load
+    from adpipe.lakehouse import load, repair
+    from adpipe.lakehouse.errors import HourNotHeld
     from adpipe.lakehouse.ledger import load_lock
     from adpipe.lakehouse.metastore import metastore_session
 
@@ -31,9 +33,16 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     if (args.repair or args.discard_staged) and last is not None:
         log.error("--repair and --discard-staged act on one hour: give --hour without --to-hour")
         return 2
+    if args.held_only and not (args.repair or args.discard_staged):
+        log.error("--held-only goes with --repair or --discard-staged")
+        return 2
     if args.discard_staged:
-        counts = load.discard_staged(settings, hour, metastore_session(settings, "adpipe-load"))
-        print(f"discarded the staged rows of {load.hour_label(hour)}: {counts}")
+        try:
+            print(repair.hour_action(settings, hour, "discard_staged", metastore_session(settings, "adpipe-load"),
+                                     held_only=args.held_only))
+        except HourNotHeld as exc:
+            log.error("%s", exc)
+            return EXIT_NOT_HELD
         return 0
     if not args.allow_open and not all(load.hour_closed(settings, h) for h in load.hours_between(hour, last)):
         # Refused before a Spark session is started for it.
@@ -56,18 +65,21 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         with load_lock(settings):
             spark = metastore_session(settings, "adpipe-load")
             if args.repair:
-                result = load.repair_hour(settings, hour, spark)
+                said = repair.hour_action(settings, hour, "repair", spark, held_only=args.held_only)
             elif args.step != "all":
                 return _one_step(args.step, settings, spark, hour, Path(args.run_file))
             else:
-                result = load.load_hour(settings, hour, spark, last, allow_open=True)
+                said = load.load_hour(settings, hour, spark, last, allow_open=True).describe()
     except load.GateFailed as exc:
         log.error("%s", exc)
         return 1
     except load.OutputNotStable as exc:
         log.error("%s", exc)
         return EXIT_OUTPUT_NOT_STABLE
-    print(result.describe())
+    except HourNotHeld as exc:
+        log.error("%s", exc)
+        return EXIT_NOT_HELD
+    print(said)
     return 0
 
 
@@ -138,7 +150,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "The ledger is ads.load_runs; rows published "
         "into an hour after its first publication are in the view ads.late_corrections. Regions: ADPIPE_REGIONS "
         "(default: this job's own topics). Exit 2: an hour asked for is not closed; exit 3 (retry): the stream's "
-        "last batch's output is not readable yet (its transaction markers, ADPIPE_LOAD_OUTPUT_WAIT_S).",
+        "last batch's output is not readable yet (its transaction markers, ADPIPE_LOAD_OUTPUT_WAIT_S); exit 4: "
+        "--held-only, and no failed gate holds the hour.",
     )
     p.add_argument("--hour", help="UTC hour YYYY-MM-DDTHH (the first hour with --to-hour); required but with --serve")
     p.add_argument("--to-hour", help="audit and publish every hour from --hour to this one, inclusive (a backfill)")
@@ -159,6 +172,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="delete the hour's staged rows (after a failed gate, once inspected and judged unpublishable); "
         "the ledger records it. The Kafka records stay loaded: --repair rebuilds the hour from Kafka",
+    )
+    p.add_argument(
+        "--held-only",
+        action="store_true",
+        help="with --repair or --discard-staged: act only on an hour a failed gate holds; on any other, change "
+        "nothing and exit 4 naming the hour's last step (what the Airflow form ad_hour_repair runs)",
     )
     p.add_argument(
         "--step",

@@ -69,23 +69,48 @@ def _finalized_hours(spark: SparkSession) -> set[str]:
     return {h for r in done if r["hours"] for h in json.loads(r["hours"])}
 
 
-def held_hours(spark: SparkSession) -> dict[str, str]:
-    """The hours held by a failed gate: their last ledger step of
-    ``failed``, ``published``, ``repaired`` or ``discarded`` is ``failed``.
-    Hour -> that failure's message. Their staged rows wait for an operator
-    (a load asking for the hour again, ``--repair`` or ``--discard-staged``);
-    other runs neither audit nor publish them, and are not held back."""
+@dataclass(frozen=True)
+class HourStep:
+    """An hour's last final ledger step: ``failed``, ``published``,
+    ``repaired`` or ``discarded``, by which run, when, and its message."""
+
+    step: str
+    run_id: int
+    at: datetime
+    message: str
+
+    def describe(self) -> str:
+        return f"{self.step} by run {self.run_id} at {self.at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def last_steps(spark: SparkSession) -> dict[str, HourStep]:
+    """Each hour's last ledger step of ``failed``, ``published``,
+    ``repaired`` or ``discarded`` (hour label -> :class:`HourStep`)."""
     steps = (
         spark.table(T.LOAD_RUNS)
         .where(F.col("step").isin("failed", "published", "repaired", "discarded"))
         .select("run_id", "step", "at", "hours", "message")
         .collect()
     )
-    last: dict[str, tuple] = {}
+    last: dict[str, HourStep] = {}
     for row in sorted(steps, key=lambda r: (r["run_id"], r["at"])):
         for hour in json.loads(row["hours"] or "[]"):
-            last[hour] = (row["step"], row["message"])
-    return {hour: message or "" for hour, (step, message) in last.items() if step == "failed"}
+            last[hour] = HourStep(row["step"], row["run_id"], _utc(row["at"]), row["message"] or "")
+    return last
+
+
+def _utc(at: datetime) -> datetime:
+    """A collected timestamp (naive, in the host's zone) as UTC."""
+    return at.astimezone(UTC) if at.tzinfo is None else at
+
+
+def held_hours(spark: SparkSession) -> dict[str, str]:
+    """The hours held by a failed gate: their last ledger step of
+    ``failed``, ``published``, ``repaired`` or ``discarded`` is ``failed``.
+    Hour -> that failure's message. Their staged rows wait for an operator
+    (a load asking for the hour again, ``--repair`` or ``--discard-staged``);
+    other runs neither audit nor publish them, and are not held back."""
+    return {hour: last.message for hour, last in last_steps(spark).items() if last.step == "failed"}
 
 
 def shown_in_hour(spark: SparkSession, hour: datetime) -> Column:

@@ -47,7 +47,8 @@ staged, is not written again); after it, the rows are in staging or
 published, and the next run audits and publishes what is staged. ``adpipe load --hour H --repair``
 (:mod:`adpipe.lakehouse.repair`) rebuilds one hour from Kafka (read from
 the hour's start, whatever was loaded), audited the same way, and switches
-the views to it in one step.
+the views to it in one step; an operator's discard of a held hour's staged
+rows is that module's too.
 
 Aggregates: staging holds every revision of a window read (by
 ``record_uuid``). Publishing writes each window's highest revision into
@@ -116,7 +117,7 @@ from adpipe.lakehouse.read import (
     kafka_facts,
     table_rows,
 )
-from adpipe.lakehouse.repair import clear_staged, discard_staged, finish_repairs, repair_hour
+from adpipe.lakehouse.repair import clear_staged, finish_repairs
 from adpipe.lakehouse.revisions import latest_per_window, newer_than_published
 from adpipe.lakehouse.staging import (
     FirstHours,
@@ -140,7 +141,6 @@ __all__ = [
     "StagedRun",
     "TopicRange",
     "audit",
-    "discard_staged",
     "hour_closed",
     "hour_label",
     "hours_between",
@@ -151,7 +151,6 @@ __all__ = [
     "publish",
     "read_since_ms",
     "region_ranges",
-    "repair_hour",
     "stage",
     "step_file",
     "write_json",

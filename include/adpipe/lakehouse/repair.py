@@ -29,7 +29,15 @@ step that publishes runs :func:`finish_repairs` first, so a run that
 completes after a dead repair never makes that repair's rows visible.
 
 Idempotent: the same records give the same rows; a second repair replaces
-the first's (``load_run`` one higher)."""
+the first's (``load_run`` one higher).
+
+Discarding a held hour's staged rows (:func:`discard_staged`) is for a
+duplicate a broken upstream wrote to Kafka, which a repair would read
+again; the hour's published rows stand. :func:`hour_action` runs either,
+for the command line and for the Airflow form ``ad_hour_repair`` alike;
+``held_only`` (``--held-only``, what the form runs) first checks, under the
+load lock, that a failed gate holds the hour (:func:`require_held`), and
+changes nothing otherwise."""
 
 from __future__ import annotations
 
@@ -46,7 +54,8 @@ from pyspark.sql import functions as F
 from adpipe import faults
 from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
-from adpipe.lakehouse.ledger import _append_ledger, ledger_state, load_lock
+from adpipe.lakehouse.errors import HourNotHeld
+from adpipe.lakehouse.ledger import _append_ledger, last_steps, ledger_state, load_lock
 from adpipe.lakehouse.merge import _hours_condition
 from adpipe.lakehouse.metastore import metastore_session
 from adpipe.lakehouse.outcome import LoadResult, gate_failure, write_manifest
@@ -56,7 +65,26 @@ from adpipe.lakehouse.revisions import at_highest_revision, latest_per_window
 from adpipe.settings import Settings
 from adpipe.spark import in_threads
 
+__all__ = ["HOUR_ACTIONS", "HourNotHeld", "discard_staged", "finish_repairs", "hour_action", "published_rows",
+           "repair_hour", "require_held"]
+
 log = logging.getLogger(__name__)
+
+
+def require_held(spark: SparkSession, hour: datetime, action: str) -> None:
+    """Raise :class:`HourNotHeld` unless a failed gate holds ``hour`` (its
+    last ledger step is ``failed``), saying what its last step was."""
+    label = hour_label(hour)
+    steps = last_steps(spark)
+    last = steps.get(label)
+    if last is not None and last.step == "failed":
+        return
+    held = sorted(h for h, s in steps.items() if s.step == "failed")
+    was = f"its last step: {last.describe()}" if last is not None else "no load has audited it"
+    raise HourNotHeld(
+        f"hour {label} is not held by a failed gate ({was}): nothing to {action.replace('_', ' ')}. "
+        f"Hours held now: {', '.join(held) or 'none'}"
+    )
 
 
 def clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
@@ -124,15 +152,20 @@ def _append(spark: SparkSession, table: str, df: DataFrame) -> int:
     return df.count()
 
 
-def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> LoadResult:
+def repair_hour(
+    settings: Settings, hour: datetime, spark: SparkSession | None = None, held_only: bool = False
+) -> LoadResult:
     """Rebuild the published rows of ``hour`` from Kafka and switch the
     views to them in one ledger commit (module doc). Raises
     :class:`~adpipe.lakehouse.outcome.GateFailed` (nothing changed) when the
-    rebuilt hour fails its gate."""
+    rebuilt hour fails its gate. ``held_only``: raise :class:`HourNotHeld`,
+    having read nothing from Kafka, unless a failed gate holds the hour."""
     started = time.monotonic()
     spark = spark or metastore_session(settings, f"adpipe-repair-{hour_label(hour)}")
     label = hour_label(hour)
     with load_lock(settings):
+        if held_only:
+            require_held(spark, hour, "repair")
         finish_repairs(spark)
         run_id = ledger_state(spark).next_run
         loaded_at = datetime.now(UTC).replace(microsecond=0)
@@ -170,16 +203,22 @@ def repair_hour(settings: Settings, hour: datetime, spark: SparkSession | None =
                       gate=[result.describe().splitlines()[0]], seconds=time.monotonic() - started)
 
 
-def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | None = None) -> dict[str, int]:
+def discard_staged(
+    settings: Settings, hour: datetime, spark: SparkSession | None = None, held_only: bool = False
+) -> dict[str, int]:
     """Delete the staged rows of ``hour`` (after a failed gate, once an
     operator has inspected them and decided they must not be published); a
     ``discarded`` ledger row records how many per table. The Kafka records
     stay loaded (the coverage does not go back): ``--repair`` rebuilds the
-    hour from Kafka if it should be published after all."""
+    hour from Kafka if it should be published after all. ``held_only``:
+    raise :class:`HourNotHeld`, deleting nothing, unless a failed gate holds
+    the hour."""
     from delta.tables import DeltaTable
 
     spark = spark or metastore_session(settings, f"adpipe-discard-{hour_label(hour)}")
     with load_lock(settings):
+        if held_only:
+            require_held(spark, hour, "discard_staged")
         run_id = ledger_state(spark).next_run
         counts = {}
         for table in T.TABLES:
@@ -190,3 +229,33 @@ def discard_staged(settings: Settings, hour: datetime, spark: SparkSession | Non
         _append_ledger(spark, run_id, "discarded", "discard", hour, rows=counts, hours=[hour_label(hour)])
     log.warning("run %d: discarded the staged rows of %s: %s", run_id, hour_label(hour), counts)
     return counts
+
+
+def published_rows(spark: SparkSession, hour: datetime) -> dict[str, int]:
+    """How many rows of ``hour`` each published table holds."""
+    return {table: spark.table(table).where(_in_hours([hour])).count() for table in T.TABLES}
+
+
+# What an operator does to one hour a failed gate holds: ``adpipe load
+# --repair`` / ``--discard-staged``, and the Airflow form ``ad_hour_repair``.
+HOUR_ACTIONS = ("repair", "discard_staged")
+
+
+def hour_action(
+    settings: Settings, hour: datetime, action: str, spark: SparkSession | None = None, held_only: bool = False
+) -> str:
+    """Run ``action`` (:data:`HOUR_ACTIONS`) on ``hour``: :func:`repair_hour`
+    or :func:`discard_staged`. Returns what it did in one line, ending with
+    the rows of the hour published now. Raises what they raise:
+    :class:`~adpipe.lakehouse.outcome.GateFailed` (a repair's audit failed:
+    nothing written, the hour stays held), :class:`HourNotHeld` (``held_only``)."""
+    spark = spark or metastore_session(settings, f"adpipe-{action}-{hour_label(hour)}")
+    if action == "repair":
+        said = repair_hour(settings, hour, spark, held_only=held_only).describe()
+    elif action == "discard_staged":
+        counts = discard_staged(settings, hour, spark, held_only=held_only)
+        said = f"discarded the staged rows of {hour_label(hour)}: {counts}"
+    else:
+        raise ValueError(f"action {action!r}: expected one of {', '.join(HOUR_ACTIONS)}")
+    published = ", ".join(f"{table} {rows}" for table, rows in published_rows(spark, hour).items())
+    return f"{said}; hour {hour_label(hour)} published: {published}"

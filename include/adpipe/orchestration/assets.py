@@ -4,7 +4,7 @@ revisions included): the load's ``publish`` task updates them, so a downstream D
 
 from __future__ import annotations
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetAlias
 
 from adpipe.lakehouse import tables as T
 
@@ -16,3 +16,9 @@ def table_asset(table: str) -> Asset:
 
 
 TABLE_ASSETS = [table_asset(table) for table in T.PUBLISHED]
+
+# The repair of a held hour (``ad_hour_repair``) rewrites the hour in the
+# published tables: through this alias its task adds an event to each
+# table's Asset, only when it repaired (discarding staged rows changes no
+# published table).
+REPAIRED_TABLES = AssetAlias(name="adpipe_repaired_tables", group="adpipe")

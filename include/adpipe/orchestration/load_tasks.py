@@ -70,6 +70,10 @@ def hour_of_interval(start: datetime | None, end: datetime | None) -> datetime:
     return start_utc
 
 
+# The form of an hour in a DAG's ``hour`` param (Airflow's Param checks it).
+HOUR_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}$"
+
+
 def hour_of_run(params: dict[str, Any] | None, start: datetime | None, end: datetime | None) -> datetime:
     """The hour a run covers: the ``hour`` param when a manual run names one
     (``YYYY-MM-DDTHH``), else its data interval (:func:`hour_of_interval`)."""
@@ -238,27 +242,61 @@ def _run_of(context: Any) -> tuple[dict[str, str], Settings, datetime, Path]:
     return overlay, settings, hour, run_file(settings, str(context["run_id"]))
 
 
-class LoadStepOperator(BaseOperator):
-    """One Spark step of the load (``stage``, ``validate`` or ``publish``)
-    on the worker's host: in the home's warm load driver
-    (``ADPIPE_LOAD_SUBMIT=warm``, the default; adpipe.lakehouse.warm), or in
-    the task's own process (``in-process``). No spark-submit runs here, so
-    this is no ``SparkSubmitOperator``: with ``ADPIPE_LOAD_SUBMIT=spark-submit``
-    the DAG builds :class:`LoadStepSubmitOperator` instead (:func:`load_step`).
-    The hour comes from the run's ``hour`` param or data interval; the
-    staged run passes from step to step in :func:`run_file`. Returns the
-    step's result (XCom).
+class WarmLoadOperator(BaseOperator):
+    """Base of the operators that run an ``adpipe load`` command in the
+    home's warm load driver (adpipe.lakehouse.warm) on the worker's host.
 
     Killed (its ``execution_timeout``, a SIGTERM from Airflow) while the warm
-    load driver runs its step, it kills that driver too: a step that hangs
-    there would otherwise hold the driver, and the load lock, for every step
-    after it. The next step starts another driver and recovers what the
+    load driver runs its command, it kills that driver too: a command that
+    hangs there would otherwise hold the driver, and the load lock, for every
+    step after it. The next step starts another driver and recovers what the
     killed one left, as after any killed load."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._warm: tuple[Settings, int] | None = None
+
+    def _delegate(
+        self, env: dict[str, str], settings: Settings, argv: list[str], out: io.TextIOBase, err: io.TextIOBase
+    ) -> int | None:
+        """``adpipe <argv>``'s exit status in the home's warm load driver
+        (started if none runs), its output to ``out`` and ``err``; None when
+        none can run it (none became ready, a session of other settings)."""
+        from adpipe.lakehouse import warm
+
+        driver = warm.ensure_driver(settings, env=env)
+        if driver is None:
+            return None
+        # Kept while the driver may run the command: a timeout interrupts
+        # the call below, then Airflow calls on_kill.
+        self._warm = (settings, driver.pid)
+        code = warm.delegate(settings, argv, start=True, env=env, out=out, err=err)
+        self._warm = None
+        return code
+
+    def on_kill(self) -> None:
+        if self._warm is not None:
+            from adpipe.lakehouse import warm
+
+            settings, pid = self._warm
+            warm.kill_driver(settings, pid)
+
+
+class LoadStepOperator(WarmLoadOperator):
+    """One Spark step of the load (``stage``, ``validate`` or ``publish``)
+    on the worker's host: in the home's warm load driver
+    (``ADPIPE_LOAD_SUBMIT=warm``, the default; killed with the step,
+    :class:`WarmLoadOperator`), or in the task's own process
+    (``in-process``). No spark-submit runs here, so this is no
+    ``SparkSubmitOperator``: with ``ADPIPE_LOAD_SUBMIT=spark-submit`` the DAG
+    builds :class:`LoadStepSubmitOperator` instead (:func:`load_step`). The
+    hour comes from the run's ``hour`` param or data interval; the staged
+    run passes from step to step in :func:`run_file`. Returns the step's
+    result (XCom)."""
 
     def __init__(self, *, step: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step = _check_step(step)
-        self._warm: tuple[Settings, int] | None = None
 
     def execute(self, context: Any) -> Any:
         overlay, settings, hour, path = _run_of(context)
@@ -275,19 +313,11 @@ class LoadStepOperator(BaseOperator):
         """The step in the home's warm load driver (started if none runs):
         no Spark start for it. Where none can serve it (none became ready,
         a session of other settings), in this task's process instead."""
-        from adpipe.lakehouse import warm
         from adpipe.lakehouse.ranges import hour_label
 
         argv = ["load", "--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
-        lines = _LogLines(self.log)
-        driver = warm.ensure_driver(settings, env=env)
-        code = None
-        if driver is not None:
-            # Kept while the driver may run the step: a timeout interrupts
-            # the call below, then Airflow calls on_kill.
-            self._warm = (settings, driver.pid)
-            code = warm.delegate(settings, argv, start=True, env=env, out=lines, err=lines)
-            self._warm = None
+        lines = LogLines(self.log)
+        code = self._delegate(env, settings, argv, lines, lines)
         if code is None:
             self.log.warning("no warm load driver took the step: running it in this process")
             return _IN_PROCESS[self.step](settings, hour, path)
@@ -296,46 +326,54 @@ class LoadStepOperator(BaseOperator):
             raise RuntimeError(f"the {self.step} step exited {code} in the warm load driver (see above)")
         return _result(self.step, path)
 
-    def on_kill(self) -> None:
-        if self._warm is not None:
-            from adpipe.lakehouse import warm
 
-            settings, pid = self._warm
-            warm.kill_driver(settings, pid)
-
-
-class LoadStepSubmitOperator(SparkSubmitOperator):
-    """One Spark step of the load submitted as a Spark application of its
-    own, ``spark-submit jobs/union_and_load.py --step ...``, through the
-    Spark provider (connection ``adpipe_spark``: master, deploy mode,
-    spark-submit binary), for an executor whose tasks run on other hosts
-    (``ADPIPE_LOAD_SUBMIT=spark-submit``). The application's settings are
-    the worker's environment with its Connections' values (``env_vars``);
-    its Spark conf and jars are adpipe's (``adpipe.spark``). Its public
-    arguments are filled in when it runs (the hour is the run's), then the
-    provider's own ``execute`` submits it and waits; ``on_kill`` is the
+class LoadSubmitOperator(SparkSubmitOperator):
+    """Base of the operators that submit ``adpipe load`` as a Spark
+    application of its own, ``spark-submit jobs/union_and_load.py ...``,
+    through the Spark provider (connection ``adpipe_spark``: master, deploy
+    mode, spark-submit binary), for an executor whose tasks run on other
+    hosts (``ADPIPE_LOAD_SUBMIT=spark-submit``). The application's settings
+    are the worker's environment with its Connections' values
+    (``env_vars``); its Spark conf and jars are adpipe's (``adpipe.spark``).
+    Its public arguments are filled in when it runs (:meth:`submit`), then
+    the provider's own ``execute`` submits it and waits; ``on_kill`` is the
     provider's (it kills spark-submit)."""
 
-    def __init__(self, *, step: str, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("application", str(PROJECT_ROOT / "jobs" / "union_and_load.py"))
         kwargs.setdefault("conn_id", "adpipe_spark")
+        super().__init__(**kwargs)
+
+    def submit(self, context: Any, overlay: dict[str, str], settings: Settings, name: str, args: list[str]) -> None:
+        """Submit ``adpipe load <args>`` as the application ``name``, and wait."""
+        from adpipe.lakehouse.metastore import metastore_conf
+        from adpipe.orchestration.stream_supervisor import submit_conf
+
+        self.name = name
+        self.conf, self.jars = submit_conf(settings, self.name, metastore_conf(settings))
+        self.application_args = args
+        # The job reads its settings from its environment, as any adpipe
+        # process: the worker's, with the Connections' values over it.
+        self.env_vars = overlay or None
+        super().execute(context)
+
+
+class LoadStepSubmitOperator(LoadSubmitOperator):
+    """One Spark step of the load submitted as a Spark application of its
+    own, ``spark-submit jobs/union_and_load.py --step ...``
+    (:class:`LoadSubmitOperator`); the hour is the run's."""
+
+    def __init__(self, *, step: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step = _check_step(step)
 
     def execute(self, context: Any) -> Any:  # type: ignore[override]
-        from adpipe.lakehouse.metastore import metastore_conf
         from adpipe.lakehouse.ranges import hour_label
-        from adpipe.orchestration.stream_supervisor import submit_conf
 
         overlay, settings, hour, path = _run_of(context)
-        self.name = f"adpipe-load-{self.step}-{hour_label(hour)}"
-        self.conf, self.jars = submit_conf(settings, self.name, metastore_conf(settings))
-        self.application_args = ["--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
-        # The job reads its settings from its environment, as any adpipe
-        # process: the worker's, with the Connections' values over it.
-        self.env_vars = overlay or None
+        args = ["--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
         try:
-            super().execute(context)
+            self.submit(context, overlay, settings, f"adpipe-load-{self.step}-{hour_label(hour)}", args)
         except Exception:
             _raise_for(self.step, path)
             raise
@@ -351,11 +389,13 @@ def load_step(step: str, submit: str, **kwargs: Any) -> BaseOperator:
     return LoadStepOperator(step=step, **kwargs)
 
 
-class _LogLines(io.TextIOBase):
-    """A text stream whose lines go to ``logger`` (a task's log)."""
+class LogLines(io.TextIOBase):
+    """A text stream whose lines go to ``logger`` (a task's log); the last
+    ``keep`` of them stay in ``lines``."""
 
-    def __init__(self, logger: logging.Logger) -> None:
-        self.logger, self.pending = logger, ""
+    def __init__(self, logger: logging.Logger, keep: int = 0) -> None:
+        self.logger, self.pending, self.keep = logger, "", keep
+        self.lines: list[str] = []
 
     def writable(self) -> bool:
         return True
@@ -364,6 +404,8 @@ class _LogLines(io.TextIOBase):
         *lines, self.pending = (self.pending + text).split("\n")
         for line in lines:
             self.logger.info("%s", line)
+        if self.keep:
+            self.lines = [*self.lines, *lines][-self.keep:]
         return len(text)
 
 

@@ -41,6 +41,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ class StreamHealth:
     restarts_in_window: int = 0
     standby_pids: list[int] = field(default_factory=list)  # standby drivers waiting for the checkpoint
     last_failover: dict[str, Any] | None = None  # the last standby takeover (liveness.record_failover)
+    host: str | None = None  # where the active driver runs (None: unknown, a heartbeat only)
 
     @property
     def needs_start(self) -> bool:
@@ -117,11 +119,18 @@ class StreamHealth:
             f"; last failover {time.time() - failover['at']:.0f}s ago ({failover.get('reason')}, next batch "
             f"{failover.get('seconds')}s after)" if failover and "at" in failover else ""
         )
+        where = f" on {self.host}" if self.host and self.pid else ""
+        watermark = f" (watermark {_utc_text(self.watermark_ms / 1000)})" if self.watermark_ms else ""
         return (
-            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}; {standby}); last batch {self.last_batch} "
-            f"{age}; lag {self.lag} records{self._lag_age()}; restarts in window {self.restarts_in_window}"
-            f"{took_over}"
+            f"stream {self.job_id}: {state} ({self.how}, pid {self.pid}{where}; {standby}); "
+            f"last batch {self.last_batch} "
+            f"{age}{watermark}; lag {self.lag} records{self._lag_age()}; restarts in window "
+            f"{self.restarts_in_window}{took_over}"
         )
+
+
+def _utc_text(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
@@ -184,6 +193,8 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         restarts_in_window=sum(1 for t in state.get("restarts", []) if t >= window_start),
         standby_pids=[d.pid for d in drivers if not d.leads and d.host == here],
         last_failover=read_failover(settings),
+        # The leader's host from its group membership; a pid seen running is here.
+        host=lead.host if lead is not None else (here if how == "process" else None),
     )
 
 
@@ -194,6 +205,33 @@ def _drivers(settings: Settings) -> list[leadership.Driver]:
     except Exception as exc:  # noqa: BLE001 - the local process still tells
         log.warning("the stream's leadership group is not described: %s", exc)
         return []
+
+
+def stream_state(health: StreamHealth, now: float | None = None) -> dict[str, Any]:
+    """What the Airflow UI shows of the stream job (``check_stream``'s XCom
+    ``stream_state``): its state, the active and standby drivers, the last
+    batch and its age, the watermark, the lag, restarts and the last
+    failover, and :meth:`StreamHealth.describe`'s line."""
+    now = time.time() if now is None else now
+    state = "stalled" if health.stalled else ("alive" if health.alive else "down")
+    active = {"pid": health.pid, "host": health.host, "seen_by": health.how} if health.alive else None
+    standby_host = socket.gethostname()  # standby_pids are this host's drivers in the group
+    watermark = _utc_text(health.watermark_ms / 1000) if health.watermark_ms else None
+    return {
+        "state": state,
+        "summary": health.describe(),
+        "job_id": health.job_id,
+        "active_driver": active,
+        "standby_drivers": [{"pid": pid, "host": standby_host} for pid in health.standby_pids],
+        "last_batch": health.last_batch,
+        "last_batch_age_s": None if health.heartbeat_age_s is None else round(health.heartbeat_age_s, 1),
+        "watermark": watermark,
+        "lag_records": health.lag,
+        "lag_oldest_s": None if health.lag_s is None else round(health.lag_s, 1),
+        "restarts_in_window": health.restarts_in_window,
+        "last_failover": health.last_failover,
+        "checked_at": _utc_text(now),
+    }
 
 
 def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
@@ -213,10 +251,24 @@ def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
     return breaches
 
 
-def check(settings: Settings) -> dict[str, Any]:
-    """The DAG's last task: the health, or StreamAlertError naming each breach."""
+# The XComs of check_stream the UI shows (the task instance's XCom tab): the
+# health line, readable at a glance, and the state as JSON.
+SUMMARY_XCOM = "stream_summary"
+STATE_XCOM = "stream_state"
+
+
+def check(settings: Settings, ti: Any = None) -> dict[str, Any]:
+    """The DAG's last task: the health, or StreamAlertError naming each
+    breach. With the task instance ``ti``, first the XComs
+    ``stream_summary`` (:meth:`StreamHealth.describe`) and ``stream_state``
+    (:func:`stream_state`), so that the UI shows the job's state whether the
+    check passes or fails."""
     health = inspect(settings)
     log.info("%s", health.describe())
+    if ti is not None:
+        state = stream_state(health)
+        ti.xcom_push(key=SUMMARY_XCOM, value=state["summary"])
+        ti.xcom_push(key=STATE_XCOM, value=state)
     breaches = threshold_breaches(health, settings)
     if breaches:
         raise StreamAlertError("; ".join(breaches))

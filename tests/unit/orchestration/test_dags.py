@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 from adpipe.settings import Settings, load_settings
 
-DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load", "ad_table_maintenance"}
+DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load", "ad_table_maintenance", "ad_hour_repair"}
 EDGES = {
     "ad_table_maintenance": set(),  # two independent tasks
+    "ad_hour_repair": set(),  # one task
     "ad_aggregation_stream": {
         ("start_stream_if_down", "wait_for_stream"),
         ("wait_for_stream", "check_stream"),
@@ -54,8 +55,16 @@ RAILS = {
         "optimize_and_vacuum": (4800, 1, "adpipe_tables"),
         "prune_budget_ledger": (4800, 1, "default_pool"),
     },
+    "ad_hour_repair": {
+        "act_on_held_hour": (3600, 0, "adpipe_tables"),
+    },
 }
-RUN_TIMEOUTS = {"ad_aggregation_stream": 15 * 60, "ad_union_and_load": 8 * 3600, "ad_table_maintenance": 3 * 3600}
+RUN_TIMEOUTS = {
+    "ad_aggregation_stream": 15 * 60,
+    "ad_union_and_load": 8 * 3600,
+    "ad_table_maintenance": 3 * 3600,
+    "ad_hour_repair": 8 * 3600,
+}
 
 
 def test_dagbag_imports_with_zero_errors(dagbag) -> None:  # noqa: ANN001
@@ -117,8 +126,10 @@ def test_the_timeouts_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         "ad_aggregation_stream": dict.fromkeys(RAILS["ad_aggregation_stream"], 7),
         "ad_union_and_load": {**dict.fromkeys(RAILS["ad_union_and_load"], 11), "wait_for_hour_closed": 13},
         "ad_table_maintenance": dict.fromkeys(RAILS["ad_table_maintenance"], 19),
+        "ad_hour_repair": {"act_on_held_hour": 11},
     }
     assert dags["ad_union_and_load"].dagrun_timeout == timedelta(seconds=17)
+    assert dags["ad_hour_repair"].dagrun_timeout == timedelta(seconds=17)
     assert dags["ad_union_and_load"].get_task("wait_for_hour_closed").timeout == 13
     # A run must outlast its hour's wait; unset, it is 8 h, or the wait plus an hour.
     with pytest.raises(SettingsError, match="ADPIPE_LOAD_RUN_TIMEOUT_S=17 must exceed ADPIPE_LOAD_WAIT_TIMEOUT_S=20"):
@@ -142,6 +153,7 @@ def test_each_operator_is_what_its_type_says(monkeypatch: pytest.MonkeyPatch) ->
     """The steps that run in the warm load driver or in the task's process
     are no SparkSubmitOperator; the one that runs spark-submit is; the
     stream's detached start is none (the provider's waits for the driver)."""
+    from adpipe.orchestration.hour_actions import HourActionOperator, HourActionSubmitOperator
     from adpipe.orchestration.load_tasks import LoadStepOperator, LoadStepSubmitOperator
     from adpipe.orchestration.stream_supervisor import StreamStartOperator
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -156,6 +168,9 @@ def test_each_operator_is_what_its_type_says(monkeypatch: pytest.MonkeyPatch) ->
             assert type(task) is (LoadStepSubmitOperator if submit == "spark-submit" else LoadStepOperator)
             assert task.step == step
         assert not [t for t in dag.tasks if t.task_id not in steps and isinstance(t, SparkSubmitOperator)]
+        action = _parsed("ad_hour_repair").get_task("act_on_held_hour")
+        assert isinstance(action, SparkSubmitOperator) is (submit == "spark-submit"), submit
+        assert type(action) is (HourActionSubmitOperator if submit == "spark-submit" else HourActionOperator)
     start = _parsed("ad_aggregation_stream").get_task("start_stream_if_down")
     assert type(start) is StreamStartOperator and not isinstance(start, SparkSubmitOperator)
 

@@ -475,7 +475,7 @@ def test_a_standby_is_warm_once_warmed_up_and_waiting_in_the_leadership_group(
 
     from adpipe.stream import leadership
 
-    run, crew = standby_run, standby_run.crew
+    crew = standby_run.crew
     group: list[leadership.Driver] = []
     monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
     crew.standby_argv = ["sleep", "60"]

@@ -1,0 +1,95 @@
+"""What the Airflow UI shows of the stream job: ``check_stream``'s XComs
+``stream_summary`` and ``stream_state`` (adpipe.orchestration.stream_supervisor),
+published whether the check passes or fails, from the same health the
+supervisor acts on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from adpipe.settings import Settings, load_settings
+
+
+def _settings(tmp_path: Path, **env: str) -> Settings:
+    return load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "unit", **env})
+
+
+def _health(**changes: object):  # noqa: ANN202
+    from adpipe.orchestration.stream_supervisor import StreamHealth
+
+    base = dict(
+        job_id="unit", alive=True, how="process", pid=1, heartbeat_age_s=1.0, last_batch=3, watermark_ms=0, lag=0
+    )
+    return StreamHealth(**{**base, **changes})
+
+
+def test_the_stream_state_the_ui_shows_names_the_drivers_batch_watermark_and_lag() -> None:
+    import socket
+
+    from adpipe.orchestration.stream_supervisor import stream_state
+
+    now = 1_800_000_000.0
+    state = stream_state(_health(pid=41, host="worker-1", standby_pids=[42], last_batch=17, heartbeat_age_s=4.26,
+                                 watermark_ms=1_764_000_000_000, lag=12, lag_s=7.44, restarts_in_window=1), now)
+    assert state == {
+        "state": "alive",
+        "summary": state["summary"],
+        "job_id": "unit",
+        "active_driver": {"pid": 41, "host": "worker-1", "seen_by": "process"},
+        "standby_drivers": [{"pid": 42, "host": socket.gethostname()}],
+        "last_batch": 17,
+        "last_batch_age_s": 4.3,
+        "watermark": "2025-11-24T16:00:00Z",
+        "lag_records": 12,
+        "lag_oldest_s": 7.4,
+        "restarts_in_window": 1,
+        "last_failover": None,
+        "checked_at": "2027-01-15T08:00:00Z",
+    }
+    assert state["summary"].startswith(
+        "stream unit: alive (process, pid 41 on worker-1; standby pid 42); last batch 17 4s ago "
+        "(watermark 2025-11-24T16:00:00Z); lag 12 records, the oldest 7 s; restarts in window 1")
+    down = stream_state(_health(alive=False, how="down", pid=None, last_batch=None, heartbeat_age_s=None,
+                                watermark_ms=None), now)
+    assert (down["state"], down["active_driver"], down["standby_drivers"], down["watermark"]) == (
+        "down", None, [], None)
+    assert stream_state(_health(stalled=True, lag=5), now)["state"] == "stalled"
+
+
+def test_check_publishes_the_stream_state_before_a_breach_fails_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adpipe.orchestration import stream_supervisor
+    from adpipe.orchestration.stream_supervisor import StreamAlertError, check
+
+    pushed: list[tuple[str, dict]] = []
+    ti = SimpleNamespace(xcom_push=lambda key, value: pushed.append((key, value)))
+    settings = _settings(tmp_path, ADPIPE_STREAM_MAX_LAG="100")
+    monkeypatch.setattr(stream_supervisor, "inspect", lambda _s: _health(pid=41, lag=3))
+    assert check(settings, ti)["pid"] == 41
+    monkeypatch.setattr(stream_supervisor, "inspect", lambda _s: _health(alive=False, how="down", pid=None))
+    with pytest.raises(StreamAlertError, match="stream unit is down"):
+        check(settings, ti)
+    assert [key for key, _value in pushed] == ["stream_summary", "stream_state"] * 2
+    assert [(value["state"], value["lag_records"]) for key, value in pushed if key == "stream_state"] == [
+        ("alive", 3), ("down", 0)]
+    assert pushed[2][1].startswith("stream unit: down (down, pid None; no standby); last batch 3 ")
+
+
+def test_a_live_driver_seen_by_its_process_or_lock_is_on_this_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from adpipe import kafka_io
+    from adpipe.orchestration.stream_supervisor import inspect
+    from adpipe.stream.checkpoint_lock import checkpoint_lock
+
+    settings = _settings(tmp_path)
+    monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings: {0: (5, "")})
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, _commits: {0: 0})
+    assert inspect(settings).host is None  # down: nowhere
+    with checkpoint_lock(settings):
+        assert inspect(settings).host == socket.gethostname()
