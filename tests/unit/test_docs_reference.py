@@ -1,0 +1,178 @@
+"""The reference docs hold to the code: every ``ADPIPE_*`` setting the
+package reads is in docs/configuration.md with the code's default, and
+every ``adpipe`` verb and option is in docs/cli.md. The names and defaults
+are read from the code (``ast``) and the verbs from the real parser, so a
+setting or a verb added without its docs fails here."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from adpipe.settings import PROJECT_ROOT, AirflowRails, Settings, Topics, load_settings
+
+from tests.unit.helpers import DOCS, doc_sections, first_code, table_rows
+
+PACKAGE = PROJECT_ROOT / "include" / "adpipe"
+SETTINGS_PY = PACKAGE / "settings.py"
+NAME = r"ADPIPE_[A-Z0-9_]*[A-Z0-9]"
+
+# --- the settings -------------------------------------------------------------
+
+# A reader's default: env.get(name, d), os.environ.get(name, d) and the
+# readers of adpipe.setting_values (``integer(env, name, d, ...)``); ``choice``
+# and ``_one_of`` default to their first choice.
+_FIRST_CHOICE = {"choice", "_one_of"}
+_DEFAULT_THIRD = {"integer", "utc_time", "share", "money", "budget", "jvm_memory", "port", "_above"}
+_CLASSES = {"Settings": Settings, "AirflowRails": AirflowRails, "Topics": Topics}
+NOT_LITERAL = object()
+
+
+def _literal(node: ast.expr | None, constants: dict[str, object]) -> object:
+    """A default's value when it is a literal (or a class attribute's, or a
+    module constant's), else NOT_LITERAL."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in constants:
+        return constants[node.id]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in _CLASSES:
+        return getattr(_CLASSES[node.value.id], node.attr)
+    return NOT_LITERAL
+
+
+def _function(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def read_settings(path: Path) -> dict[str, object]:
+    """Every ``ADPIPE_*`` name a module holds as a whole string (read,
+    or written for another process to read), with its default where the
+    module reads it with a literal one (else NOT_LITERAL)."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found: dict[str, object] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg and re.fullmatch(NAME, node.arg):
+            found.setdefault(node.arg, NOT_LITERAL)
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        names = [(i, _literal(a, constants)) for i, a in enumerate(node.args)]
+        names = [(i, n) for i, n in names if isinstance(n, str) and re.fullmatch(NAME, n)]
+        for i, name in names:
+            function, rest = _function(node), node.args[i + 1:]
+            if function == "get" and i == 0:
+                default = _literal(rest[0], constants) if rest else None
+                parent = parents.get(node)
+                if not rest and isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.Or):
+                    default = _literal(parent.values[-1], constants)
+            elif function in _FIRST_CHOICE and rest and isinstance(rest[0], ast.Tuple):
+                default = _literal(rest[0].elts[0], constants)
+            elif function in _DEFAULT_THIRD and rest:
+                default = _literal(rest[0], constants)
+            else:
+                default = NOT_LITERAL
+            if found.get(name, NOT_LITERAL) is NOT_LITERAL:
+                found[name] = default
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(NAME, node.value):
+            found.setdefault(node.value, NOT_LITERAL)
+    return found
+
+
+def code_settings() -> dict[str, dict[str, object]]:
+    """Per module of the package: its ``ADPIPE_*`` names and literal defaults."""
+    return {str(p.relative_to(PACKAGE)): read_settings(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def default_value(cell: str) -> str | None:
+    """A default cell's value: the `code` it starts with (None: the cell
+    describes a default that is computed, or says it is empty or unset)."""
+    return first_code(cell) if cell.startswith("`") else None
+
+
+def documented_settings() -> dict[str, str]:
+    """docs/configuration.md's settings: name -> its default cell."""
+    rows = table_rows((DOCS / "configuration.md").read_text())
+    settings = {}
+    for row in rows:
+        name = first_code(row[0])
+        if name and name.startswith("ADPIPE_"):
+            assert name not in settings, f"{name} is in docs/configuration.md twice"
+            assert len(row) == 3, f"{name}: a row is name | default | meaning, got {row}"
+            settings[name] = row[1]
+    return settings
+
+
+def test_every_setting_the_code_reads_is_documented_and_no_other() -> None:
+    in_code = {name for names in code_settings().values() for name in names}
+    documented = set(documented_settings())
+    assert len(in_code) > 90  # the reader found them (92 in settings.py alone)
+    assert sorted(in_code - documented) == [], "settings read by the code, missing from docs/configuration.md"
+    assert sorted(documented - in_code) == [], "docs/configuration.md names settings nothing reads"
+
+
+def test_each_documented_default_is_the_codes() -> None:
+    """A setting settings.py reads has its default; one read elsewhere, the
+    default of the module that reads it (a tool that gives its children
+    another value, as chaos and the demo do, sets a value, not a default)."""
+    documented = documented_settings()
+    by_settings = code_settings()["settings.py"]
+    checked = 0
+    for module, names in code_settings().items():
+        for name, default in names.items():
+            if default is NOT_LITERAL or (name in by_settings and module != "settings.py"):
+                continue
+            cell = documented[name]
+            if default in ("", None):
+                assert cell.startswith(("empty", "unset")), f"{name} ({module}): no default, the docs say {cell!r}"
+            else:
+                assert default_value(cell) == str(default), f"{name} ({module}): default {default!r}, docs {cell!r}"
+            checked += 1
+    assert checked > 70
+
+
+def test_the_documented_defaults_change_nothing(tmp_path: Path) -> None:
+    """Each literal default of settings.py's table, given as a value, loads
+    the settings the unset variable does."""
+    read_by_settings = read_settings(SETTINGS_PY)
+    base = {"ADPIPE_HOME": str(tmp_path)}
+    unset = load_settings(base)
+    for name, cell in documented_settings().items():
+        value = default_value(cell)
+        if name in read_by_settings and value is not None:
+            assert load_settings({**base, name: value}) == unset, f"{name}={value} is not its default"
+
+
+def test_the_settings_reader_finds_a_new_setting_and_its_default(tmp_path: Path) -> None:
+    module = tmp_path / "new.py"
+    module.write_text(
+        "import os\nKEY = 'ADPIPE_KEYED'\n"
+        "a = integer(env, 'ADPIPE_NEW_S', 7, 1)\n"
+        "b = env.get('ADPIPE_OR') or 'x'\n"
+        "c = choice(env, 'ADPIPE_CHOICE', ('on', 'off'))\n"
+        "d = os.environ.get(KEY, '')\n"
+        "e = env.get('ADPIPE_LATE', Settings.watermark_delay_s)\n"
+        "f = env.get('ADPIPE_HOME') or here / 'x'\n"
+        "g = dict(ADPIPE_WRITTEN='1')\n"
+    )
+    assert read_settings(module) == {
+        "ADPIPE_NEW_S": 7, "ADPIPE_OR": "x", "ADPIPE_CHOICE": "on", "ADPIPE_KEYED": "",
+        "ADPIPE_LATE": 30, "ADPIPE_HOME": NOT_LITERAL, "ADPIPE_WRITTEN": NOT_LITERAL,
+    }
+
+
+def test_operations_points_to_the_configuration_reference() -> None:
+    section = doc_sections(DOCS / "operations.md")["Configuration"]
+    assert "configuration.md" in section
+    assert section.count("ADPIPE_") < 5, "operations.md lists settings again: they belong in configuration.md"
