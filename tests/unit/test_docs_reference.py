@@ -6,10 +6,12 @@ setting or a verb added without its docs fails here."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 from pathlib import Path
 
+import pytest
 from adpipe.settings import PROJECT_ROOT, AirflowRails, Settings, Topics, load_settings
 
 from tests.unit.helpers import DOCS, doc_sections, first_code, table_rows
@@ -176,3 +178,88 @@ def test_operations_points_to_the_configuration_reference() -> None:
     section = doc_sections(DOCS / "operations.md")["Configuration"]
     assert "configuration.md" in section
     assert section.count("ADPIPE_") < 5, "operations.md lists settings again: they belong in configuration.md"
+
+
+# --- the command line ---------------------------------------------------------
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of the real ``adpipe`` command, by its command line
+    (``adpipe``, ``adpipe kafka``, ``adpipe budget report``, ...)."""
+    from adpipe.cli import build_parser
+
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        found[path] = parser
+        for action in parser._actions:  # noqa: SLF001 - argparse keeps its actions there
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                for name, child in action.choices.items():
+                    walk(child, f"{path} {name}")
+
+    walk(build_parser(), "adpipe")
+    return found
+
+
+def options(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
+    """A parser's options but --help, each as its option strings."""
+    return [tuple(a.option_strings) for a in parser._actions if a.option_strings and a.dest != "help"]  # noqa: SLF001
+
+
+def choices(parser: argparse.ArgumentParser) -> list[str]:
+    """The choices of its positional arguments (``up``, ``down``, ...), its
+    sub-commands left out (each has a section of its own)."""
+    return [
+        str(choice)
+        for a in parser._actions  # noqa: SLF001
+        if not a.option_strings and a.choices and not isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
+        for choice in a.choices
+    ]
+
+
+def documented_options(section: str) -> set[str]:
+    """The options a section's table lists: the first word of each `code`
+    span of each row's first cell (`--brokers N`, `-v`, `--verbose`)."""
+    return {
+        span.split()[0]
+        for row in table_rows(section)
+        for span in re.findall(r"`([^`]*)`", row[0])
+        if span.startswith("-")
+    }
+
+
+def test_every_verb_and_option_is_documented_and_no_other() -> None:
+    sections = {h: text for h, text in doc_sections(DOCS / "cli.md").items() if h.startswith("adpipe")}
+    commands = parsers()
+    assert len(commands) > 15  # the reader found them (19 with the budget's actions)
+    assert sorted(set(commands) - set(sections)) == [], "verbs without a section in docs/cli.md"
+    assert sorted(set(sections) - set(commands)) == [], "docs/cli.md has sections of verbs the parser lacks"
+    for command, parser in commands.items():
+        listed = documented_options(sections[command])
+        for strings in options(parser):
+            assert set(strings) & listed, f"{command}: {'/'.join(strings)} is not in docs/cli.md's table"
+        known = {s for strings in options(parser) for s in strings}
+        assert listed <= known, f"{command}: docs/cli.md lists {sorted(listed - known)}, which it does not take"
+        spans = " ".join(re.findall(r"`([^`]*)`", sections[command]))
+        for choice in choices(parser):
+            assert re.search(rf"(?<![\w-]){re.escape(choice)}(?![\w-])", spans), f"{command} {choice}: not in docs"
+
+
+def test_the_cli_reader_sees_a_new_option() -> None:
+    parser = argparse.ArgumentParser(prog="adpipe")
+    parser.add_argument("--fresh", action="store_true")
+    sub = parser.add_subparsers(dest="verb")
+    sub.add_parser("x").add_argument("mode", choices=["on", "off"])
+    assert options(parser) == [("--fresh",)]
+    assert choices(parser._subparsers._group_actions[0].choices["x"]) == ["on", "off"]  # noqa: SLF001
+    assert documented_options("| option | meaning |\n|---|---|\n| `--fresh N` | new |") == {"--fresh"}
+
+
+def test_adpipe_version_prints_the_packages_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from adpipe import __version__
+    from adpipe.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"adpipe {__version__}"
