@@ -24,4 +24,6 @@ keeps it so):
   ``metrics`` (every Prometheus metric of the parts, and their /metrics).
 """
 
-__version__ = "0.1.0"
+# The one place the version is written: pyproject.toml reads it, `adpipe
+# --version` prints it, and it is the CHANGELOG's latest release (docs/development.md).
+__version__ = "0.6.0"

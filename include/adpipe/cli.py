@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from adpipe import __version__
 from adpipe.budget import cli as budget_cli
 from adpipe.lakehouse import cli as lakehouse_cli
 from adpipe.local import cli as local_cli
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "environment variables (ADPIPE_KAFKA_BOOTSTRAP, ADPIPE_SPARK_MASTER, ADPIPE_HOME, ADPIPE_BUDGET_DB, ...).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"adpipe {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     # In the order of `adpipe --help`: set-up, producing, the pipeline, checks.
     local_cli.add_parsers(sub)
