@@ -347,8 +347,7 @@ class Settings(_Locations):
     # home/alerts and, when set, are POSTed to this webhook.
     alert_webhook: str = field(default="", repr=False)  # a webhook URL often holds its token
     alert_webhook_timeout_s: int = 5
-    # E-mail and Slack, retries, the load's publish deadline (adpipe.alert_settings).
-    alerts: AlertSettings = field(default_factory=AlertSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)  # e-mail, Slack, the publish deadline
     # Stream supervision: alert when the stream was restarted more than
     # stream_max_restarts times within stream_restart_window_s, or when its
     # input lag (raw records not yet committed by the job) passes
