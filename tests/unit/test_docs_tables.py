@@ -44,7 +44,8 @@ def schema_columns(schema: StructType) -> list[tuple[str, str, bool]]:
 
 
 def code_tables() -> dict[str, StructType]:
-    return {**{name: schema for name, (schema, _keys) in T.TABLES.items()}, T.LOAD_RUNS: T.LOAD_RUNS_SCHEMA}
+    """Every published table (the aggregates' revisions too) and the ledger."""
+    return {**T.PUBLISHED, T.LOAD_RUNS: T.LOAD_RUNS_SCHEMA}
 
 
 def test_each_tables_columns_are_its_schemas() -> None:
@@ -65,15 +66,30 @@ def test_every_schema_of_the_tables_module_is_documented() -> None:
 
 
 def test_the_shared_columns_are_the_tables_last_ones() -> None:
+    """Last in every published table, but for the aggregates' ``revision``
+    after them (the column a table of a version before revisions gained)."""
     shared = documented_columns(doc_sections(TABLES_MD)["The tables"].split("### ", 1)[0])
     assert len(shared) == 6
-    for schema, _keys in T.TABLES.values():
-        assert schema_columns(schema)[-6:] == shared
+    for name, schema in T.PUBLISHED.items():
+        columns = schema_columns(schema)
+        if name in (T.AGGREGATES, T.REVISIONS):
+            assert columns[-1][0] == "revision", name
+            columns = columns[:-1]
+        assert columns[-6:] == shared, name
+
+
+def published_keys() -> dict[str, tuple[str, ...]]:
+    """Each published table's unique key: the key of the rows a load reads
+    (``T.TABLES``) in the table that holds every one of them, and the
+    window's for ``ads.ad_minute_aggregates`` (each window's latest)."""
+    keys = {T.loaded_in(name): keys for name, (_schema, keys) in T.TABLES.items()}
+    return keys | {T.AGGREGATES: T.WINDOW_KEY}
 
 
 def test_each_tables_unique_key_is_the_merges() -> None:
     documented = documented_tables()
-    for name, (_schema, keys) in T.TABLES.items():
+    assert sorted(published_keys()) == sorted(T.PUBLISHED)
+    for name, keys in published_keys().items():
         found = re.search(r"Unique key:\s+\(([^)]*)\)", documented[name])
         assert found, f"{name}: no 'Unique key: (...)' line"
         assert tuple(re.findall(r"`([^`]+)`", found.group(1))) == keys, name
@@ -107,22 +123,24 @@ def tables(spark: SparkSession):  # noqa: ANN201 - yields the warehouse path
         writer = spark.createDataFrame([], schema).write.format("delta")
         writer = writer.partitionBy("event_hour") if "event_hour" in schema.fieldNames() else writer
         writer.saveAsTable(in_test_database(name))
-    # Run 1 published, run 2 still unfinished: a whole-hour reader sees run 1's row alone.
+    # Run 1 published revision 0 of a window, run 2 (still unfinished)
+    # replaced it with revision 1: a whole-hour reader sees revision 0 alone.
     loaded = datetime(2026, 11, 22, 13, 5, tzinfo=UTC)
-    aggregates = [
+    revisions = [
         (f"u{run}", "ad-000042", HOUR.replace(minute=34), HOUR.replace(minute=35), 100 * run, run, HOUR,
-         "region-local", "ad-aggregates", 0, run, loaded, run)
+         "region-local", "ad-aggregates", 0, run, loaded, run, run - 1)
         for run in (1, 2)
     ]
-    spark.createDataFrame(aggregates, T.AGGREGATES_SCHEMA).write.format("delta").mode("append").saveAsTable(
-        in_test_database(T.AGGREGATES)
-    )
+    for table, rows in ((T.REVISIONS, revisions), (T.AGGREGATES, revisions[1:])):
+        spark.createDataFrame(rows, T.AGGREGATES_SCHEMA).write.format("delta").mode("append").saveAsTable(
+            in_test_database(table)
+        )
     ledger = [(1, "published", "load", HOUR, loaded, None, None, None, '["2026-11-22T12"]', None, None),
               (2, "staged", "load", HOUR, loaded, None, None, None, None, None, None)]
     spark.createDataFrame(ledger, T.LOAD_RUNS_SCHEMA).write.format("delta").mode("append").saveAsTable(
         in_test_database(T.LOAD_RUNS)
     )
-    for sql in (T.LATE_CORRECTIONS_SQL, T.CROSS_REGION_SQL, *(T.whole_view_sql(name) for name in T.TABLES)):
+    for sql in (T.LATE_CORRECTIONS_SQL, T.CROSS_REGION_SQL, *(T.whole_view_sql(name) for name in T.PUBLISHED)):
         spark.sql(in_test_database(sql))
     yield spark.conf.get("spark.sql.warehouse.dir").removeprefix("file:")
     spark.sql(f"DROP DATABASE IF EXISTS {DATABASE} CASCADE")
@@ -134,8 +152,8 @@ def test_each_view_has_the_pages_columns(spark: SparkSession, tables: str) -> No
         names = re.findall(r"`([^`]+)`", row[0])
         columns = re.findall(r"`([^`]+)`", row[1]) or None  # None: "the table's"
         views.update({name: columns for name in names})
-    code_views = {T.whole_view(name): name for name in T.TABLES} | {T.LATE_CORRECTIONS: None,
-                                                                   T.CROSS_REGION_DUPLICATES: None}
+    code_views = {T.whole_view(name): name for name in T.PUBLISHED} | {T.LATE_CORRECTIONS: None,
+                                                                      T.CROSS_REGION_DUPLICATES: None}
     assert sorted(views) == sorted(code_views)
     for view, table in code_views.items():
         expected = spark.table(in_test_database(table)).columns if table else views[view]
