@@ -249,7 +249,7 @@ def test_sigterm_stops_cleanly_then_the_restarted_job_is_fenced_as_a_zombie(pipe
         # A second driver on the checkpoint in use is refused before it starts.
         second = pipeline.stream(timeout=120)
         assert second.returncode == 4, second.log[-3000:]
-        assert f"in use by another stream driver (pid {zombie.pid} " in second.log
+        assert f"led by another stream driver (pid {zombie.pid} " in second.log
         successor = TransactionalSink(
             pipeline.settings.kafka_bootstrap,
             stream.transactional_id(pipeline.settings),

@@ -42,6 +42,7 @@ from adpipe.kafka_io.groups import (
 from adpipe.kafka_io.ledger import (
     committed_outputs,
     committed_watermark,
+    leadership_group,
     ledger_group,
     stream_commits,
     stream_lag,
@@ -96,6 +97,7 @@ __all__ = [
     "configure_group_session",
     "group_members",
     "java_string_hash",
+    "leadership_group",
     "ledger_group",
     "max_message_bytes",
     "offset_bounds",

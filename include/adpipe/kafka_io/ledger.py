@@ -23,6 +23,13 @@ def ledger_group(job_id: str) -> str:
     return f"adpipe-agg-{job_id}"
 
 
+def leadership_group(job_id: str) -> str:
+    """The stream job's leadership group, and the name of its one-partition
+    topic (:mod:`adpipe.stream.leadership`): beside its ledger group, under
+    the same access rights' prefix."""
+    return f"{ledger_group(job_id)}-leader"
+
+
 def committed_watermark(commits: dict[int, tuple[int, str]]) -> int | None:
     """The watermark (epoch ms) of the last batch in a stream job's ledger
     commits (:func:`stream_commits`; each carries its batch's metadata), or

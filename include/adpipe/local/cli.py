@@ -38,6 +38,8 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
     created = kafka_io.ensure_topics(
         admin, settings.topics.all(), settings.topic_partitions, broker_time=(settings.topics.events,)
     )
+    # The stream drivers' leadership topic: one partition, whatever the others have.
+    created += kafka_io.ensure_topics(admin, [kafka_io.leadership_group(settings.job_id)], 1)
     if created:
         print(f"created topics: {', '.join(created)}")
     if bootstrap != settings.kafka_bootstrap:

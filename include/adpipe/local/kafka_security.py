@@ -36,7 +36,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from adpipe.kafka_io import PROBE_GROUPS, ledger_group
+from adpipe.kafka_io import PROBE_GROUPS, leadership_group, ledger_group
 from adpipe.settings import (
     SCRAM_MECHANISM,
     KafkaAccess,
@@ -236,7 +236,8 @@ def acl_rules(settings: Settings) -> list[AclRule]:
       their limits (max.message.bytes); its transactional id (the ledger
       group's name and "-", as adpipe.stream.job.transactional_id forms it)
       and its ledger group, where each batch's offsets are committed in the
-      batch's transaction; Spark's own groups and adpipe's probes.
+      batch's transaction; its leadership group and that group's topic
+      (:mod:`adpipe.stream.leadership`); Spark's own groups and adpipe's probes.
     * budget: read the aggregates (and their retention, for ``budget
       prune``) in its group; publish budget events in transactions of its
       publishers (ids and ledger groups by prefix).
@@ -247,12 +248,14 @@ def acl_rules(settings: Settings) -> list[AclRule]:
     """
     t = settings.topics
     ledger = ledger_group(settings.job_id)
+    leader = leadership_group(settings.job_id)
     stream = [
         *_rules("stream", "TOPIC", [t.events], "READ"),
         *_rules("stream", "TOPIC", [t.aggregates, t.dlq, t.late], "WRITE"),
         *_rules("stream", "TOPIC", [t.aggregates, t.dlq, t.late], "DESCRIBE_CONFIGS"),
         *_rules("stream", "TRANSACTIONAL_ID", [f"{ledger}-"], "WRITE", "PREFIXED"),
-        *_rules("stream", "GROUP", [ledger, *PROBE_GROUPS], "READ"),
+        *_rules("stream", "GROUP", [ledger, leader, *PROBE_GROUPS], "READ"),
+        *_rules("stream", "TOPIC", [leader], "READ"),
         *_rules("stream", "GROUP", [SPARK_GROUP_PREFIX], "READ", "PREFIXED"),
     ]
     reader = [

@@ -59,11 +59,7 @@ class CheckpointInUseError(RuntimeError):
     """Another live driver leads this job."""
 
 
-def leadership_group(job_id: str) -> str:
-    """The job's leadership group, and the name of its one-partition topic:
-    beside its ledger group (``adpipe.kafka_io.ledger_group``), under the
-    same access rights' prefix."""
-    return f"{kafka_io.ledger_group(job_id)}-leader"
+leadership_group = kafka_io.leadership_group
 
 
 @dataclass(frozen=True)
@@ -176,6 +172,38 @@ class Leadership:
         self.consumer.close()
 
 
+def _wait_for_no_leader(settings: Settings) -> None:
+    """Return once no driver leads the job, or raise naming the one that
+    does. A driver killed (SIGKILL, its host gone) stays in the group until
+    its session expires, so a leader is given one lease, and a little more,
+    to leave before this driver gives up: a live one keeps its session."""
+    deadline = time.monotonic() + settings.stream_lease_s * 1.5 + 2
+    current = _leader_or_none(settings)
+    if current is not None:
+        dead_here = current.host == socket.gethostname() and not _pid_alive(current.pid)
+        log.info("job %s: %s leads in the group%s; waiting up to %.0f s for its session to end",
+                 settings.job_id, current.describe(), " (that process has ended)" if dead_here else "",
+                 deadline - time.monotonic())
+    while current is not None:
+        if time.monotonic() >= deadline:
+            raise CheckpointInUseError(
+                f"job {settings.job_id} is led by another stream driver ({current.describe()}); stop it first, "
+                "or start this one with --standby"
+            )
+        time.sleep(0.5)
+        current = _leader_or_none(settings)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def leadership(settings: Settings, standby: bool = False) -> Iterator[str | None]:
     """Lead the job for the block, or raise at once naming the driver that
@@ -183,12 +211,7 @@ def leadership(settings: Settings, standby: bool = False) -> Iterator[str | None
     driver's (its leader ended, stopped, froze or was cut off). Yields None,
     or for a standby the reason it took over."""
     if not standby:
-        current = _leader_or_none(settings)
-        if current is not None:
-            raise CheckpointInUseError(
-                f"job {settings.job_id} is led by another stream driver ({current.describe()}); stop it first, "
-                "or start this one with --standby"
-            )
+        _wait_for_no_leader(settings)
     membership = Leadership(settings)
     took_over = None
     try:
