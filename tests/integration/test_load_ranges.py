@@ -29,7 +29,8 @@ def _write(pipeline: Pipeline, topic: str, stamps: list[datetime]) -> None:
 
 def test_a_load_reads_from_the_hour_less_its_slack_then_from_where_it_stopped(pipeline: Pipeline) -> None:
     settings = pipeline.settings
-    assert read_since_ms(settings, HOUR) == int(HOUR.timestamp() * 1000) - 300_000  # the skew (300 s) > lateness
+    # The watermark delay plus the allowed lateness (30 + 300 s) is over the future skew (300 s).
+    assert read_since_ms(settings, HOUR) == int(HOUR.timestamp() * 1000) - 330_000
     just_before = HOUR - timedelta(seconds=200)  # within the slack: may hold the hour's records
     stamps = [OLD] * 5 + [just_before] * 3 + [HOUR + timedelta(minutes=5)] * 4
     topics = (settings.topics.late, settings.topics.aggregates, settings.topics.dlq)
