@@ -30,8 +30,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -54,6 +56,13 @@ from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate, wa
 H0 = datetime(2026, 11, 22, 6, tzinfo=UTC)
 HOURS = [H0 + timedelta(hours=i) for i in range(3)]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
+# What the flow produces: three past hours of events, then a few minutes into
+# the fourth, past the third hour's end plus the allowed lateness (300 s), so
+# the stream's watermark closes the third hour (ranges.hour_closed).
+SPECS = (
+    produce.ProduceSpec(events=600, seed=7, ads=6, minutes=180, start=H0, duplicate_rate=0.05, malformed_rate=0.01),
+    produce.ProduceSpec(events=30, seed=8, ads=6, minutes=2, start=H0 + timedelta(hours=3, minutes=7)),
+)
 
 # dag.test() for one DAG and one or more logical dates; prints one RESULT line
 # per run, then (with ADPIPE_TEST_TABLE_HOURS) the rows of the three tables.
@@ -127,6 +136,68 @@ for run_pk in run_ids:
     tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
     print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis, "run_id": dr.run_id,
           "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
+"""
+
+# One worker's share of a DAG run that `airflow dags trigger` made: the
+# scheduled task instances of the tasks named, run in this process with the
+# loop dag.test() uses (update_state, then _run_task -> run_task_in_process:
+# the real task code, its XComs in the metadata database), until each of them
+# is finished; the others are left scheduled for the next worker. Prints
+# RESULT (the run's state, its task instances') and XCOM (the stage task's
+# XCom as the metadata database holds it).
+WORKER_RUN = r"""
+import json, logging, sys, time
+from sqlalchemy import select
+from airflow import settings
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
+from airflow.sdk import timezone
+from airflow.sdk.definitions.dag import _run_task
+from airflow.serialization.serialized_objects import DagSerialization
+from airflow.utils.state import DagRunState, State, TaskInstanceState
+
+log = logging.getLogger("worker_run")
+dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
+run_id, mine = sys.argv[3], set(sys.argv[4].split(","))
+scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+scheduler_dag.on_success_callback = dag.on_success_callback  # as dag.test() does
+scheduler_dag.on_failure_callback = dag.on_failure_callback
+session = settings.Session()
+dr = session.scalars(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)).one()
+dr.dag = scheduler_dag
+if dr.state != DagRunState.RUNNING:
+    dr.state = DagRunState.RUNNING
+    dr.start_date = timezone.utcnow()
+session.commit()
+while dr.state == DagRunState.RUNNING:
+    session.expire_all()
+    schedulable, _ = dr.update_state(session=session)
+    for ti in schedulable:
+        if ti.state != TaskInstanceState.UP_FOR_RESCHEDULE:
+            ti.try_number += 1
+        ti.state = TaskInstanceState.SCHEDULED
+        ti.scheduled_dttm = timezone.utcnow()
+    session.commit()
+    tis = {ti.task_id: ti for ti in dr.get_task_instances(session=session)}
+    if all(tis[task_id].state in State.finished for task_id in mine):
+        break
+    scheduled = [ti for ti in tis.values() if ti.state == TaskInstanceState.SCHEDULED and ti.task_id in mine]
+    if not scheduled:
+        time.sleep(1)  # a retry delay
+    for ti in scheduled:
+        try:
+            _run_task(ti=ti, task=dag.task_dict[ti.task_id], run_triggerer=True)
+        except Exception:
+            log.exception("Task failed; ti=%s", ti)
+session = settings.Session()
+dr = session.scalars(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)).one()
+tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
+print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis, "run_id": run_id}), flush=True)
+row = session.scalars(select(XComModel).where(
+    XComModel.dag_id == dag.dag_id, XComModel.run_id == run_id, XComModel.task_id == "stage",
+    XComModel.key == "return_value")).first()
+print("XCOM " + json.dumps(XComModel.deserialize_value(row) if row is not None else None), flush=True)
 """
 
 # Appended to a driver script when ADPIPE_TEST_TABLE_HOURS is set: after the
@@ -246,16 +317,18 @@ class Flow:
         self.workdir = workdir
         self.inbox = inbox  # the alerts' e-mails; Hooks: the webhook's and Slack's
 
-    def load_env(self, name: str, **extra: str) -> dict[str, str]:
+    def load_env(self, name: str, home: str | None = None, **extra: str) -> dict[str, str]:
         """The load DAG's environment with tables of its own (a metastore
         database and a warehouse under ``name``; the verify task's process
         shares them, which Derby would not allow); Airflow's home and
-        database stay shared. The tasks read the metastore's database from
-        their Connection (adpipe_metastore_db), made again from these settings."""
+        database stay shared. ``home``: another ADPIPE_HOME under the work
+        folder than ``name`` (a worker of its own; give it the warehouse
+        then). The tasks read the metastore's database from their
+        Connection (adpipe_metastore_db), made again from these settings."""
         database = f"adpipe_ms_{self.env['ADPIPE_JOB_ID']}_{name}".lower().replace("-", "_")
         env = {
             **self.env,
-            "ADPIPE_HOME": str(self.workdir / name),
+            "ADPIPE_HOME": str(self.workdir / (home or name)),
             "ADPIPE_METASTORE_DATABASE": database,
             # One Spark session for every step of a run (the spark-submit path: the duplicate test).
             "ADPIPE_LOAD_SUBMIT": "in-process",
@@ -291,12 +364,7 @@ def flow(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactor
     env = airflow_env(settings, pg.pg_url("airflow"), base=base)
     subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)  # noqa: S603
     kafka_io.ensure_pipeline_topics(settings)
-    # Three past hours of events, then a few minutes into the fourth so the
-    # stream's watermark passes the third hour's end.
-    for spec in (
-        produce.ProduceSpec(events=600, seed=7, ads=6, minutes=180, start=H0, duplicate_rate=0.05, malformed_rate=0.01),
-        produce.ProduceSpec(events=30, seed=8, ads=6, minutes=2, start=H0 + timedelta(hours=3, minutes=2)),
-    ):
+    for spec in SPECS:
         produce.send(settings.kafka_bootstrap, settings.topics.events, produce.plan(spec))
     the_flow = Flow(env, settings, workdir, inbox)
     yield the_flow
@@ -414,6 +482,94 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
     served = warm.log_file(load_settings(env_b)).read_text()
     for hour in HOURS:
         assert f"adpipe load --hour {hour:%Y-%m-%dT%H} --step publish" in served, served[-3000:]
+
+
+def _delta_rows(warehouse: Path, table: str) -> list[dict]:
+    """A published table's rows read without Spark (delta-rs), as a reader
+    of the warehouse would."""
+    from deltalake import DeltaTable
+
+    database, name = table.split(".")
+    return DeltaTable(str(warehouse / f"{database}.db" / name)).to_pyarrow_table().to_pylist()
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def test_an_hour_staged_on_one_worker_is_validated_and_published_once_on_another(flow: Flow) -> None:
+    """Two workers that share nothing but Airflow's metadata database, the
+    broker, the metastore's PostgreSQL and the warehouse: worker A (an
+    ADPIPE_HOME and an AIRFLOW_HOME of its own) waits for the hour and
+    stages it in its warm load driver; worker B (other homes, its own warm
+    driver) validates, verifies and publishes it. The staged run reaches B
+    through the stage task's XCom only, and the hour is published once:
+    its rows against what the producer sent, counted here in plain Python."""
+    _hours_closed_by_the_stream(flow)
+    hour = HOURS[0]
+    label = hour.strftime("%Y-%m-%dT%H")
+    warehouse = flow.workdir / "handover-warehouse"
+    envs = {}
+    for worker in ("a", "b"):
+        home = flow.workdir / f"handover-{worker}"
+        envs[worker] = warm_env(flow.load_env(
+            "handover", home=home.name, ADPIPE_LOAD_SUBMIT="warm", ADPIPE_WAREHOUSE_URI=f"file://{warehouse}",
+            AIRFLOW_HOME=str(home / "airflow"),
+        ))
+    # Worker B's warm load driver starts while worker A works (a worker's
+    # driver outlives the task that started it).
+    threading.Thread(target=warm.ensure_driver, args=(load_settings(envs["b"]),), kwargs={"env": envs["b"]},
+                     daemon=True).start()
+    airflow_cli = {**flow.env, "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER)}
+    run_id = f"manual__handover_{uuid.uuid4().hex[:6]}"
+    subprocess.run([AIRFLOW, "dags", "reserialize"], env=airflow_cli, check=True, capture_output=True, timeout=300)  # noqa: S603
+    triggered = subprocess.run(  # noqa: S603
+        [AIRFLOW, "dags", "trigger", "ad_union_and_load", "--run-id", run_id, "--conf", json.dumps({"hour": label})],
+        env=airflow_cli, capture_output=True, text=True, timeout=300,
+    )
+    assert triggered.returncode == 0, triggered.stdout[-2000:] + triggered.stderr[-3000:]
+
+    dag = [str(DAGS_FOLDER), "ad_union_and_load", run_id]
+    results, out = _run(WORKER_RUN, [*dag, "wait_for_hour_closed,stage"], envs["a"])
+    assert results and results[0]["tis"]["stage"] == "success", explain(results, out)
+    assert results[0]["state"] == "running"
+    results, out = _run(WORKER_RUN, [*dag, "validate,verify,publish,publish_data_docs"], envs["b"])
+    assert results and results[0]["state"] == "success", explain(results, out)
+    assert set(results[0]["tis"].values()) == {"success"}, explain(results, out)
+
+    # The hand-over: the staged run, in the metadata database, small.
+    [line] = [line for line in out.splitlines() if line.startswith("XCOM ")]
+    staged = json.loads(line[5:])
+    assert staged["hour"] == label and label in staged["hours"], staged
+    assert len(json.dumps(staged)) < 10_000
+    # Each step ran in its own worker's driver; neither home holds a run file.
+    homes = {w: Path(env["ADPIPE_HOME"]) for w, env in envs.items()}
+    served = {w: warm.log_file(load_settings(env)).read_text() for w, env in envs.items()}
+    assert f"adpipe load --hour {label} --step stage " in served["a"], served["a"][-3000:]
+    for step in ("audit", "publish"):
+        assert f"--step {step} " not in served["a"] and f"--step {step} " in served["b"], served["b"][-3000:]
+    assert not [home for home in homes.values() if (home / "load" / "airflow").exists()]
+
+    # Published once: the hour's rows against the producer's own plan.
+    expected: dict[tuple[str, str], list[int]] = {}
+    for spec in SPECS:
+        for count in produce.plan(spec).summary["counts"]:
+            if count["window_start"].startswith(label):
+                slot = expected.setdefault((count["ad_id"], count["window_start"]), [0, 0])
+                slot[count["event_type"] == "click"] += count["events"]
+    aggregates = [r for r in _delta_rows(warehouse, "ads.ad_minute_aggregates") if _utc(r["event_hour"]) == hour]
+    windows = Counter((r["ad_id"], _utc(r["window_start"]).strftime("%Y-%m-%dT%H:%M:%SZ")) for r in aggregates)
+    assert [w for w, n in windows.items() if n > 1] == []
+    published = {
+        (r["ad_id"], _utc(r["window_start"]).strftime("%Y-%m-%dT%H:%M:%SZ")): [r["impressions"], r["clicks"]]
+        for r in aggregates
+    }
+    assert published == expected
+    raw = [r for r in _delta_rows(warehouse, "ads.ad_events_raw") if _utc(r["event_hour"]) == hour]
+    assert len(raw) == len({r["event_id"] for r in raw}) == sum(sum(v) for v in expected.values())
+    ledger = _delta_rows(warehouse, "ads.load_runs")
+    publications = [r for r in ledger if r["step"] == "published" and label in json.loads(r["hours"] or "[]")]
+    assert len(publications) == 1, ledger
 
 
 @pytest.mark.slow
