@@ -29,7 +29,9 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
    watermark delay and the allowed lateness). It
    asks once, then defers to a trigger that asks every 10 s in Airflow's
    triggerer (no worker slot held): the load starts seconds after the close.
-2. `stage` — the new records of every region into `ads_staging.*`.
+2. `stage` — the new records of every region into `ads_staging.*`; the
+   staged run is its XCom, which `validate`, `verify` and `publish` read
+   (Airflow's metadata database: any worker, any host, any `ADPIPE_HOME`).
    `stage`, `validate` and `publish` run in the home's warm load driver
    (`adpipe load --serve`, started by the first step if none runs: one
    Spark session for every step and hour, no Spark start per step);
@@ -134,22 +136,26 @@ with DAG(
     # The Spark steps: in the warm load driver, or with ADPIPE_LOAD_SUBMIT=
     # spark-submit|in-process (see the doc above); one at a time with the
     # table maintenance.
+    # The staged run is stage's XCom (staged.output): the later steps pull it
+    # from Airflow's metadata database, on whatever worker they run.
     submit = _settings.load_submit
     staged = load_step("stage", submit, task_id="stage", pool=TABLES_POOL)
     # A failed expectation is not transient: no retry, fail and alert now.
-    validate = load_step("validate", submit, task_id="validate", retries=0, pool=TABLES_POOL)
+    validate = load_step(
+        "validate", submit, task_id="validate", staged_run=staged.output, retries=0, pool=TABLES_POOL
+    )
 
     @task(task_id="verify", retries=0)
-    def verify(**context) -> dict:  # noqa: ANN003
+    def verify(staged_run: dict, **context) -> dict:  # noqa: ANN003
         from adpipe.orchestration import load_tasks
         from adpipe.orchestration.connections import task_env
 
         env = task_env()
-        settings = load_settings(env)
-        path = load_tasks.run_file(settings, context["run_id"])
-        return load_tasks.verify(settings, _hour(context), path, env=env)
+        return load_tasks.verify(load_settings(env), _hour(context), staged_run, env=env)
 
-    published = load_step("publish", submit, task_id="publish", outlets=TABLE_ASSETS, pool=TABLES_POOL)
+    published = load_step(
+        "publish", submit, task_id="publish", staged_run=staged.output, outlets=TABLE_ASSETS, pool=TABLES_POOL
+    )
 
     @task(task_id="publish_data_docs", trigger_rule="all_done")
     def publish_data_docs(**context) -> str | None:  # noqa: ANN003
@@ -158,10 +164,11 @@ with DAG(
 
         return load_tasks.publish_data_docs(task_settings(), _hour(context))
 
-    checked = [validate, verify()]
+    checked = [validate, verify(staged.output)]
     hour_closed >> staged >> checked
-    # publish waits on both checks only (a failed one leaves it
-    # upstream_failed, and the run failed); the audit's Data Docs are linked
-    # whatever it found (all_done), beside it: nothing waits on a cosmetic task.
+    # publish waits on both checks (a failed one leaves it upstream_failed,
+    # and the run failed), and on stage, whose XCom it reads; the audit's
+    # Data Docs are linked whatever it found (all_done), beside it: nothing
+    # waits on a cosmetic task.
     checked >> published
     checked >> publish_data_docs()

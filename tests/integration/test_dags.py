@@ -3,15 +3,18 @@ Spark and PostgreSQL (Airflow's metadata database): the stream DAG starts
 the stream job with spark-submit, detached, and restarts it after a SIGKILL
 (alerting past the restart threshold); the load DAG loads closed hours; a
 backfill created with ``airflow backfill create`` gives the same tables as
-loading the hours one by one; an injected duplicate aggregate fails the run
-and the notifier names the failed expectation.
+loading the hours one by one; an hour staged on one worker is validated,
+verified and published once on another (``ADPIPE_HOME`` and ``AIRFLOW_HOME``
+of their own: the staged run goes through XCom only); an injected duplicate
+aggregate fails the run and the notifier names the failed expectation.
 
 Each ``dag.test()`` runs in a subprocess with the Airflow environment of
 ``make airflow`` (adpipe.local.airflow.airflow_env).
 
 The backfill: ``airflow backfill create`` (the real CLI, against the metadata
 database in the test PostgreSQL) creates the three runs and their data
-intervals; they are then executed by an in-process driver, ``BACKFILL_RUN``,
+intervals; they are then executed by an in-process driver, ``BACKFILL_RUN``
+(the driver scripts are in dag_runs.py),
 with the loop ``dag.test()`` itself uses (``update_state`` for the scheduling
 decisions, ``_run_task`` -> ``run_task_in_process`` for the real task code),
 in logical-date order. Chosen over a real ``airflow scheduler``: on two cores
@@ -36,7 +39,6 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -51,6 +53,9 @@ from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce
 
 from tests.alert_receivers import Hooks, Inbox, alert_env, hooks_server, html_text, smtp_server
+from tests.integration.dag_runs import BACKFILL_RUN, DAG_TEST, ONE_BY_ONE, WORKER_RUN, explain
+from tests.integration.dag_runs import run_script as _run
+from tests.integration.dag_runs import start_script as _start
 from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate, warm_env
 
 H0 = datetime(2026, 11, 22, 6, tzinfo=UTC)
@@ -64,244 +69,7 @@ SPECS = (
     produce.ProduceSpec(events=30, seed=8, ads=6, minutes=2, start=H0 + timedelta(hours=3, minutes=7)),
 )
 
-# dag.test() for one DAG and one or more logical dates; prints one RESULT line
-# per run, then (with ADPIPE_TEST_TABLE_HOURS) the rows of the three tables.
-DAG_TEST = r"""
-import json, sys
-from datetime import datetime
-from airflow.dag_processing.dagbag import DagBag
-dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
-for ld in sys.argv[3].split(","):
-    dr = dag.test(logical_date=datetime.fromisoformat(ld) if ld else None)
-    tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
-    print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis,
-          "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
-"""
-
-# Runs the runs of the latest backfill of a DAG in this process, with the loop
-# dag.test() uses (no scheduler, no executor): `airflow backfill create` made
-# the runs and their data intervals; this executes their real task code
-# (run_task_in_process, as dag.test()) in logical-date order. Each run is read
-# afresh by id: running a task closes the scoped session, which detaches (and,
-# after expire_all, empties) every DagRun object loaded before.
-BACKFILL_RUN = r"""
-import json, logging, sys, time
-from sqlalchemy import select
-from airflow import settings
-from airflow.dag_processing.dagbag import DagBag
-from airflow.models.backfill import Backfill
-from airflow.models.dagrun import DagRun
-from airflow.sdk import timezone
-from airflow.sdk.definitions.dag import _run_task
-from airflow.serialization.serialized_objects import DagSerialization
-from airflow.utils.state import DagRunState, State, TaskInstanceState
-
-log = logging.getLogger("backfill_run")
-dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
-scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
-scheduler_dag.on_success_callback = dag.on_success_callback  # as dag.test() does
-scheduler_dag.on_failure_callback = dag.on_failure_callback
-session = settings.Session()
-backfill = session.scalars(select(Backfill).where(Backfill.dag_id == dag.dag_id).order_by(Backfill.id.desc())).first()
-run_ids = session.scalars(
-    select(DagRun.id).where(DagRun.backfill_id == backfill.id).order_by(DagRun.logical_date)
-).all()
-for run_pk in run_ids:
-    session = settings.Session()
-    dr = session.scalars(select(DagRun).where(DagRun.id == run_pk)).one()
-    dr.dag = scheduler_dag
-    dr.state = DagRunState.RUNNING
-    dr.start_date = timezone.utcnow()
-    session.commit()
-    while dr.state == DagRunState.RUNNING:
-        session.expire_all()
-        schedulable, _ = dr.update_state(session=session)
-        for ti in schedulable:
-            if ti.state != TaskInstanceState.UP_FOR_RESCHEDULE:
-                ti.try_number += 1
-            ti.state = TaskInstanceState.SCHEDULED
-            ti.scheduled_dttm = timezone.utcnow()
-        session.commit()
-        tis = set(dr.get_task_instances(session=session))
-        scheduled = [t for t in tis if t.state == TaskInstanceState.SCHEDULED]
-        if not scheduled and any(t.state not in State.finished for t in tis):
-            time.sleep(1)  # a retry or reschedule delay
-        for ti in scheduled:
-            try:
-                _run_task(ti=ti, task=dag.task_dict[ti.task_id], run_triggerer=True)
-            except Exception:
-                log.exception("Task failed; ti=%s", ti)
-    session = settings.Session()
-    dr = session.scalars(select(DagRun).where(DagRun.id == run_pk)).one()
-    tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
-    print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis, "run_id": dr.run_id,
-          "interval": [str(dr.data_interval_start), str(dr.data_interval_end)]}), flush=True)
-"""
-
-# One worker's share of a DAG run that `airflow dags trigger` made: the
-# scheduled task instances of the tasks named, run in this process with the
-# loop dag.test() uses (update_state, then _run_task -> run_task_in_process:
-# the real task code, its XComs in the metadata database), until each of them
-# is finished; the others are left scheduled for the next worker. Prints
-# RESULT (the run's state, its task instances') and XCOM (the stage task's
-# XCom as the metadata database holds it).
-WORKER_RUN = r"""
-import json, logging, sys, time
-from sqlalchemy import select
-from airflow import settings
-from airflow.dag_processing.dagbag import DagBag
-from airflow.models.dagrun import DagRun
-from airflow.models.xcom import XComModel
-from airflow.sdk import timezone
-from airflow.sdk.definitions.dag import _run_task
-from airflow.serialization.serialized_objects import DagSerialization
-from airflow.utils.state import DagRunState, State, TaskInstanceState
-
-log = logging.getLogger("worker_run")
-dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
-run_id, mine = sys.argv[3], set(sys.argv[4].split(","))
-scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
-scheduler_dag.on_success_callback = dag.on_success_callback  # as dag.test() does
-scheduler_dag.on_failure_callback = dag.on_failure_callback
-session = settings.Session()
-dr = session.scalars(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)).one()
-dr.dag = scheduler_dag
-if dr.state != DagRunState.RUNNING:
-    dr.state = DagRunState.RUNNING
-    dr.start_date = timezone.utcnow()
-session.commit()
-while dr.state == DagRunState.RUNNING:
-    session.expire_all()
-    schedulable, _ = dr.update_state(session=session)
-    for ti in schedulable:
-        if ti.state != TaskInstanceState.UP_FOR_RESCHEDULE:
-            ti.try_number += 1
-        ti.state = TaskInstanceState.SCHEDULED
-        ti.scheduled_dttm = timezone.utcnow()
-    session.commit()
-    tis = {ti.task_id: ti for ti in dr.get_task_instances(session=session)}
-    if all(tis[task_id].state in State.finished for task_id in mine):
-        break
-    scheduled = [ti for ti in tis.values() if ti.state == TaskInstanceState.SCHEDULED and ti.task_id in mine]
-    if not scheduled:
-        time.sleep(1)  # a retry delay
-    for ti in scheduled:
-        try:
-            _run_task(ti=ti, task=dag.task_dict[ti.task_id], run_triggerer=True)
-        except Exception:
-            log.exception("Task failed; ti=%s", ti)
-session = settings.Session()
-dr = session.scalars(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)).one()
-tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
-print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis, "run_id": run_id}), flush=True)
-row = session.scalars(select(XComModel).where(
-    XComModel.dag_id == dag.dag_id, XComModel.run_id == run_id, XComModel.task_id == "stage",
-    XComModel.key == "return_value")).first()
-print("XCOM " + json.dumps(XComModel.deserialize_value(row) if row is not None else None), flush=True)
-"""
-
-# Appended to a driver script when ADPIPE_TEST_TABLE_HOURS is set: after the
-# runs, the three tables' rows of those hours (without the load time, sorted),
-# read through the metastore in the same process (its Spark session is up
-# already; a separate reader would start a second JVM for a few hundred rows).
-TABLE_ROWS = r"""
-import os
-from datetime import datetime
-from adpipe.lakehouse import tables
-from adpipe.lakehouse.metastore import metastore_session
-from adpipe.settings import load_settings
-from pyspark.sql import functions as F
-hours = os.environ.get("ADPIPE_TEST_TABLE_HOURS")
-if hours:
-    spark = metastore_session(load_settings(), "adpipe-test-read")
-    hours = [datetime.fromisoformat(h) for h in hours.split(",")]
-    out = {}
-    for name in (tables.RAW, tables.AGGREGATES, tables.QUARANTINE):
-        df = spark.table(name).where(F.col("event_hour").isin(hours)).drop("loaded_at")
-        out[name] = sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in df.collect())
-    print("TABLES " + json.dumps(out), flush=True)
-"""
-# Loads each hour on its own, in order, with the loader the DAG's load task
-# calls (one process, one Spark session: no second Airflow run of each hour).
-ONE_BY_ONE = r"""
-import json, sys
-from datetime import datetime
-from adpipe.lakehouse.load import load_hour
-from adpipe.lakehouse.metastore import metastore_session
-from adpipe.settings import load_settings
-settings = load_settings()
-spark = metastore_session(settings, "adpipe-test-one-by-one")
-for h in sys.argv[1].split(","):
-    result = load_hour(settings, datetime.fromisoformat(h), spark)
-    print("RESULT " + json.dumps({"hour": result.hour, "inserted": result.inserted}), flush=True)
-"""
 TABLE_HOURS = {"ADPIPE_TEST_TABLE_HOURS": ",".join(h.isoformat() for h in HOURS)}
-
-
-@dataclass
-class Driver:
-    """A driver script running as a subprocess; its whole output goes to a
-    file next to the run's home (kept for a post-mortem, and no pipe to
-    fill while another driver is waited on)."""
-
-    proc: subprocess.Popen
-    log_path: Path
-
-    def finish(self, timeout: int = 600) -> tuple[list[dict], str]:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        output = self.log_path.read_text()
-        results = [json.loads(line[7:]) for line in output.splitlines() if line.startswith("RESULT ")]
-        return results, output
-
-
-def _start(script: str, args: list[str], env: dict[str, str]) -> Driver:
-    log_dir = Path(env["ADPIPE_HOME"]) / "test-logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-c", script + TABLE_ROWS, *args], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    return Driver(proc, log_path)
-
-
-def _run(script: str, args: list[str], env: dict[str, str], timeout: int = 600) -> tuple[list[dict], str]:
-    return _start(script, args, env).finish(timeout)
-
-
-def task_log(output: str, task_id: str) -> str:
-    """The log of the last try of ``task_id`` in a dag.test()-style run's
-    output: the lines between Airflow's ``[DAG TEST] starting task_id=...``
-    and ``[DAG TEST] end task task_id=...`` markers."""
-    lines = output.splitlines()
-    starts = [i for i, line in enumerate(lines) if f"[DAG TEST] starting task_id={task_id} " in line]
-    if not starts:
-        return ""
-    section = []
-    for line in lines[starts[-1] :]:
-        section.append(line)
-        if f"[DAG TEST] end task task_id={task_id} " in line:
-            break
-    return "\n".join(section)
-
-
-def explain(results: list[dict], output: str, limit: int = 12000) -> str:
-    """Why runs failed: the log of every task that did not succeed (or, with
-    no RESULT line at all, the output's tail)."""
-    parts = [f"RESULTS: {json.dumps(results)}"]
-    for result in results:
-        for task_id, state in result.get("tis", {}).items():
-            if state in ("failed", "up_for_retry", "up_for_reschedule", "None", "queued", "scheduled"):
-                parts.append(f"--- log of {task_id} ({state}) in {result.get('run_id', '')} ---")
-                parts.append(task_log(output, task_id)[-limit:] or "(no log section found)")
-    if len(parts) == 1:
-        parts.append(output[-limit:])
-    return "\n".join(parts)
 
 
 def _tables(output: str) -> dict[str, list[str]]:
@@ -516,10 +284,11 @@ def test_an_hour_staged_on_one_worker_is_validated_and_published_once_on_another
             "handover", home=home.name, ADPIPE_LOAD_SUBMIT="warm", ADPIPE_WAREHOUSE_URI=f"file://{warehouse}",
             AIRFLOW_HOME=str(home / "airflow"),
         ))
-    # Worker B's warm load driver starts while worker A works (a worker's
-    # driver outlives the task that started it).
-    threading.Thread(target=warm.ensure_driver, args=(load_settings(envs["b"]),), kwargs={"env": envs["b"]},
-                     daemon=True).start()
+    # Each worker's warm load driver starts now, side by side (a worker's
+    # driver outlives the task that started it; the steps find it up).
+    for env in envs.values():
+        threading.Thread(target=warm.ensure_driver, args=(load_settings(env),), kwargs={"env": env},
+                         daemon=True).start()
     airflow_cli = {**flow.env, "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER)}
     run_id = f"manual__handover_{uuid.uuid4().hex[:6]}"
     subprocess.run([AIRFLOW, "dags", "reserialize"], env=airflow_cli, check=True, capture_output=True, timeout=300)  # noqa: S603

@@ -11,6 +11,10 @@ of an hour does the same thing. Write-audit-publish, one step per task:
    (``adpipe.lakehouse.ranges.hour_closed``).
 2. ``stage`` - what arrived since the last run, every region, into the
    staging tables, each row in its own hour (``adpipe.lakehouse.load.stage``).
+   The staged run (``StagedRun.to_dict``) is the task's XCom: ``validate``,
+   ``verify`` and ``publish`` take it from there (Airflow's metadata
+   database), whichever worker, host or ``ADPIPE_HOME`` they run on. No step
+   hands anything to another through a file.
 3. ``validate`` - the Great Expectations gate on each hour the run would
    publish (published plus staged rows, and what Kafka says of the hour);
    a failed expectation of the run's own hour raises ``QualityError``
@@ -31,10 +35,13 @@ Every address and credential a step uses comes from the task's Connections
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -93,13 +100,6 @@ def hour_is_closed(settings: Settings, hour: datetime) -> bool:
     return closed
 
 
-def run_file(settings: Settings, airflow_run_id: str) -> Path:
-    """Where the steps of one DAG run hand its staged run over (the stage
-    step writes it; validate, verify and publish read it)."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in airflow_run_id)
-    return settings.home / "load" / "airflow" / f"{safe}.json"
-
-
 def _session(settings: Settings, step: str, hour: datetime) -> Any:
     from adpipe.lakehouse.metastore import metastore_session
     from adpipe.lakehouse.ranges import hour_label
@@ -109,34 +109,52 @@ def _session(settings: Settings, step: str, hour: datetime) -> Any:
     return metastore_session(settings, f"adpipe-{step}-{hour_label(hour)}")
 
 
-def _staged(path: Path) -> Any:
+class NoStagedRun(ValueError):
+    """A step after ``stage`` was given no staged run (the stage task's XCom)."""
+
+
+def _staged(run: dict[str, Any] | None) -> Any:
+    """The ``StagedRun`` of the stage task's XCom."""
     from adpipe.lakehouse import load
 
-    return load.StagedRun.from_dict(json.loads(path.read_text()))
+    if not run:
+        raise NoStagedRun("no staged run: the stage task of this DAG run returned none (its XCom)")
+    return load.StagedRun.from_dict(dict(run))
 
 
-def stage(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
-    """In this process: stage the hour's load, hand the run over in ``path``."""
+def handed_over(run: dict[str, Any]) -> dict[str, Any]:
+    """The staged run as the stage task returns it, its XCom (logged with
+    its size). Small and bounded: a few fields, one entry per region read
+    (four topics' offsets per partition), and the hours it audits, held or
+    asked for (``YYYY-MM-DDTHH`` each): the hours of what arrived since the
+    last run, which an hourly run keeps to a few."""
+    size = len(json.dumps(run))
+    log.info("run %s handed over as this task's XCom: %d bytes of JSON (%d hours to audit, %d regions read)",
+             run.get("run_id"), size, len(run.get("hours", [])), len(run.get("read", [])))
+    return run
+
+
+def stage(settings: Settings, hour: datetime) -> dict[str, Any]:
+    """In this process: stage the hour's load; the staged run is returned
+    (the task's XCom)."""
     from adpipe.lakehouse import load
 
     run = load.stage(settings, _session(settings, "stage", hour), hour)
-    load.write_json(path, run.to_dict())
     log.info("run %d staged %s; hours to audit: %s", run.run_id, run.staged, ", ".join(run.hours))
-    return run.to_dict()
+    return handed_over(run.to_dict())
 
 
-def validate(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
-    """In this process: the gate on the run in ``path``. Raises
-    ``QualityError`` (naming every failed expectation of every hour) on
-    failure; nothing is then published."""
+def validate(settings: Settings, hour: datetime, run: dict[str, Any] | None) -> dict[str, Any]:
+    """In this process: the gate on the staged ``run`` (the stage task's
+    XCom). Raises ``QualityError`` (naming every failed expectation of every
+    hour) on failure; nothing is then published."""
     from adpipe.lakehouse import load
     from adpipe.lakehouse.quality import QualityError
 
-    staged = _staged(path)
+    staged = _staged(run)
     results = load.audit(settings, _session(settings, "validate", hour), staged)
     failed = load.failed_asked(staged, results)
     text = load.audit_text(results)
-    load.write_json(load.step_file(path, "audit"), {"success": not failed, "describe": text})
     if failed:
         raise QualityError(text, failed[0])
     log.info("%s", text)
@@ -147,16 +165,16 @@ class TablesDisagree(RuntimeError):
     """``adpipe verify --hour`` found the candidate different from Kafka."""
 
 
-def verify(settings: Settings, hour: datetime, path: Path, env: dict[str, str] | None = None) -> dict:
+def verify(settings: Settings, hour: datetime, run: dict[str, Any] | None, env: dict[str, str] | None = None) -> dict:
     """Run ``adpipe verify --hour --candidate-of-run --tables-only`` on the
-    run in ``path``; raise :class:`TablesDisagree` naming what differs."""
+    staged ``run`` (the stage task's XCom); raise :class:`TablesDisagree`
+    naming what differs."""
     import subprocess
     import sys
-    import tempfile
 
     from adpipe.lakehouse.ranges import hour_label
 
-    run_id = _staged(path).run_id
+    run_id = _staged(run).run_id
     with tempfile.TemporaryDirectory(prefix="adpipe-verify-") as tmp:
         report_path = Path(tmp) / "report.json"
         command = [sys.executable, "-m", "adpipe", "verify", "--hour", hour_label(hour), "--tables-only",
@@ -188,25 +206,55 @@ def verify(settings: Settings, hour: datetime, path: Path, env: dict[str, str] |
     return {k: tables[k] for k in ("hour", "ok", "problems", "regions")}
 
 
-def publish(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
-    """In this process: publish the audited run in ``path``."""
+def publish(settings: Settings, hour: datetime, run: dict[str, Any] | None) -> dict[str, Any]:
+    """In this process: publish the audited ``run`` (the stage task's XCom)."""
     from adpipe.lakehouse import load
 
-    done = load.publish(settings, _session(settings, "publish", hour), _staged(path))
-    load.write_json(load.step_file(path, "publish"), done)
+    done = load.publish(settings, _session(settings, "publish", hour), _staged(run))
     log.info("published %s; late corrections %s", done["inserted"], done["corrections"] or "none")
     return done
 
 
-_IN_PROCESS = {"stage": stage, "validate": validate, "publish": publish}
 _CLI_STEP = {"stage": "stage", "validate": "audit", "publish": "publish"}
-STEPS = tuple(_IN_PROCESS)
+STEPS = tuple(_CLI_STEP)
 
 
-def _check_step(step: str) -> str:
-    if step not in _IN_PROCESS:
+def in_process(step: str, settings: Settings, hour: datetime, run: dict[str, Any] | None) -> Any:
+    """The load's ``step`` in this process; ``run``: the staged run (the
+    stage task's XCom; None for ``stage``)."""
+    if step == "stage":
+        return stage(settings, hour)
+    return (validate if step == "validate" else publish)(settings, hour, run)
+
+
+def _check_step(step: str, staged_run: Any) -> str:
+    """``step``, when it is one, and it is given the staged run exactly when
+    it reads one (every step but ``stage``)."""
+    if step not in _CLI_STEP:
         raise ValueError(f"step {step!r}: expected one of {', '.join(STEPS)}")
+    if (step == "stage") is not (staged_run is None):
+        raise ValueError(
+            f"step {step!r}: " + ("stages the run, it is given none" if step == "stage" else
+                                  "reads the staged run: give staged_run, the stage task's XCom (its .output)")
+        )
     return step
+
+
+@contextlib.contextmanager
+def run_file_here(step: str, run: dict[str, Any] | None) -> Iterator[Path]:
+    """The ``--run-file`` of a step that runs in another process on this
+    host (the warm load driver, spark-submit's driver in client mode): in a
+    temporary folder of this task's own, never under ``ADPIPE_HOME``, gone
+    when the step is done. ``run`` (the stage task's XCom) is written to it
+    first; the step's result is read back from it or beside it. It hands
+    nothing to another task: that is XCom's."""
+    from adpipe.lakehouse.load import write_json
+
+    with tempfile.TemporaryDirectory(prefix=f"adpipe-{step}-") as folder:
+        path = Path(folder) / "run.json"
+        if run is not None:
+            write_json(path, dict(run))
+        yield path
 
 
 def _raise_for(step: str, path: Path) -> None:
@@ -225,21 +273,20 @@ def _result(step: str, path: Path) -> Any:
     from adpipe.lakehouse.load import step_file
 
     if step == "stage":
-        return json.loads(path.read_text())
+        return handed_over(json.loads(path.read_text()))
     return json.loads(step_file(path, _CLI_STEP[step]).read_text())
 
 
-def _run_of(context: Any) -> tuple[dict[str, str], Settings, datetime, Path]:
+def _run_of(context: Any) -> tuple[dict[str, str], Settings, datetime]:
     """A step's Connections' values (adpipe.orchestration.connections: the
-    worker's environment under them is the step's), settings, hour and run
-    file."""
+    worker's environment under them is the step's), settings and hour."""
     from adpipe.orchestration.connections import connection_env
     from adpipe.settings import load_settings
 
     overlay = connection_env()
     settings = load_settings({**os.environ, **overlay})
     hour = hour_of_run(context.get("params"), context.get("data_interval_start"), context.get("data_interval_end"))
-    return overlay, settings, hour, run_file(settings, str(context["run_id"]))
+    return overlay, settings, hour
 
 
 class WarmLoadOperator(BaseOperator):
@@ -290,41 +337,50 @@ class LoadStepOperator(WarmLoadOperator):
     (``in-process``). No spark-submit runs here, so this is no
     ``SparkSubmitOperator``: with ``ADPIPE_LOAD_SUBMIT=spark-submit`` the DAG
     builds :class:`LoadStepSubmitOperator` instead (:func:`load_step`). The
-    hour comes from the run's ``hour`` param or data interval; the staged
-    run passes from step to step in :func:`run_file`. Returns the step's
-    result (XCom)."""
+    hour comes from the run's ``hour`` param or data interval. ``stage``
+    returns the staged run (its XCom); every later step is given it as
+    ``staged_run`` (templated: the stage task's ``.output``, pulled from
+    XCom when the step runs, on whatever worker). Returns the step's result
+    (XCom)."""
 
-    def __init__(self, *, step: str, **kwargs: Any) -> None:
+    template_fields = ("staged_run",)
+
+    def __init__(self, *, step: str, staged_run: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.step = _check_step(step)
+        self.step = _check_step(step, staged_run)
+        self.staged_run = staged_run
 
     def execute(self, context: Any) -> Any:
-        overlay, settings, hour, path = _run_of(context)
+        overlay, settings, hour = _run_of(context)
+        if self.step != "stage":
+            _staged(self.staged_run)  # refused before any Spark work
         if settings.load_submit == "in-process":
-            return _IN_PROCESS[self.step](settings, hour, path)
+            return in_process(self.step, settings, hour, self.staged_run)
         if settings.load_submit != "warm":
             raise RuntimeError(
                 f"ADPIPE_LOAD_SUBMIT={settings.load_submit} here, but the DAG was parsed without it: "
                 "set it where the DAG files are parsed too"
             )
-        return self._in_warm_driver({**os.environ, **overlay}, settings, hour, path)
+        return self._in_warm_driver({**os.environ, **overlay}, settings, hour)
 
-    def _in_warm_driver(self, env: dict[str, str], settings: Settings, hour: datetime, path: Path) -> Any:
+    def _in_warm_driver(self, env: dict[str, str], settings: Settings, hour: datetime) -> Any:
         """The step in the home's warm load driver (started if none runs):
-        no Spark start for it. Where none can serve it (none became ready,
-        a session of other settings), in this task's process instead."""
+        no Spark start for it; the run goes to it, and its result comes
+        back, in :func:`run_file_here`. Where none can serve it (none became
+        ready, a session of other settings), in this task's process instead."""
         from adpipe.lakehouse.ranges import hour_label
 
-        argv = ["load", "--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
-        lines = LogLines(self.log)
-        code = self._delegate(env, settings, argv, lines, lines)
-        if code is None:
-            self.log.warning("no warm load driver took the step: running it in this process")
-            return _IN_PROCESS[self.step](settings, hour, path)
-        if code != 0:
-            _raise_for(self.step, path)
-            raise RuntimeError(f"the {self.step} step exited {code} in the warm load driver (see above)")
-        return _result(self.step, path)
+        with run_file_here(self.step, self.staged_run) as path:
+            argv = ["load", "--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
+            lines = LogLines(self.log)
+            code = self._delegate(env, settings, argv, lines, lines)
+            if code is None:
+                self.log.warning("no warm load driver took the step: running it in this process")
+                return in_process(self.step, settings, hour, self.staged_run)
+            if code != 0:
+                _raise_for(self.step, path)
+                raise RuntimeError(f"the {self.step} step exited {code} in the warm load driver (see above)")
+            return _result(self.step, path)
 
 
 class LoadSubmitOperator(SparkSubmitOperator):
@@ -360,24 +416,33 @@ class LoadSubmitOperator(SparkSubmitOperator):
 
 class LoadStepSubmitOperator(LoadSubmitOperator):
     """One Spark step of the load submitted as a Spark application of its
-    own, ``spark-submit jobs/union_and_load.py --step ...``
-    (:class:`LoadSubmitOperator`); the hour is the run's."""
+    own, ``spark-submit jobs/union_and_load.py --step ... --run-file F``
+    (:class:`LoadSubmitOperator`); the hour is the run's. ``staged_run`` as
+    :class:`LoadStepOperator`'s (the stage task's XCom); ``F`` is a file of
+    this task's own (:func:`run_file_here`): the application's driver runs
+    on this host (spark-submit's client deploy mode, the provider's default)."""
 
-    def __init__(self, *, step: str, **kwargs: Any) -> None:
+    template_fields = (*LoadSubmitOperator.template_fields, "staged_run")
+
+    def __init__(self, *, step: str, staged_run: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.step = _check_step(step)
+        self.step = _check_step(step, staged_run)
+        self.staged_run = staged_run
 
     def execute(self, context: Any) -> Any:  # type: ignore[override]
         from adpipe.lakehouse.ranges import hour_label
 
-        overlay, settings, hour, path = _run_of(context)
-        args = ["--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
-        try:
-            self.submit(context, overlay, settings, f"adpipe-load-{self.step}-{hour_label(hour)}", args)
-        except Exception:
-            _raise_for(self.step, path)
-            raise
-        return _result(self.step, path)
+        overlay, settings, hour = _run_of(context)
+        if self.step != "stage":
+            _staged(self.staged_run)  # refused before spark-submit starts
+        with run_file_here(self.step, self.staged_run) as path:
+            args = ["--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
+            try:
+                self.submit(context, overlay, settings, f"adpipe-load-{self.step}-{hour_label(hour)}", args)
+            except Exception:
+                _raise_for(self.step, path)
+                raise
+            return _result(self.step, path)
 
 
 def load_step(step: str, submit: str, **kwargs: Any) -> BaseOperator:

@@ -29,6 +29,7 @@ EDGES = {
         ("wait_for_hour_closed", "stage"),
         ("stage", "validate"),
         ("stage", "verify"),
+        ("stage", "publish"),  # publish reads stage's XCom, the staged run
         ("validate", "publish"),
         ("verify", "publish"),
         ("validate", "publish_data_docs"),
@@ -243,8 +244,9 @@ def test_load_dag_publishes_the_table_assets_names_its_hour_and_always_links_dat
     assert outlets == {"ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine",
                        "ads.ad_minute_aggregate_revisions"}
     assert dag.get_task("publish_data_docs").trigger_rule == "all_done"
-    # Publish waits on the two checks, never on the cosmetic Data Docs page.
-    assert dag.get_task("publish").upstream_task_ids == {"validate", "verify"}
+    # Publish waits on the two checks (and on stage, whose XCom it reads),
+    # never on the cosmetic Data Docs page.
+    assert dag.get_task("publish").upstream_task_ids == {"stage", "validate", "verify"}
     assert sorted(t.task_id for t in dag.tasks if not t.downstream_task_ids) == ["publish", "publish_data_docs"]
     assert dag.get_task("validate").retries == 0 and dag.get_task("verify").retries == 0
     assert "hour" in dag.params and dag.params["hour"] is None
@@ -468,18 +470,6 @@ def test_notifier_survives_a_dead_webhook(tmp_path: Path, dagbag) -> None:  # no
     AdpipeNotifier(settings)(_failure_context(dagbag))  # must not raise
     assert time.monotonic() - started < 5
     assert len(alerts_file(settings).read_text().splitlines()) == 1
-
-
-def test_load_steps_hand_the_run_over_in_one_file_per_dag_run(tmp_path: Path) -> None:
-    from adpipe.orchestration.load_tasks import LoadStepOperator, run_file
-
-    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
-    path = run_file(settings, "scheduled__2026-11-22T12:00:00+00:00")
-    assert path.parent == tmp_path / "load" / "airflow"
-    assert path.name == "scheduled__2026-11-22T12_00_00_00_00.json"
-    assert run_file(settings, "manual__a/../b").parent == path.parent
-    with pytest.raises(ValueError, match="step 'load'"):
-        LoadStepOperator(task_id="x", step="load")
 
 
 def test_a_driver_holding_the_checkpoint_is_the_live_job_when_the_one_started_died(
