@@ -4,7 +4,9 @@
     spark-submit jobs/union_and_load.py --hour 2026-11-22T12 --step stage --run-file run.json
 
 (the second form is how the ``ad_union_and_load`` DAG submits each Spark
-step: stage, audit, publish).
+step: stage, audit, publish; the task writes ``run.json`` from the stage
+task's XCom in a temporary folder of its own and reads the step's result
+back from it).
 
 Thin by design: parse arguments, read settings, hand over to
 ``adpipe.lakehouse.load`` (through ``adpipe load``)."""

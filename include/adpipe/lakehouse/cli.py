@@ -84,9 +84,12 @@ def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _one_step(step: str, settings: Settings, spark: object, hour: object, run_file: Path) -> int:
-    """One step of a load (the DAG's spark-submitted tasks): ``stage`` writes
-    the staged run to ``run_file``; ``audit`` and ``publish`` read it and
-    write their results beside it (:func:`adpipe.lakehouse.load.step_file`)."""
+    """One step of a load (what the DAG's tasks run in the warm load driver
+    or under spark-submit): ``stage`` writes the staged run to ``run_file``;
+    ``audit`` and ``publish`` read it and write their results beside it
+    (:func:`adpipe.lakehouse.load.step_file`). A DAG task's ``run_file`` is
+    a temporary file of its own, the run written there from the stage task's
+    XCom: no step reads another task's file."""
     from adpipe.lakehouse import load
 
     if step == "stage":
@@ -183,10 +186,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--step",
         choices=("all", "stage", "audit", "publish"),
         default="all",
-        help="run one step of the load (the Airflow DAG submits each as its own Spark application): stage writes "
-        "the staged run to --run-file, audit (exit 1 on a failed expectation) and publish read it",
+        help="run one step of the load (the Airflow DAG runs each as its own task): stage writes the staged run to "
+        "--run-file, audit (exit 1 on a failed expectation) and publish read it",
     )
-    p.add_argument("--run-file", help="with --step: the JSON file the steps hand the staged run over in")
+    p.add_argument(
+        "--run-file",
+        help="with --step: the staged run's JSON file (stage writes it; audit and publish read it and write their "
+        "result beside it). The DAG's tasks hand the run over in XCom, each step's file its own temporary one",
+    )
     p.add_argument(
         "--serve",
         action="store_true",

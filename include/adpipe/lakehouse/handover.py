@@ -1,6 +1,8 @@
-"""Files a load's steps hand over: the staged run a DAG's ``stage`` task
-writes and the later steps read, each step's result beside it, and the
-runs' manifests. Written whole or not at all."""
+"""Files of a load's steps: the staged run ``adpipe load --step stage
+--run-file F`` writes and ``--step audit|publish`` read, each step's result
+beside it, and the runs' manifests. Written whole or not at all. (The
+Airflow DAG's tasks hand the staged run to one another in XCom; a task's
+``F`` is a temporary file of its own, adpipe.orchestration.load_tasks.)"""
 
 from __future__ import annotations
 
