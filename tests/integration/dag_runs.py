@@ -41,17 +41,20 @@ from airflow import settings
 from airflow.dag_processing.dagbag import DagBag
 from airflow.models.backfill import Backfill
 from airflow.models.dagrun import DagRun
+from airflow.models.serialized_dag import SerializedDagModel
 from airflow.sdk import timezone
 from airflow.sdk.definitions.dag import _run_task
-from airflow.serialization.serialized_objects import DagSerialization
 from airflow.utils.state import DagRunState, State, TaskInstanceState
 
 log = logging.getLogger("backfill_run")
 dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
-scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
-scheduler_dag.on_success_callback = dag.on_success_callback  # as dag.test() does
-scheduler_dag.on_failure_callback = dag.on_failure_callback
 session = settings.Session()
+# The scheduler's view of the DAG, as serialized in the metadata database: its
+# deadline alerts by id (a copy serialized here keeps them as dicts, which a
+# successful run's update_state cannot look up), with dag.test()'s callbacks.
+scheduler_dag = SerializedDagModel.get_dag(dag.dag_id, session=session)
+scheduler_dag.on_success_callback = dag.on_success_callback
+scheduler_dag.on_failure_callback = dag.on_failure_callback
 backfill = session.scalars(select(Backfill).where(Backfill.dag_id == dag.dag_id).order_by(Backfill.id.desc())).first()
 run_ids = session.scalars(
     select(DagRun.id).where(DagRun.backfill_id == backfill.id).order_by(DagRun.logical_date)
@@ -111,8 +114,7 @@ log = logging.getLogger("worker_run")
 dag = DagBag(dag_folder=sys.argv[1]).dags[sys.argv[2]]
 run_id, mine = sys.argv[3], set(sys.argv[4].split(","))
 session = settings.Session()
-# The scheduler's view of the DAG: as serialized in the metadata database
-# (its deadline alerts by id), with the callbacks dag.test() keeps beside it.
+# The scheduler's view of the DAG, as BACKFILL_RUN's.
 scheduler_dag = SerializedDagModel.get_dag(dag.dag_id, session=session)
 scheduler_dag.on_success_callback = dag.on_success_callback
 scheduler_dag.on_failure_callback = dag.on_failure_callback
