@@ -25,7 +25,12 @@ def connect(settings: Settings, database: str = "adpipe", autocommit: bool = Tru
 
 
 def ensure_databases(settings: Settings, names: tuple[str, ...]) -> list[str]:
-    """Create the databases that do not exist yet; return those created."""
+    """Create the databases that do not exist yet; return those created.
+    Safe from several processes at once (workers on several hosts starting
+    their warm load drivers on a new metastore): a database another one
+    created meanwhile is left to it."""
+    from psycopg2 import errors
+
     conn = connect(settings, "postgres")
     created = []
     try:
@@ -33,9 +38,13 @@ def ensure_databases(settings: Settings, names: tuple[str, ...]) -> list[str]:
             cur.execute("SELECT datname FROM pg_database")
             existing = {row[0] for row in cur.fetchall()}
             for name in names:
-                if name not in existing:
+                if name in existing:
+                    continue
+                try:
                     cur.execute(f'CREATE DATABASE "{name}"')
-                    created.append(name)
+                except (errors.DuplicateDatabase, errors.UniqueViolation):
+                    continue  # created by another process since the SELECT (autocommit: nothing to roll back)
+                created.append(name)
     finally:
         conn.close()
     return created

@@ -62,3 +62,36 @@ def test_a_home_started_again_with_another_port_answers_there(tmp_path: Path) ->
         cluster = postgres._cluster_dir(first)
         if cluster is not None:
             shutil.rmtree(cluster, ignore_errors=True)
+
+
+def test_databases_created_by_several_processes_at_once_are_created_once(pg) -> None:  # noqa: ANN001
+    """Two workers' warm load drivers starting on a new metastore database
+    both create it: one does, the others find it made (the second used to
+    fail on PostgreSQL's unique index of database names)."""
+    import threading
+    import uuid
+
+    from adpipe import pg as pg_client
+
+    name = f"adpipe_race_{uuid.uuid4().hex[:8]}"
+    start, created, failed = threading.Barrier(6), [], []
+
+    def create() -> None:
+        start.wait()
+        try:
+            created.extend(pg_client.ensure_databases(pg, (name,)))
+        except Exception as exc:  # noqa: BLE001 - what the test reports
+            failed.append(repr(exc))
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert failed == [] and created == [name]
+    finally:
+        conn = pg_client.connect(pg, "postgres")
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.close()
