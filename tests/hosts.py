@@ -214,8 +214,12 @@ class HostProcess:
         return self.popen.returncode
 
     def signal(self, sig: int) -> None:
+        """``sig`` to the process. A SIGCONT goes to nsenter too: nsenter
+        stops itself when its child stops, and would never reap it."""
         if self.pid is not None and self.poll() is None:
             os.kill(self.pid, sig)
+            if sig == signal.SIGCONT:
+                os.kill(self.popen.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL its process group (nsenter, the process and what it

@@ -269,28 +269,35 @@ def test_a_standby_on_another_host_takes_over_from_a_driver_cut_off_mid_transact
                                               "ADPIPE_CHECKPOINT_URI": f"file://{shared / 'checkpoints'}"})
         settings = pipeline.settings
         fast = {"ADPIPE_TRIGGER_INTERVAL_S": "1"}
-        pause = {"ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": "1", "ADPIPE_FAULT_SIGNAL": "STOP"}
         stream = [sys.executable, "-m", "adpipe", "stream", "--max-offsets-per-trigger", "400"]
-
-        active = a.start(stream, a.directory / "stream-active.log", a.env(pipeline.env, **fast, **pause))
 
         def leads(proc: hosts.HostProcess, host: hosts.Host) -> bool:
             current = _leader(settings)
             return current is not None and (current.host, current.pid) == (host.name, proc.ns_pid)
 
-        _wait("host-a's driver leading", lambda: leads(active, a), active, 240)
+        # Host A's driver commits the first windows, and stops cleanly.
+        first = a.start(stream, a.directory / "stream-first.log", a.env(pipeline.env, **fast))
+        _wait("host-a's driver leading", lambda: leads(first, a), first, 240)
+        # Atomic: a batch of some partitions' records only would make the others' earlier events late.
+        spec = {"events": 800, "minutes": 3, "duplicate_rate": 0.04, "malformed_rate": 0.02}
+        s1 = pipeline.produce(atomic=True, seed=61, start=START, **spec)
+        _wait("host-a committing windows", pipeline.aggregates, first, 240, 1)
+        first.signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 0, first.log()[-3000:]
+        # Again, to pause itself after producing its next windows into a transaction.
+        pause = {"ADPIPE_FAULT": AFTER_PRODUCE, "ADPIPE_FAULT_BATCH": str(_batches(first.log())[-1] + 1),
+                 "ADPIPE_FAULT_SIGNAL": "STOP"}
+        active = a.start(stream, a.directory / "stream-active.log", a.env(pipeline.env, **fast, **pause))
+        _wait("host-a's driver leading again", lambda: leads(active, a), active, 240)
         standby = b.start([*stream, "--standby"], b.directory / "stream-standby.log", b.env(pipeline.env, **fast))
         _wait("host-b's standby warm", lambda: leadership.STANDBY_WARM_LINE in standby.log(), standby, 240)
         assert leads(active, a)
 
-        # Atomic: a batch of some partitions' records only would make the others' earlier events late.
-        spec = {"events": 800, "minutes": 3, "duplicate_rate": 0.04, "malformed_rate": 0.02}
-        s1 = pipeline.produce(atomic=True, seed=61, start=START, **spec)
-        _wait("host-a committing", lambda: pipeline.aggregates(), active, 240, 1)
         s2 = pipeline.produce(atomic=True, seed=62, start=START + timedelta(minutes=3), **spec)
-        _wait("host-a paused mid-transaction", lambda: f"SIGSTOP at {AFTER_PRODUCE}" in active.log(), active, 240)
-        committed_by_a = _batches(active.log())
-        assert committed_by_a, active.log()[-3000:]
+        _wait("host-a paused mid-transaction", lambda: f"SIGSTOP at {AFTER_PRODUCE}" in active.log(), active, 240,
+              0.1)
+        at_cut = _batches(active.log())
+        committed_by_a = _batches(first.log()) + at_cut
 
         net.cut_off("host-a", what)
         active.signal(signal.SIGCONT)  # it runs on, cut off, its transaction open
@@ -301,7 +308,7 @@ def test_a_standby_on_another_host_takes_over_from_a_driver_cut_off_mid_transact
         # A's session expired on its side too: it ends itself, still cut off.
         assert active.wait(timeout=lease_s + 60) == leadership.EXIT_FENCED, active.log()[-3000:]
         assert "fenced: " in active.log()
-        assert _batches(active.log()) == committed_by_a  # nothing committed after the cut
+        assert _batches(active.log()) == at_cut  # nothing committed after the cut
         _wait("host-b's first batch", lambda: "standby: took over" in standby.log(), standby, 240)
         took = re.search(r"standby: took over \((.*)\); batch (\d+) done", standby.log())
         assert took and "on host-a left the group" in took[1], standby.log()[-3000:]
