@@ -45,9 +45,9 @@ bounded in count and time."""
 from __future__ import annotations
 
 import atexit
-import errno
 import ipaddress
 import itertools
+import json
 import logging
 import os
 import re
@@ -317,8 +317,6 @@ class Host:
 
 def _taken_networks() -> list[ipaddress.IPv4Network]:
     """Every IPv4 route and address of the root namespace, the default route aside."""
-    import json
-
     taken = []
     for row in json.loads(_ip("-j", "-4", "route", "show", "table", "all").stdout or "[]"):
         dst = row.get("dst", "")
@@ -331,8 +329,6 @@ def _taken_networks() -> list[ipaddress.IPv4Network]:
 
 
 def _operstate(netns: str, device: str) -> str:
-    import json
-
     rows = json.loads(_ip("-n", netns, "-j", "link", "show", "dev", device).stdout or "[]")
     return rows[0].get("operstate", "") if rows else ""
 
@@ -342,8 +338,6 @@ def _netns_names() -> list[str]:
 
 
 def _root_links() -> list[str]:
-    import json
-
     return [link["ifname"] for link in json.loads(_ip("-j", "link", "show").stdout or "[]")]
 
 
@@ -561,7 +555,3 @@ class Hosts:
             _ip("-n", self.switch, "link", "set", name, "up")
         log.info("host %s healed (was cut off from %s)", name, what)
 
-
-def unreachable(error: OSError) -> bool:
-    """Whether a connect failed for want of a route (no packet was sent)."""
-    return error.errno == errno.ENETUNREACH

@@ -151,6 +151,18 @@ def _routes_into(subnet: ipaddress.IPv4Network) -> list[dict]:
     return found
 
 
+def test_without_root_or_its_tools_the_harness_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 1000)
+    assert "needs root" in hosts.unavailable_reason()
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(hosts.shutil, "which", lambda tool: None if tool in ("ip", "nsenter") else f"/bin/{tool}")
+    assert hosts.unavailable_reason() == "needs ip, nsenter on the PATH (iproute2, util-linux)"
+    with pytest.raises(hosts.HostsUnavailable, match="needs ip, nsenter"):
+        hosts.Hosts(TEST_HOME / "hosts" / "never", ["host-a"]).up()
+    with pytest.raises(hosts.HostsError, match="must not be under /tmp"):
+        hosts.Hosts(Path("/tmp/hosts"), ["host-a"])
+
+
 def test_hosts_reach_each_other_and_the_services_host_only_and_leave_nothing_behind(hosts_base: Path) -> None:
     # What a harness killed before its teardown would leave: removed at the next start.
     gone = subprocess.Popen(["true"])  # noqa: S607
