@@ -20,8 +20,9 @@ picks (``198.18.k.0/24``)::
   unreachable", before a packet is sent. Nothing forwards between links.
 - The root namespace (the test process: producing, reading topics,
   describing groups) reaches the services host alone, by a route to its
-  address alone over the point-to-point link; no host reaches the root
-  namespace.
+  address alone over the point-to-point link; of the hosts, only the
+  services host has a route back (to the test's end of that link). IPv6 is
+  off in every namespace and on the root's end of the link.
 - Each host has one init process: PID 1 of its PID namespace, in its own
   UTS (its hostname) and mount namespace (its own folder bound on /tmp, the
   harness's hosts file on /etc/hosts; the rest of the file system is
@@ -333,6 +334,14 @@ def _operstate(netns: str, device: str) -> str:
     return rows[0].get("operstate", "") if rows else ""
 
 
+def _ipv4_only(netns: str) -> None:
+    """IPv6 off in a new namespace before its links come up: nothing sends
+    IPv6's own packets (router solicitations, DAD, MLD) to multicast
+    addresses; only the harness's IPv4 addresses carry traffic."""
+    script = "for f in all default; do p=/proc/sys/net/ipv6/conf/$f/disable_ipv6; [ -e $p ] && echo 1 > $p; done; true"
+    _ip("netns", "exec", netns, "sh", "-c", script)
+
+
 def _netns_names() -> list[str]:
     return [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.strip()]
 
@@ -433,6 +442,8 @@ class Hosts:
             raise HostsUnavailable(f"cannot make a network namespace: {first.stderr.strip()}")
         for name in self.names:
             _ip("netns", "add", self.netns(name))
+        for netns in [self.switch, *(self.netns(name) for name in self.names)]:
+            _ipv4_only(netns)
         _ip("-n", self.switch, "link", "add", "name", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         self.subnet = self._claim_subnet()
@@ -470,6 +481,9 @@ class Hosts:
         namespace covers, claimed by adding the route to 198.18.k.1."""
         services = self.netns(SERVICES)
         _ip("link", "add", "name", self.id, "type", "veth", "peer", "name", "uplink", "netns", services)
+        no_ipv6 = Path(f"/proc/sys/net/ipv6/conf/{self.id}/disable_ipv6")
+        if no_ipv6.exists():  # before it is up: it never sends a packet of IPv6's own (solicitations, DAD)
+            no_ipv6.write_text("1\n")
         _ip("link", "set", self.id, "up")
         _ip("-n", services, "link", "set", "uplink", "up")
         start = (os.getpid() * 7 + int(self.id.rsplit("x", 1)[1])) % 256

@@ -206,6 +206,11 @@ def test_hosts_reach_each_other_and_the_services_host_only_and_leave_nothing_beh
         for address in (outside, net.root_address):  # nor the test's own end of its link
             got = connect(a, address, timeout_s=5)
             assert got.get("errno") == errno.ENETUNREACH and got["s"] < 1, got
+        # The hosts' mounts stay theirs; no IPv6 on their links.
+        assert str(hosts_base) not in Path("/proc/self/mountinfo").read_text()
+        assert "inet6" not in a.run(["ip", "addr"]).stdout + services.run(["ip", "addr"]).stdout
+        assert subprocess.run(["ip", "-6", "addr", "show", "dev", net.id], capture_output=True, text=True,
+                              check=True).stdout == ""
         # The root namespace routes the services host's address alone into the subnet.
         into = _routes_into(net.subnet)
         assert [(r["dst"], r.get("dev")) for r in into] == [(services.ip, net.id)], into
