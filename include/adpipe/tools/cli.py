@@ -241,7 +241,10 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="reconcile raw events and aggregates; exit 0 only when exactly-once holds",
         description="Recomputes expected aggregates from the raw topic independently and compares "
-        "them with the read_committed output, the late topic and the DLQ. Prints a JSON report.",
+        "them with the read_committed output, the late topic and the DLQ. Prints a JSON report. Exit 0 when "
+        "exactly-once holds, 1 when it is broken, 5 when the only thing off is that the --hour asked for is past "
+        "Kafka's retention and nothing of it was ever loaded (tables.verdict past_retention: nobody can check it "
+        "any more).",
     )
     p.add_argument(
         "--hour",
