@@ -42,10 +42,18 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
    input). **A failed expectation fails the run, and nothing is published.**
 4. `verify` — the independent check: the candidate against counts
    recomputed in plain Python from the raw Kafka records.
-5. `publish` — only when both checks passed: the audited rows into
+5. `publish` — only when no check failed: the audited rows into
    `ads.ad_events_raw`, `ads.ad_minute_aggregates`, `ads.ad_events_quarantine`
    (Airflow Assets, so downstream DAGs can be scheduled on them). A failed
    check leaves it `upstream_failed`, which fails the run.
+
+**An hour past Kafka's retention** of which nothing was ever loaded (its
+records deleted before any load read them: a start set months back, a
+backfill of old hours) fails nothing: `validate`, `verify` and `publish`
+end *skipped*, the reason the one WARNING line that names what Kafka keeps;
+the ledger records a `past_retention` step; nothing alerts. An hour that
+was loaded and lost records to retention still fails `validate`
+(`kafka_retention`).
 6. `publish_data_docs` — beside `publish`, after both checks whatever they
    found: a page linking to the hour's Data Docs
    (`$ADPIPE_HOME/data_docs/<hour>.html`, `latest.html`). Cosmetic: nothing
@@ -149,7 +157,11 @@ with DAG(
         path = load_tasks.run_file(settings, context["run_id"])
         return load_tasks.verify(settings, _hour(context), path, env=env)
 
-    published = load_step("publish", submit, task_id="publish", outlets=TABLE_ASSETS, pool=TABLES_POOL)
+    # none_failed: a check skipped for an hour past retention still lets the
+    # run publish the other hours its audit passed (publish skips itself
+    # when there are none); a failed check leaves it upstream_failed.
+    published = load_step("publish", submit, task_id="publish", outlets=TABLE_ASSETS, pool=TABLES_POOL,
+                          trigger_rule="none_failed")
 
     @task(task_id="publish_data_docs", trigger_rule="all_done")
     def publish_data_docs(**context) -> str | None:  # noqa: ANN003

@@ -20,8 +20,16 @@ of an hour does the same thing. Write-audit-publish, one step per task:
    --candidate-of-run N --tables-only`` in a process of its own (the tools
    sit above this package): the candidate against counts recomputed in
    plain Python from the raw Kafka records.
-5. ``publish`` - the audited rows into the ``ads`` tables, only when both
-   checks passed (a failed check leaves it upstream_failed: the run fails).
+5. ``publish`` - the audited rows into the ``ads`` tables, only when no
+   check failed (a failed check leaves it upstream_failed: the run fails).
+
+An hour past Kafka's retention of which nothing was ever loaded
+(:mod:`adpipe.lakehouse.retention`) fails nothing: ``validate`` logs one
+WARNING line naming what Kafka keeps, the ledger a ``past_retention`` row,
+and ``validate``, ``verify`` and ``publish`` end *skipped* with that line as
+the reason (:func:`past_retention_skip`; no failure alert). When the run's
+audit passed other hours (staged rows of closed hours), ``publish`` runs
+and publishes those.
 6. ``publish_data_docs`` - beside ``publish``, whatever the checks found: a
    page linking to the hour's Data Docs (``$ADPIPE_HOME/data_docs/<hour>.html``,
    ``latest.html``), never a copy of the site. Nothing waits on it.
@@ -133,18 +141,53 @@ def validate(settings: Settings, hour: datetime, path: Path) -> dict[str, Any]:
     from adpipe.lakehouse.quality import QualityError
 
     staged = _staged(path)
-    results = load.audit(settings, _session(settings, "validate", hour), staged)
-    failed = load.failed_asked(staged, results)
-    text = load.audit_text(results)
-    load.write_json(load.step_file(path, "audit"), {"success": not failed, "describe": text})
-    if failed:
-        raise QualityError(text, failed[0])
-    log.info("%s", text)
+    audited = load.audit(settings, _session(settings, "validate", hour), staged)
+    summary = audited.summary(staged.asked_hours())
+    load.write_json(load.step_file(path, "audit"), summary)
+    if not summary["success"]:
+        raise QualityError(summary["describe"], audited.failed_asked(staged.asked_hours())[0])
+    log.info("%s", summary["describe"])
     return {"run_id": staged.run_id, "hours": staged.hours, "success": True}
+
+
+# ``adpipe verify --hour``'s exit status for an hour past Kafka's retention
+# with nothing of it loaded (adpipe.tools.cli; verify runs in a process of
+# its own: the tools sit above this package).
+EXIT_PAST_RETENTION = 5
 
 
 class TablesDisagree(RuntimeError):
     """``adpipe verify --hour`` found the candidate different from Kafka."""
+
+
+def past_retention_skip(hour: datetime, path: Path) -> str | None:
+    """Why ``validate`` and ``publish`` skip the run of ``hour``, or None:
+    the audit (its step file beside the run file ``path``) found the hour
+    past Kafka's retention with nothing of it loaded, and no hour to
+    publish (:mod:`adpipe.lakehouse.retention`). An hour past retention is
+    no failure: the grid shows the run's checks and publication skipped,
+    with this line as the reason, and nothing alerts. When other hours
+    passed the run's audit, ``publish`` runs for them."""
+    from adpipe.lakehouse.load import step_file
+    from adpipe.lakehouse.ranges import hour_label
+
+    audit = step_file(path, "audit")
+    if not audit.exists():
+        return None
+    summary = json.loads(audit.read_text())
+    line = (summary.get("past_retention") or {}).get(hour_label(hour))
+    if line is None or summary.get("passed"):
+        return None
+    return f"{line}: nothing to publish"
+
+
+def _skip(reason: str | None) -> None:
+    """Raise Airflow's skip with ``reason`` (logged first), if any."""
+    if reason is not None:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        log.warning("skipped: %s", reason)
+        raise AirflowSkipException(reason)
 
 
 def verify(settings: Settings, hour: datetime, path: Path, env: dict[str, str] | None = None) -> dict:
@@ -166,6 +209,8 @@ def verify(settings: Settings, hour: datetime, path: Path, env: dict[str, str] |
         if not report_path.exists():
             raise TablesDisagree(f"verify exited {done.returncode} without a report:\n{done.stderr[-3000:]}")
         tables = json.loads(report_path.read_text())["tables"]
+    if done.returncode == EXIT_PAST_RETENTION and tables.get("verdict") == "past_retention":
+        _skip(f"verify --hour {tables['hour']}: {tables['past_retention_report']}")
     if done.returncode != 0 or not tables["ok"]:
         parts = [
             f"{name}: {section[key]} {key.removesuffix('_count')}"
@@ -218,6 +263,20 @@ def _raise_for(step: str, path: Path) -> None:
     audit = step_file(path, "audit")
     if step == "validate" and audit.exists() and not json.loads(audit.read_text())["success"]:
         raise QualityError(json.loads(audit.read_text())["describe"]) from None
+
+
+def _skip_before(step: str, hour: datetime, path: Path) -> None:
+    """``publish`` of a run whose hour is past retention, with nothing to
+    publish, is skipped without running (:func:`past_retention_skip`)."""
+    if step == "publish":
+        _skip(past_retention_skip(hour, path))
+
+
+def _skip_after(step: str, hour: datetime, path: Path) -> None:
+    """``validate`` that found its hour past retention, and nothing to
+    publish, ends skipped (:func:`past_retention_skip`)."""
+    if step == "validate":
+        _skip(past_retention_skip(hour, path))
 
 
 def _result(step: str, path: Path) -> Any:
@@ -300,14 +359,18 @@ class LoadStepOperator(WarmLoadOperator):
 
     def execute(self, context: Any) -> Any:
         overlay, settings, hour, path = _run_of(context)
-        if settings.load_submit == "in-process":
-            return _IN_PROCESS[self.step](settings, hour, path)
-        if settings.load_submit != "warm":
+        if settings.load_submit not in ("in-process", "warm"):
             raise RuntimeError(
                 f"ADPIPE_LOAD_SUBMIT={settings.load_submit} here, but the DAG was parsed without it: "
                 "set it where the DAG files are parsed too"
             )
-        return self._in_warm_driver({**os.environ, **overlay}, settings, hour, path)
+        _skip_before(self.step, hour, path)
+        if settings.load_submit == "in-process":
+            done = _IN_PROCESS[self.step](settings, hour, path)
+        else:
+            done = self._in_warm_driver({**os.environ, **overlay}, settings, hour, path)
+        _skip_after(self.step, hour, path)
+        return done
 
     def _in_warm_driver(self, env: dict[str, str], settings: Settings, hour: datetime, path: Path) -> Any:
         """The step in the home's warm load driver (started if none runs):
@@ -371,12 +434,14 @@ class LoadStepSubmitOperator(LoadSubmitOperator):
         from adpipe.lakehouse.ranges import hour_label
 
         overlay, settings, hour, path = _run_of(context)
+        _skip_before(self.step, hour, path)
         args = ["--hour", hour_label(hour), "--step", _CLI_STEP[self.step], "--run-file", str(path)]
         try:
             self.submit(context, overlay, settings, f"adpipe-load-{self.step}-{hour_label(hour)}", args)
         except Exception:
             _raise_for(self.step, path)
             raise
+        _skip_after(self.step, hour, path)
         return _result(self.step, path)
 
 
