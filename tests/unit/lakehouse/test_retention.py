@@ -77,3 +77,22 @@ def test_a_loads_result_says_which_hours_are_past_retention() -> None:
 
 def test_the_ledger_step_is_one_of_the_ledgers() -> None:
     assert T.STEP_PAST_RETENTION == "past_retention" and T.STEP_PAST_RETENTION in T.LEDGER_STEPS
+
+
+def test_a_partition_emptied_by_time_retention_lost_only_what_that_retention_reaches() -> None:
+    from adpipe.lakehouse.ranges import may_have_lost
+
+    day = 24 * 3600 * 1000
+    now = 100 * day
+    week = 7 * day
+    # Nothing ever deleted: nothing lost, whatever the hour.
+    assert not may_have_lost(0, None, now - 30 * day, week, now)
+    # A partition keeping records lost the hour's only if its first kept one is later.
+    assert may_have_lost(5, now - 2 * day, now - 3 * day, week, now)
+    assert not may_have_lost(5, now - 4 * day, now - 3 * day, week, now)
+    # Emptied by retention (a quiet DLQ partition): an hour of the last week
+    # was never within time retention's reach, one older may have been.
+    assert not may_have_lost(5, None, now - 3 * day, week, now)
+    assert may_have_lost(5, None, now - 8 * day, week, now)
+    # Kept for ever yet emptied: something else deleted them, so assume the worst.
+    assert may_have_lost(5, None, now - 3 * day, -1, now)
