@@ -44,10 +44,19 @@ param (`YYYY-MM-DDTHH`); otherwise every task reads it from the data interval.
    input). **A failed expectation fails the run, and nothing is published.**
 4. `verify` — the independent check: the candidate against counts
    recomputed in plain Python from the raw Kafka records.
-5. `publish` — only when both checks passed: the audited rows into
+5. `publish` — only when no check failed: the audited rows into
    `ads.ad_events_raw`, `ads.ad_minute_aggregates`, `ads.ad_events_quarantine`
    (Airflow Assets, so downstream DAGs can be scheduled on them). A failed
    check leaves it `upstream_failed`, which fails the run.
+
+**An hour past Kafka's retention** of which nothing was ever loaded (its
+records deleted before any load read them: a start set months back, a
+backfill of old hours) fails nothing: `validate` and `verify` end
+*skipped*, the reason the one WARNING line that names what Kafka keeps, and
+`publish` is skipped after them;
+the ledger records a `past_retention` step; nothing alerts. An hour that
+was loaded and lost records to retention still fails `validate`
+(`kafka_retention`).
 6. `publish_data_docs` — beside `publish`, after both checks whatever they
    found: a page linking to the hour's Data Docs
    (`$ADPIPE_HOME/data_docs/<hour>.html`, `latest.html`). Cosmetic: nothing
@@ -153,6 +162,8 @@ with DAG(
         env = task_env()
         return load_tasks.verify(load_settings(env), _hour(context), staged_run, env=env)
 
+    # all_success: a check skipped (the hour past Kafka's retention, nothing
+    # of it loaded) skips the publication too; a failed one fails the run.
     published = load_step(
         "publish", submit, task_id="publish", staged_run=staged.output, outlets=TABLE_ASSETS, pool=TABLES_POOL
     )

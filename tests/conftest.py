@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_held_hours",  # 340 s
     "test_chaos",  # 290 s
     "test_spark_cluster",  # 250 s
+    "test_hosts_leadership",  # 235 s, of which make test 15 s (the harness's own test)
     "test_demo_secrets",  # 220 s
     "test_metrics",  # 200 s
     "test_hdfs",  # 140 s

@@ -27,8 +27,8 @@ from adpipe.setting_values import SettingsError, choice, integer
 SMTP_CONN_ID = "adpipe_smtp"
 SLACK_CONN_ID = "adpipe_slack"
 # Time for the load itself past the hour's close: a load takes about a
-# minute (the 10,000-ad hour 56 s, a new hour in the warm driver 26-30 s, the
-# first one 60 s with the driver's start: docs/performance.md), Airflow's
+# minute (the 10,000-ad hour 56.0 s, a new hour in the warm driver 18.3-23.2 s,
+# the first one 50.9 s with the driver's start: docs/performance.md), Airflow's
 # scheduling seconds, and one retry of a step after its 5-minute delay.
 LOAD_ALLOWANCE_S = 600
 

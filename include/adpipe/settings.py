@@ -263,8 +263,8 @@ class Settings(_Locations):
     # the transaction timeout or the driver's memory. Measured
     # (docs/performance.md, "Bounded batches"): 500,000 cuts most of the
     # per-batch cost of smaller caps (state stores committed, planning, one
-    # transaction per batch) and keeps a batch near 14 s here and its
-    # transaction near 2 s.
+    # transaction per batch) and keeps a batch of a backlog near 4 s here
+    # and its transaction far below the transaction timeout.
     max_offsets_per_trigger: int = 500_000
     # An event_time more than this after its Kafka record's own timestamp is
     # malformed (future_event_time): a clock far ahead never moves the watermark.

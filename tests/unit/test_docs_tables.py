@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from adpipe.lakehouse import rows as lake_rows
 from adpipe.lakehouse import tables as T
+from adpipe.settings import PROJECT_ROOT
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
@@ -101,6 +102,18 @@ def test_every_quarantine_source_is_named() -> None:
     assert len(sources) == 5
     for source in sources:
         assert f"| `{source}` |" in section, f"quarantine source {source} is not in docs/tables.md"
+
+
+def test_the_ledgers_steps_are_the_pages() -> None:
+    """The page's table of the ledger's steps names exactly T.LEDGER_STEPS,
+    and every step the code writes is one of them."""
+    section = documented_tables()[T.LOAD_RUNS]
+    steps = [first_code(row[0]) for row in table_rows(section) if len(row) == 3]
+    assert steps == list(T.LEDGER_STEPS)
+    code = "\n".join(p.read_text() for p in (PROJECT_ROOT / "include" / "adpipe" / "lakehouse").glob("*.py"))
+    written = set(re.findall(r'_append_ledger\(\s*spark,\s*[^,]+,\s*"(\w+)"', code))
+    written |= set(re.findall(r'\bstep="(\w+)"', code))
+    assert written and written <= set(T.LEDGER_STEPS), written - set(T.LEDGER_STEPS)
 
 
 # --- the queries run --------------------------------------------------------------

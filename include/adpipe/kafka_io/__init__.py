@@ -67,6 +67,7 @@ from adpipe.kafka_io.topics import (
     ensure_topics,
     fully_replicated,
     max_message_bytes,
+    retention_ms,
     timestamp_type,
 )
 
@@ -100,6 +101,7 @@ __all__ = [
     "leadership_group",
     "ledger_group",
     "max_message_bytes",
+    "retention_ms",
     "offset_bounds",
     "offsets_for_times",
     "read_positions",

@@ -153,6 +153,20 @@ def max_message_bytes(kafka: KafkaAccess | str, topics: Sequence[str], timeout_s
     return limits
 
 
+def retention_ms(kafka: KafkaAccess | str, topics: Sequence[str], timeout_s: float = 30.0) -> dict[str, int]:
+    """Each topic's ``retention.ms`` (-1: kept for ever; Kafka's default, 7
+    days, when the broker gives none)."""
+    from confluent_kafka.admin import ConfigResource
+
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    client = admin(kafka)  # held until the futures resolve: a collected client fails them
+    kept = {}
+    for resource, future in client.describe_configs(resources, request_timeout=timeout_s).items():
+        entry = future.result().get("retention.ms")
+        kept[resource.name] = int(entry.value) if entry is not None and entry.value else 7 * 24 * 3600 * 1000
+    return kept
+
+
 def fully_replicated(kafka: KafkaAccess) -> bool:
     """Every partition of every topic has all its replicas in sync."""
     try:

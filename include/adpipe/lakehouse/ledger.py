@@ -72,7 +72,8 @@ def _finalized_hours(spark: SparkSession) -> set[str]:
 @dataclass(frozen=True)
 class HourStep:
     """An hour's last final ledger step: ``failed``, ``published``,
-    ``repaired`` or ``discarded``, by which run, when, and its message."""
+    ``repaired``, ``discarded`` or ``past_retention``, by which run, when,
+    and its message."""
 
     step: str
     run_id: int
@@ -85,10 +86,11 @@ class HourStep:
 
 def last_steps(spark: SparkSession) -> dict[str, HourStep]:
     """Each hour's last ledger step of ``failed``, ``published``,
-    ``repaired`` or ``discarded`` (hour label -> :class:`HourStep`)."""
+    ``repaired``, ``discarded`` or ``past_retention`` (hour label ->
+    :class:`HourStep`)."""
     steps = (
         spark.table(T.LOAD_RUNS)
-        .where(F.col("step").isin("failed", "published", "repaired", "discarded"))
+        .where(F.col("step").isin("failed", "published", "repaired", "discarded", T.STEP_PAST_RETENTION))
         .select("run_id", "step", "at", "hours", "message")
         .collect()
     )
@@ -105,8 +107,8 @@ def _utc(at: datetime) -> datetime:
 
 
 def held_hours(spark: SparkSession) -> dict[str, str]:
-    """The hours held by a failed gate: their last ledger step of
-    ``failed``, ``published``, ``repaired`` or ``discarded`` is ``failed``.
+    """The hours held by a failed gate: their last final ledger step
+    (:func:`last_steps`) is ``failed`` (an hour past retention is not held).
     Hour -> that failure's message. Their staged rows wait for an operator
     (a load asking for the hour again, ``--repair`` or ``--discard-staged``);
     other runs neither audit nor publish them, and are not held back."""
@@ -191,6 +193,8 @@ def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]
 
 
 def _failed_in_run(spark: SparkSession, run_id: int) -> set[str]:
-    """The hours whose gate failed in run ``run_id`` (its audit's ledger rows)."""
-    rows = spark.table(T.LOAD_RUNS).where((F.col("run_id") == run_id) & (F.col("step") == "failed")).collect()
+    """The hours run ``run_id``'s audit leaves out of its publication (its
+    ledger rows): those whose gate failed and those past retention."""
+    steps = F.col("step").isin("failed", T.STEP_PAST_RETENTION)
+    rows = spark.table(T.LOAD_RUNS).where((F.col("run_id") == run_id) & steps).collect()
     return {h for r in rows for h in json.loads(r["hours"] or "[]")}

@@ -21,7 +21,9 @@ One run (``adpipe load --hour H``; the DAG's tasks do the same steps)
    inspection, later runs neither audit nor publish it (:func:`held_hours`;
    an hour they were not asked for is alerted once), until an operator
    loads it again, repairs it or discards its staged rows. One hour never
-   holds back another.
+   holds back another. An hour past the input's retention of which nothing
+   was ever loaded is not checked, nor held: a ``past_retention`` ledger
+   row and a WARNING line report it (:mod:`adpipe.lakehouse.retention`).
 3. **Publish** (under the load lock): the staged rows of the hours that passed are
    inserted into ``ads.*`` (insert-if-absent on each key, ``load_run`` =
    this run), removed from staging, and a ``published`` ledger row records
@@ -81,7 +83,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from adpipe import alerting, faults, metrics
-from adpipe.lakehouse import quality
+from adpipe.lakehouse import quality, retention
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.errors import LoadError
 from adpipe.lakehouse.handover import step_file, write_json
@@ -96,7 +98,7 @@ from adpipe.lakehouse.ledger import (
 )
 from adpipe.lakehouse.merge import merge_latest_revisions, merge_new_rows
 from adpipe.lakehouse.metastore import metastore_session
-from adpipe.lakehouse.outcome import GateFailed, LoadResult, gate_failure, write_manifest
+from adpipe.lakehouse.outcome import Audit, GateFailed, LoadResult, gate_failure, write_manifest
 from adpipe.lakehouse.ranges import (
     ONE_HOUR,
     OutputNotStable,
@@ -134,6 +136,7 @@ from adpipe.spark import in_threads
 
 __all__ = [
     "ONE_HOUR",
+    "Audit",
     "GateFailed",
     "LoadError",
     "LoadResult",
@@ -338,17 +341,25 @@ def _first_hours(
     return FirstHours(first, counts, audited, waiting)
 
 
-def audit(
-    settings: Settings, spark: SparkSession, run: StagedRun, kept: KeptRows | None = None
-) -> list[quality.QualityResult]:
+def audit(settings: Settings, spark: SparkSession, run: StagedRun, kept: KeptRows | None = None) -> Audit:
     """Step 2: the gate on each hour's candidate (published plus staged
     rows, plus the run's ``kept`` ones). A failure is written to the ledger
-    (the failed hour's kept rows staged first); nothing is published."""
+    (the failed hour's kept rows staged first); nothing is published. An
+    hour past the input's retention of which nothing was loaded is not
+    checked: a ``past_retention`` ledger row and one WARNING line report it
+    (:mod:`adpipe.lakehouse.retention`)."""
     started = time.monotonic()
     results = []
+    past = []
     for hour in run.hour_list():
         facts = kafka_facts(settings, spark, hour)
         unstaged = kept.rows if kept is not None and hour_label(hour) in run.direct else None
+        if facts.retention_gaps:
+            gone = retention.past_retention(hour, facts.retention_gaps, retention.hour_loaded(spark, hour, unstaged),
+                                            facts.regions_with_input)
+            if gone is not None:
+                past.append(gone)
+                continue
         with quality.hour_frames(spark, hour, staged_through=run.run_id, unstaged=unstaged).for_gate() as frames:
             results.append(quality.validate_frames(settings, hour, frames, facts))
     failed = {hour_label(r.hour): "\n".join(r.failed) for r in results if not r.success}
@@ -365,23 +376,18 @@ def audit(
                 "run_id": run.run_id, "message": f"hour {label} held by its quality gate (its staged rows wait for "
                 f"an operator; other hours go on being published): {message}",
             })
+    for gone in past:
+        # Not a failure: publish leaves the hour out, nothing holds it, nothing alerts; the line says it.
+        log.warning("run %d: %s", run.run_id, gone.describe())
+        _append_ledger(spark, run.run_id, T.STEP_PAST_RETENTION, run.kind, gone.hour, hours=[gone.label],
+                       message=gone.describe())
     if failed:
         write_manifest(settings, run.run_id, "failed", {"failed": failed})
+    if past:
+        write_manifest(settings, run.run_id, T.STEP_PAST_RETENTION, {p.label: p.describe() for p in past})
     gates = [(hour_label(r.hour), r.success) for r in results]
     metrics.load().audited(settings, run.run_id, gates, time.monotonic() - started)
-    return results
-
-
-def failed_asked(run: StagedRun, results: list[quality.QualityResult]) -> list[quality.QualityResult]:
-    """The failed results of hours the run was asked for (those fail the
-    command or task; another failed hour is held and alerted by audit)."""
-    return [r for r in results if not r.success and hour_label(r.hour) in run.asked_hours()]
-
-
-def audit_text(results: list[quality.QualityResult]) -> str:
-    """What the audit says: the failed hours' results, or every result."""
-    failed = [r for r in results if not r.success]
-    return "\n".join(r.describe() for r in (failed or results))
+    return Audit(results, past)
 
 
 def publish(
@@ -490,18 +496,19 @@ def load_hour(
     with load_lock(settings):
         spark = spark or metastore_session(settings, f"adpipe-load-{hour_label(hour)}")
         run, kept = _stage(settings, spark, hour, last_hour, allow_open, keep_first=True)
-        results = audit(settings, spark, run, kept)
+        audited = audit(settings, spark, run, kept)
         # Write-audit-publish per hour: the hours that passed are published
-        # whatever another hour's gate says.
-        passed = [hour_label(r.hour) for r in results if r.success]
+        # whatever another hour's gate says (an hour past retention is neither).
+        passed = audited.passed()
         done = publish(settings, spark, run, kept) if passed else {"inserted": {}, "corrections": {}}
         if kept is not None:
             kept.record(spark)  # nothing passed: the kept rows are staged, held
-    if failed_asked(run, results):
-        raise gate_failure(results, passed)
+    if audited.failed_asked(run.asked_hours()):
+        raise gate_failure(audited.results, passed)
     return LoadResult(
         hour=run.hour, run_id=run.run_id, hours=passed, staged=run.staged, inserted=done["inserted"],
-        corrections=done["corrections"], gate=[r.describe().splitlines()[0] for r in results],
-        seconds=time.monotonic() - started, held=[hour_label(r.hour) for r in results if not r.success] + run.held,
+        corrections=done["corrections"], gate=[r.describe().splitlines()[0] for r in audited.results],
+        seconds=time.monotonic() - started, held=[hour_label(r.hour) for r in audited.failed()] + run.held,
+        past_retention=[p.label for p in audited.past_retention],
     )
 

@@ -415,6 +415,22 @@ def closed_through(settings: Settings, first: datetime, last: datetime) -> datet
 # --- what Kafka can prove ----------------------------------------------------------------------
 
 
+def may_have_lost(low: int, first_ms: int | None, earliest_ms: int, retention_ms: int, now_ms: int) -> bool:
+    """Whether a partition whose first kept offset is ``low`` (its first
+    kept record written at ``first_ms``; None: it keeps none) may have lost
+    a record written at ``earliest_ms`` or later. A partition that keeps
+    records lost one only if its first is later. One that retention emptied
+    (a quiet DLQ partition, days after its last record) lost one only if
+    time retention could have reached that far: records written within the
+    last ``retention_ms`` are never deleted by time (-1: kept for ever, so
+    something else emptied it: assume the worst)."""
+    if low == 0:
+        return False
+    if first_ms is not None:
+        return first_ms > earliest_ms
+    return retention_ms < 0 or earliest_ms <= now_ms - retention_ms
+
+
 def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
     """The topics of each region that may no longer hold every record of the
     hour: the broker deleted records of a partition (its first offset is
@@ -423,12 +439,15 @@ def retention_gaps(settings: Settings, hour: datetime) -> list[dict]:
     future skew an event may have over its record). Kafka cannot then prove
     the hour, so a check fails rather than passing on what is left."""
     earliest_ms = hour_ms(hour) - settings.max_future_skew_ms
+    now_ms = int(time.time() * 1000)
     gaps = []
     for region in settings.regions:
         rs = settings.for_region(region)
-        for topic in (rs.topics.events, rs.topics.aggregates, rs.topics.late, rs.topics.dlq):
+        topics = (rs.topics.events, rs.topics.aggregates, rs.topics.late, rs.topics.dlq)
+        kept_ms = kafka_io.retention_ms(rs.kafka, topics)
+        for topic in topics:
             for partition, (low, first_ms) in sorted(kafka_io.first_retained(rs.kafka, topic).items()):
-                if low > 0 and (first_ms is None or first_ms > earliest_ms):
+                if may_have_lost(low, first_ms, earliest_ms, kept_ms[topic], now_ms):
                     gaps.append(
                         {"region": region.job_id, "topic": topic, "partition": partition, "first_offset": low,
                          "first_timestamp_ms": first_ms}

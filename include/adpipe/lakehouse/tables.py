@@ -142,11 +142,15 @@ def loaded_in(table: str) -> str:
     return REVISIONS if table == AGGREGATES else table
 
 
-# The loads' ledger: one row per step of a run (append-only).
+# The loads' ledger: one row per step of a run (append-only). Its steps
+# (docs/tables.md says when each is written); an hour past the input's
+# retention with nothing loaded is ``past_retention`` (adpipe.lakehouse.retention).
+STEP_PAST_RETENTION = "past_retention"
+LEDGER_STEPS = ("staged", "published", "failed", STEP_PAST_RETENTION, "repairing", "repaired", "cleared", "discarded")
 LOAD_RUNS_SCHEMA = StructType(
     [
         StructField("run_id", LongType(), False),
-        StructField("step", StringType(), False),  # staged | published | failed | repaired | discarded
+        StructField("step", StringType(), False),  # one of LEDGER_STEPS
         StructField("kind", StringType(), False),  # load | repair | discard
         StructField("hour", TimestampType(), True),  # the hour the run was asked for
         StructField("at", TimestampType(), False),
@@ -157,7 +161,7 @@ LOAD_RUNS_SCHEMA = StructType(
         StructField("rows", StringType(), True),  # JSON {table: rows} staged or published
         StructField("hours", StringType(), True),  # JSON list of the hours published
         StructField("corrections", StringType(), True),  # JSON {hour: rows} published after the hour's first
-        StructField("message", StringType(), True),  # failed expectations, retention gaps
+        StructField("message", StringType(), True),  # failed expectations, retention gaps, a past_retention report
     ]
 )
 

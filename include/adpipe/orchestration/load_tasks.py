@@ -24,8 +24,16 @@ of an hour does the same thing. Write-audit-publish, one step per task:
    --candidate-of-run N --tables-only`` in a process of its own (the tools
    sit above this package): the candidate against counts recomputed in
    plain Python from the raw Kafka records.
-5. ``publish`` - the audited rows into the ``ads`` tables, only when both
-   checks passed (a failed check leaves it upstream_failed: the run fails).
+5. ``publish`` - the audited rows into the ``ads`` tables, only when no
+   check failed (a failed check leaves it upstream_failed: the run fails).
+
+An hour past Kafka's retention of which nothing was ever loaded
+(:mod:`adpipe.lakehouse.retention`) fails nothing: ``validate`` logs one
+WARNING line naming what Kafka keeps, the ledger a ``past_retention`` row,
+and ``validate``, ``verify`` and ``publish`` end *skipped* with that line as
+the reason (:func:`past_retention_skip`; no failure alert). Hours the run's
+audit passed beside it (staged rows of closed hours) wait for the next
+run, which publishes them.
 6. ``publish_data_docs`` - beside ``publish``, whatever the checks found: a
    page linking to the hour's Data Docs (``$ADPIPE_HOME/data_docs/<hour>.html``,
    ``latest.html``), never a copy of the site. Nothing waits on it.
@@ -152,17 +160,56 @@ def validate(settings: Settings, hour: datetime, run: dict[str, Any] | None) -> 
     from adpipe.lakehouse.quality import QualityError
 
     staged = _staged(run)
-    results = load.audit(settings, _session(settings, "validate", hour), staged)
-    failed = load.failed_asked(staged, results)
-    text = load.audit_text(results)
-    if failed:
-        raise QualityError(text, failed[0])
-    log.info("%s", text)
+    audited = load.audit(settings, _session(settings, "validate", hour), staged)
+    summary = audited.summary(staged.asked_hours())
+    if not summary["success"]:
+        raise QualityError(summary["describe"], audited.failed_asked(staged.asked_hours())[0])
+    log.info("%s", summary["describe"])
+    return {"run_id": staged.run_id, "hours": staged.hours, **summary}
     return {"run_id": staged.run_id, "hours": staged.hours, "success": True}
+
+
+# ``adpipe verify --hour``'s exit status for an hour past Kafka's retention
+# with nothing of it loaded (adpipe.tools.cli; verify runs in a process of
+# its own: the tools sit above this package).
+EXIT_PAST_RETENTION = 5
 
 
 class TablesDisagree(RuntimeError):
     """``adpipe verify --hour`` found the candidate different from Kafka."""
+
+
+def past_retention_skip(hour: datetime, audit: dict[str, Any] | None) -> str | None:
+    """Why ``validate`` ends skipped for the run of ``hour``, or None: its
+    ``audit`` (the step's result: :meth:`~adpipe.lakehouse.outcome.Audit.summary`)
+    found the hour past Kafka's retention with nothing of it loaded, and no
+    hour to publish (:mod:`adpipe.lakehouse.retention`). An hour past
+    retention is no failure: the grid shows the run's checks skipped, with
+    this line as the reason, and ``publish`` skipped after them; nothing
+    alerts."""
+    from adpipe.lakehouse.ranges import hour_label
+
+    line = ((audit or {}).get("past_retention") or {}).get(hour_label(hour))
+    if line is None or (audit or {}).get("passed"):
+        return None
+    return f"{line}: nothing to publish"
+
+
+def _skip(reason: str | None) -> None:
+    """Raise Airflow's skip with ``reason`` (logged first), if any."""
+    if reason is not None:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        log.warning("skipped: %s", reason)
+        raise AirflowSkipException(reason)
+
+
+def _skip_after(step: str, hour: datetime, result: Any) -> Any:
+    """``result``, unless ``validate`` found its hour past retention with
+    nothing to publish: then the task ends skipped (:func:`past_retention_skip`)."""
+    if step == "validate":
+        _skip(past_retention_skip(hour, result))
+    return result
 
 
 def verify(settings: Settings, hour: datetime, run: dict[str, Any] | None, env: dict[str, str] | None = None) -> dict:
@@ -184,6 +231,8 @@ def verify(settings: Settings, hour: datetime, run: dict[str, Any] | None, env: 
         if not report_path.exists():
             raise TablesDisagree(f"verify exited {done.returncode} without a report:\n{done.stderr[-3000:]}")
         tables = json.loads(report_path.read_text())["tables"]
+    if done.returncode == EXIT_PAST_RETENTION and tables.get("verdict") == "past_retention":
+        _skip(f"verify --hour {tables['hour']}: {tables['past_retention_report']}")
     if done.returncode != 0 or not tables["ok"]:
         parts = [
             f"{name}: {section[key]} {key.removesuffix('_count')}"
@@ -355,13 +404,13 @@ class LoadStepOperator(WarmLoadOperator):
         if self.step != "stage":
             _staged(self.staged_run)  # refused before any Spark work
         if settings.load_submit == "in-process":
-            return in_process(self.step, settings, hour, self.staged_run)
+            return _skip_after(self.step, hour, in_process(self.step, settings, hour, self.staged_run))
         if settings.load_submit != "warm":
             raise RuntimeError(
                 f"ADPIPE_LOAD_SUBMIT={settings.load_submit} here, but the DAG was parsed without it: "
                 "set it where the DAG files are parsed too"
             )
-        return self._in_warm_driver({**os.environ, **overlay}, settings, hour)
+        return _skip_after(self.step, hour, self._in_warm_driver({**os.environ, **overlay}, settings, hour))
 
     def _in_warm_driver(self, env: dict[str, str], settings: Settings, hour: datetime) -> Any:
         """The step in the home's warm load driver (started if none runs):
@@ -442,7 +491,7 @@ class LoadStepSubmitOperator(LoadSubmitOperator):
             except Exception:
                 _raise_for(self.step, path)
                 raise
-            return _result(self.step, path)
+            return _skip_after(self.step, hour, _result(self.step, path))
 
 
 def load_step(step: str, submit: str, **kwargs: Any) -> BaseOperator:

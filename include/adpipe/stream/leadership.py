@@ -218,8 +218,13 @@ def leadership(settings: Settings, standby: bool = False) -> Iterator[str | None
         if standby:
             log.info("standby: waiting to lead job %s (group %s)", settings.job_id, membership.group)
             current = None
+            me = (socket.gethostname(), os.getpid())
             while not membership.leading.wait(0.5):
-                current = _leader_or_none(settings) or current
+                found = _leader_or_none(settings)
+                # The group may name this driver a moment before its own
+                # callback runs: the one that left is the leader seen before.
+                if found is not None and (found.host, found.pid) != me:
+                    current = found
             took_over = "the leader left the group" if current is None else f"{current.describe()} left the group"
         elif not membership.leading.wait(settings.stream_lease_s * 3 + 10):
             current = _leader_or_none(settings)

@@ -62,6 +62,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     report: dict = (
         {"ok": True} if args.tables_only else verify.reconcile(settings, kafka_io.ledger_group(settings.job_id))
     )
+    kafka_ok = report["ok"]
+    tables: dict = {}
     if args.hour:
         from adpipe.lakehouse import load
         from adpipe.local import postgres
@@ -70,12 +72,25 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
         postgres.serve_metastore(settings)
         tables = table_verify.check_hour(settings, load.parse_hour(args.hour), staged_through=args.candidate_of_run)
         report["tables"] = tables
-        report["ok"] = report["ok"] and tables["ok"]
+        report["ok"] = kafka_ok and tables["ok"]
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.report:
         Path(args.report).write_text(text + "\n")
-    return 0 if report["ok"] else 1
+    if report["ok"]:
+        return 0
+    if kafka_ok and tables.get("verdict") == PAST_RETENTION:
+        # Neither holds nor broken: nothing of the hour was loaded, and Kafka deleted its records.
+        log.warning("verify --hour %s: %s", tables["hour"], tables["past_retention_report"])
+        return EXIT_PAST_RETENTION
+    return 1
+
+
+# ``adpipe verify --hour H``: the hour is past Kafka's retention and nothing
+# of it was ever loaded (adpipe.lakehouse.retention): exactly-once neither
+# holds (exit 0) nor is broken (exit 1); nobody can check the hour any more.
+PAST_RETENTION = "past_retention"
+EXIT_PAST_RETENTION = 5
 
 
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
@@ -226,7 +241,10 @@ def add_check_parsers(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="reconcile raw events and aggregates; exit 0 only when exactly-once holds",
         description="Recomputes expected aggregates from the raw topic independently and compares "
-        "them with the read_committed output, the late topic and the DLQ. Prints a JSON report.",
+        "them with the read_committed output, the late topic and the DLQ. Prints a JSON report. Exit 0 when "
+        "exactly-once holds, 1 when it is broken, 5 when the only thing off is that the --hour asked for is past "
+        "Kafka's retention and nothing of it was ever loaded (tables.verdict past_retention: nobody can check it "
+        "any more).",
     )
     p.add_argument(
         "--hour",

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from adpipe import kafka_io
 from adpipe import schemas as S
-from adpipe.lakehouse import quality
+from adpipe.lakehouse import quality, retention
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.ranges import retention_gaps
 from adpipe.settings import Settings
@@ -230,12 +230,21 @@ def compare(expected: dict[str, dict], actual: dict[str, list[tuple]]) -> dict:
     return report
 
 
+# ``verdict``: exactly-once holds for the hour, or not; or the hour is past
+# Kafka's retention with nothing of it loaded (adpipe verify exits 5).
+HOLDS = "holds"
+BROKEN = "broken"
+
+
 def check_hour(
     settings: Settings, hour: datetime, spark: SparkSession | None = None, staged_through: int | None = None
 ) -> dict:
     """The hour's tables (or, with ``staged_through``, the candidate of that
     load run) against Kafka; ``ok`` only when nothing differs and Kafka
-    still holds the whole hour."""
+    still holds the whole hour. ``verdict``: ``holds``, ``broken``, or
+    ``past_retention`` when Kafka no longer holds the whole hour and nothing
+    of it was ever loaded nor is in Kafka (``past_retention_report`` then
+    says what Kafka keeps)."""
     if spark is None:
         from adpipe.lakehouse.metastore import metastore_session
 
@@ -256,8 +265,16 @@ def check_hour(
     gaps = retention_gaps(settings, hour)
     report["past_retention"] = gaps[:LIST_LIMIT]
     report["past_retention_count"] = len(gaps)
+    report["verdict"] = HOLDS if report["ok"] and not gaps else BROKEN
     if gaps:
+        # Nothing of the hour in the tables (published or staged), and Kafka
+        # holds nothing of it either: its records were deleted before any
+        # load read them. Neither holds nor broken: past retention.
+        if report["problems"] == 0 and not retention.hour_loaded(spark, hour):
+            report["verdict"] = T.STEP_PAST_RETENTION
+            report["past_retention_report"] = retention.PastRetention(hour, tuple(gaps)).describe()
         report["problems"] += len(gaps)
         report["ok"] = False
     return report
+
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from adpipe.budget import db, outage, pricing, schema, writes
+from adpipe.budget import db, outage, pricing, writes
 from adpipe.budget.aggregate import BadAggregate, parse_aggregate
 from adpipe.budget.batch import apply_batch
 from adpipe.budget.money import Price, period_of, spend_micros
@@ -19,6 +18,8 @@ from adpipe.budget.report import format_report, report
 from adpipe.budget.status import event_id
 from adpipe.money import MoneyError, format_micros, parse_micros
 from adpipe.settings import SettingsError, load_settings
+
+from tests.unit.budget.conftest import FakeMessage
 
 # ------------------------------------------------------------------ money
 
@@ -299,38 +300,6 @@ def test_budget_settings() -> None:
 
 
 # ------------------------------------------------------------- SQL on SQLite
-
-
-@dataclass
-class FakeMessage:
-    _partition: int
-    _offset: int
-    _value: bytes | None
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes | None:
-        return self._value
-
-
-@pytest.fixture
-def sqlite_budget(tmp_path: Path):  # noqa: ANN201
-    settings = load_settings(
-        {
-            "ADPIPE_HOME": str(tmp_path),
-            "ADPIPE_BUDGET_DEFAULT_CPM": "2.00",
-            "ADPIPE_BUDGET_DEFAULT_CPC": "0.50",
-            "ADPIPE_BUDGET_DEFAULT_BUDGET": "10.00",
-        }
-    )
-    engine = db.make_engine(settings)
-    schema.ensure_schema(engine, settings)
-    yield settings, engine
-    engine.dispose()
 
 
 def test_pricing_file_and_resolution(sqlite_budget, tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ backwards. Expected amounts are written out by hand."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ from adpipe.budget.batch import apply_batch
 from adpipe.budget.money import Price, charge_micros
 from adpipe.budget.revisions import NOTHING, WindowState, plan_revisions
 from adpipe.settings import load_settings
+
+from tests.unit.budget.conftest import FakeMessage
 
 W = "2026-11-22T12:34:00Z"
 
@@ -122,22 +123,6 @@ def test_charge_below_the_base_is_refused() -> None:
 # ------------------------------------------------------------- SQL on SQLite
 
 
-@dataclass
-class FakeMessage:
-    _partition: int
-    _offset: int
-    _value: bytes
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes:
-        return self._value
-
-
 def message(
     offset: int, revision: int | None, impressions: int, clicks: int, window_start: str = W, uuid: str | None = None
 ) -> FakeMessage:
@@ -152,22 +137,6 @@ def message(
     if revision is not None:
         body["revision"] = revision
     return FakeMessage(0, offset, json.dumps(body).encode())
-
-
-@pytest.fixture
-def sqlite_budget(tmp_path: Path):  # noqa: ANN201
-    settings = load_settings(
-        {
-            "ADPIPE_HOME": str(tmp_path),
-            "ADPIPE_BUDGET_DEFAULT_CPM": "2.00",
-            "ADPIPE_BUDGET_DEFAULT_CPC": "0.50",
-            "ADPIPE_BUDGET_DEFAULT_BUDGET": "10.00",
-        }
-    )
-    engine = db.make_engine(settings)
-    schema.ensure_schema(engine, settings)
-    yield settings, engine
-    engine.dispose()
 
 
 def _spend(engine: sa.Engine) -> int:

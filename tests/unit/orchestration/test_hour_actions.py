@@ -129,7 +129,8 @@ def test_in_process_the_task_calls_the_lakehouses_action_on_held_hours_only(
     if action == "repair":
         assert events[REPAIRED_TABLES].added == [
             (table, {"hour": "2026-11-22T12", "action": "repair"})
-            for table in ("ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine")
+            for table in ("ads.ad_events_raw", "ads.ad_minute_aggregates", "ads.ad_events_quarantine",
+                          "ads.ad_minute_aggregate_revisions")
         ]
     else:
         assert REPAIRED_TABLES not in events

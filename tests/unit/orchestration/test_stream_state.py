@@ -78,18 +78,21 @@ def test_check_publishes_the_stream_state_before_a_breach_fails_it(
     assert pushed[2][1].startswith("stream unit: down (down, pid None; no standby); last batch 3 ")
 
 
-def test_a_live_driver_seen_by_its_process_or_lock_is_on_this_host(
+def test_a_live_driver_is_on_the_host_its_leadership_group_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import socket
-
     from adpipe import kafka_io
     from adpipe.orchestration.stream_supervisor import inspect
-    from adpipe.stream.checkpoint_lock import checkpoint_lock
+    from adpipe.stream import leadership
 
     settings = _settings(tmp_path)
     monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings: {0: (5, "")})
     monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, _commits: {0: 0})
-    assert inspect(settings).host is None  # down: nowhere
-    with checkpoint_lock(settings):
-        assert inspect(settings).host == socket.gethostname()
+    group: list[leadership.Driver] = []
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    down = inspect(settings)
+    assert (down.alive, down.host) == (False, None)  # down: nowhere
+    group.extend([leadership.Driver("worker-2", 4711, True), leadership.Driver("worker-3", 815, False)])
+    led = inspect(settings)
+    assert (led.alive, led.how, led.host) == (True, "leader", "worker-2")
+    assert led.pid is None  # another host's pid is not this host's process
