@@ -35,9 +35,16 @@ def lakehouse(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     ))
     monkeypatch.setattr(load_tasks, "_session", lambda *_args: object())
     monkeypatch.setattr(load, "stage", lambda settings, spark, hour, allow_open=False: seen.run)
-    monkeypatch.setattr(load, "audit", lambda settings, spark, run: seen.audited.append(run) or ["a result"])
-    monkeypatch.setattr(load, "failed_asked", lambda run, results: list(seen.failed))
-    monkeypatch.setattr(load, "audit_text", lambda results: "gate: " + ("; ".join(seen.failed) or "passed"))
+
+    class Audited:  # load.audit's result: the gate's verdict on the hours asked
+        def summary(self, asked: list[str]) -> dict:
+            return {"success": not seen.failed, "describe": "gate: " + ("; ".join(seen.failed) or "passed"),
+                    "passed": [] if seen.failed else list(asked), "past_retention": {}}
+
+        def failed_asked(self, _asked: list[str]) -> list[str]:
+            return list(seen.failed)
+
+    monkeypatch.setattr(load, "audit", lambda settings, spark, run: seen.audited.append(run) or Audited())
     monkeypatch.setattr(load, "publish", lambda settings, spark, run: seen.published.append(run) or {
         "inserted": {"ads.ad_events_raw": 120}, "corrections": {}})
     return seen
