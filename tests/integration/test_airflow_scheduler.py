@@ -29,7 +29,16 @@ from adpipe.local.airflow import admin_password
 from adpipe.settings import Settings
 
 from tests.conftest import PORT_BASE
-from tests.integration.helpers import Api, Pipeline, airflow_standalone, dump, make_pipeline, until, warm_env
+from tests.integration.helpers import (
+    NO_REVISIONS,
+    Api,
+    Pipeline,
+    airflow_standalone,
+    dump,
+    make_pipeline,
+    until,
+    warm_env,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 DAG = "ad_union_and_load"
@@ -62,6 +71,7 @@ def scene(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFacto
                 "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
                 "ADPIPE_LOAD_START": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 30),
+                **NO_REVISIONS,
             },
             ADPIPE_LOAD_SUBMIT="warm",
         ),

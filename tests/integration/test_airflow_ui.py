@@ -69,6 +69,7 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.conftest import PORT_BASE, TEST_HOME
 from tests.integration.helpers import (
+    NO_REVISIONS,
     Standalone,
     airflow_standalone,
     inject_duplicate_aggregate,
@@ -119,6 +120,7 @@ def scene(broker: Settings, pg: Settings) -> Iterator[Scene]:
                 "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",
                 "ADPIPE_LOAD_START": now.replace(second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "ADPIPE_AIRFLOW_PORT": str(PORT_BASE + 40),
+                **NO_REVISIONS,
             },
             ADPIPE_LOAD_SUBMIT="warm",
         ),

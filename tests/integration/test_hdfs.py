@@ -31,6 +31,7 @@ from adpipe.tools import produce
 from tests.conftest import PORT_BASE
 from tests.integration.helpers import (
     BROKER_ENV,
+    NO_REVISIONS,
     assert_exactly_once,
     dump,
     expected_windows,
@@ -134,7 +135,7 @@ def test_stream_killed_mid_batch_and_union_and_load_with_checkpoint_and_tables_o
     name = f"/it-{tmp_path.name}"
     # HADOOP_CONF_DIR as `adpipe hdfs up` prints it: the jobs' block size.
     client = {**HDFS_ENV, "HADOOP_CONF_DIR": str(hdfs.client_conf_dir(cluster))}
-    pipeline = make_pipeline(tmp_path, {**client, "ADPIPE_CHECKPOINT_URI": f"{base}{name}/checkpoints"})
+    pipeline = make_pipeline(tmp_path, {**client, **NO_REVISIONS, "ADPIPE_CHECKPOINT_URI": f"{base}{name}/checkpoints"})
     job = pipeline.settings.job_id
     plan = produce.plan(produce.ProduceSpec(
         events=1500, seed=3101, ads=10, ad_offset=3100, minutes=6, start=START, duplicate_rate=0.04,

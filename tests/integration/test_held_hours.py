@@ -32,7 +32,19 @@ from adpipe.alerting import alerts_file
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
 
-from tests.integration.helpers import Pipeline, dump, hours, ids, load, make_pipeline, ok, send, verify_hour, warm_env
+from tests.integration.helpers import (
+    NO_REVISIONS,
+    Pipeline,
+    dump,
+    hours,
+    ids,
+    load,
+    make_pipeline,
+    ok,
+    send,
+    verify_hour,
+    warm_env,
+)
 
 A, B, C, D = (datetime(2026, 11, 19, h, tzinfo=UTC) for h in (10, 11, 12, 13))
 LABEL = {h: f"{h:%Y-%m-%dT%H}" for h in (A, B, C, D)}
@@ -59,7 +71,7 @@ def test_a_held_hour_holds_back_no_other_and_retries_past_the_retention_count_on
 ) -> None:
     p = make_pipeline(
         tmp_path, warm_env({"ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_METASTORE": "derby",
-                            "ADPIPE_LATE_DEDUPE_RETENTION_S": "60"}),
+                            "ADPIPE_LATE_DEDUPE_RETENTION_S": "60", **NO_REVISIONS}),
     )
     first = p.produce(events=300, seed=8101, ads=4, ad_offset=800, minutes=62, start=A)
     _stream(p)

@@ -28,7 +28,7 @@ from adpipe.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PORT_BASE
-from tests.integration.helpers import closed_watermark_ms, expected_windows, make_pipeline, window_end_ms
+from tests.integration.helpers import NO_REVISIONS, closed_watermark_ms, expected_windows, make_pipeline, window_end_ms
 
 STREAM_PORT, BUDGET_PORT, LOAD_PORT = PORT_BASE + 73, PORT_BASE + 74, PORT_BASE + 75
 HOUR = "2026-11-22T12"
@@ -117,6 +117,7 @@ def test_stream_budget_and_load_metrics_match_what_was_produced(broker: Settings
         cur.execute(f'CREATE DATABASE "{name}"')
     conn.close()
     pipe = make_pipeline(tmp_path, {
+        **NO_REVISIONS,
         # Tables, checkpoint and metastore of its own (the session's are shared).
         "ADPIPE_HOME": str(tmp_path / "home"),
         "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{name}",

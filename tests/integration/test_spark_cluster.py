@@ -36,6 +36,7 @@ from adpipe.tools import verify
 from tests.conftest import PORT_BASE
 from tests.integration.helpers import (
     BROKER_ENV,
+    NO_REVISIONS,
     Pipeline,
     StreamRun,
     assert_exactly_once,
@@ -198,7 +199,7 @@ def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> K
     workdir = tmp_path_factory.mktemp("spark-cluster")
     pipeline = make_pipeline(
         workdir,
-        {**SPARK_ENV, "ADPIPE_SPARK_MASTER": MASTER, "ADPIPE_CHECKPOINT_URI": f"file://{workdir}/checkpoints"},
+        {**SPARK_ENV, **NO_REVISIONS, "ADPIPE_SPARK_MASTER": MASTER, "ADPIPE_CHECKPOINT_URI": f"file://{workdir}/checkpoints"},
     )
     summary = pipeline.produce(
         events=1500, seed=1401, ads=10, ad_offset=1400, minutes=6, start=START, duplicate_rate=0.04,
