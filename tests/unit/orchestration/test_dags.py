@@ -15,7 +15,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from adpipe.settings import Settings, load_settings
+from adpipe.settings import load_settings
+
+from tests.unit.orchestration.stream_health import health as _health
+from tests.unit.orchestration.stream_health import unit_settings as _settings
 
 DAG_IDS = {"ad_aggregation_stream", "ad_union_and_load", "ad_table_maintenance", "ad_hour_repair"}
 EDGES = {
@@ -333,17 +336,6 @@ def test_connections_from_settings_name_our_master_broker_and_databases() -> Non
 # --- stream supervisor ------------------------------------------------------
 
 
-def _settings(tmp_path: Path, **env: str) -> Settings:
-    return load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "unit", **env})
-
-
-def _health(**changes: object):  # noqa: ANN202
-    from adpipe.orchestration.stream_supervisor import StreamHealth
-
-    base = dict(
-        job_id="unit", alive=True, how="process", pid=1, heartbeat_age_s=1.0, last_batch=3, watermark_ms=0, lag=0
-    )
-    return StreamHealth(**{**base, **changes})
 
 
 def test_thresholds_name_each_breach(tmp_path: Path) -> None:

@@ -9,20 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from adpipe.settings import Settings, load_settings
 
-
-def _settings(tmp_path: Path, **env: str) -> Settings:
-    return load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_JOB_ID": "unit", **env})
-
-
-def _health(**changes: object):  # noqa: ANN202
-    from adpipe.orchestration.stream_supervisor import StreamHealth
-
-    base = dict(
-        job_id="unit", alive=True, how="process", pid=1, heartbeat_age_s=1.0, last_batch=3, watermark_ms=0, lag=0
-    )
-    return StreamHealth(**{**base, **changes})
+from tests.unit.orchestration.stream_health import health as _health
+from tests.unit.orchestration.stream_health import unit_settings as _settings
 
 
 def test_the_stream_state_the_ui_shows_names_the_drivers_batch_watermark_and_lag() -> None:
