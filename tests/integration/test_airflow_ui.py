@@ -364,7 +364,8 @@ def _act_on_hour(page: Page, scene: Scene, action: str, shot: str) -> str:
     _fill_hour(form, scene.hour)
     current = form.get_by_text("repair: rebuild the hour from Kafka", exact=False)
     if action != "repair":  # the default
-        current.click()
+        # The select's value text sits under its own (empty) input, which takes the pointer: click through it.
+        current.click(force=True)
         page.get_by_role("option", name=re.compile(f"^{action}: ")).click()
         expect(form.get_by_text(f"{action}: ", exact=False)).to_be_visible()
     return _submit(page, scene, form, shot, REPAIR_DAG)
