@@ -367,7 +367,7 @@ def _act_on_hour(page: Page, scene: Scene, action: str, shot: str) -> str:
         # The select's value text sits under its own (empty) input, which takes the pointer: click through it.
         current.click(force=True)
         page.get_by_role("option", name=re.compile(f"^{action}: ")).click()
-        expect(form.get_by_text(f"{action}: ", exact=False)).to_be_visible()
+        expect(form.get_by_text(f"{action}: ", exact=False).first).to_be_visible()
     return _submit(page, scene, form, shot, REPAIR_DAG)
 
 
