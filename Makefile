@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help deps deps-ui data-docs-assets venv python-packages jars demo test test-slow test-ui test-long test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
+.PHONY: help deps deps-ui data-docs-assets venv python-packages jars demo test test-slow test-ui test-long test-extended test-all test-unit lint bench bench-stages kafka-up kafka-down pg-up pg-down spark-up spark-down chaos airflow clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -76,14 +76,19 @@ demo: jars ## the pipeline end to end with a crash injected, ending in the verif
 test: jars ## the suite on two workers, each with its own broker, PostgreSQL and ports: a test file runs on one worker, in order (under 30 min)
 	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow and not ui"
 
-test-slow: jars ## the long scenarios kept out of make test's 30 minutes, on two workers as make test (CI runs both)
+test-slow: jars ## the long scenarios kept out of make test's 30 minutes, on two workers as make test (extended ones included)
 	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m slow
 
 test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real scheduler; screenshots under ADPIPE_TEST_HOME/ui/screenshots
 	$(BIN)/pytest -m ui
 
-test-long: jars deps-ui ## test-slow and test-ui in one run on the two workers (CI): the UI test fills a worker the slow ones leave idle
-	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "slow or ui"
+test-long: jars deps-ui ## the slow and UI tests but the extended ones, in one run on the two workers (CI runs it after make test)
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "(slow or ui) and not extended"
+
+test-extended: jars ## the extended scenarios CI leaves out (loads killed by arrival, the Spark cluster, HDFS, metrics, the demo's secrets, Airflow's scheduler on its own)
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m extended
+
+test-all: test test-long test-extended ## every test: make test, then test-long, then test-extended (before a release)
 
 # The benchmark harness is bench/ at the project root, not part of the
 # installed package: python -m bench runs it from here.

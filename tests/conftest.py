@@ -32,28 +32,39 @@ JVM_OPTIONS = os.environ.get("ADPIPE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1
 
 
 # The integration files that take minutes, longest first (their tests'
-# summed --durations in make test and make test-long, 2026-11-27). Under
-# pytest -n 2 (the Makefile passes --no-loadscope-reorder) they start first
-# and the short files and unit tests fill the workers' ends: a long file
-# started last would keep one worker busy alone. Any order is correct.
+# summed --durations in make test plus make test-long plus make
+# test-extended, 2026-11-29). Under pytest -n 2 (the Makefile passes
+# --no-loadscope-reorder) they start first and the short files and unit tests
+# fill the workers' ends: a long file started last would keep one worker busy
+# alone. Any order is correct.
 LONGEST_FIRST = (
-    "test_load_by_arrival",  # 820 s
-    "test_exactly_once",  # 440 s
-    "test_dags",  # 430 s, of which make test 65 s
-    "test_airflow_scheduler",  # 390 s
-    "test_airflow_ui",  # 370 s
-    "test_union_and_load",  # 360 s
+    "test_load_by_arrival",  # 955 s (extended)
+    "test_dags",  # 540 s, of which make test 207 s
+    "test_revisions_load",  # 435 s
+    "test_airflow_ui",  # 400 s
+    "test_exactly_once",  # 360 s
     "test_held_hours",  # 340 s
-    "test_chaos",  # 290 s
-    "test_spark_cluster",  # 250 s
-    "test_hosts_leadership",  # 235 s, of which make test 15 s (the harness's own test)
-    "test_demo_secrets",  # 220 s
-    "test_metrics",  # 200 s
-    "test_hdfs",  # 140 s
-    "test_late_dedupe",  # 110 s
-    "test_budget",  # 110 s
-    "test_budget_faults",  # 105 s
-    "test_ledger",  # 100 s
+    "test_airflow_scheduler",  # 325 s (extended)
+    "test_chaos",  # 280 s
+    "test_union_and_load",  # 265 s
+    "test_restamped_retries",  # 220 s
+    "test_spark_cluster",  # 195 s (extended)
+    "test_hdfs",  # 170 s (extended)
+    "test_demo_secrets",  # 155 s (extended)
+    "test_hosts_leadership",  # 150 s, of which make test 9 s (the harness's own test)
+    "test_past_retention",  # 130 s
+    "test_airflow_rails",  # 130 s, of which make test 40 s
+    "test_metrics",  # 125 s (extended)
+    "test_revisions",  # 115 s
+    "test_budget_faults",  # 115 s, of which make test 50 s
+    "test_watermark_alignment",  # 110 s, of which make test 75 s
+    "test_budget_revisions",  # 90 s
+    "test_budget",  # 80 s
+    "test_kafka_cluster",  # 70 s
+    "test_late_dedupe",  # 70 s
+    "test_hour_closed",  # 70 s
+    "test_ledger",  # 65 s
+    "test_upgrade",  # 60 s
 )
 
 

@@ -1,8 +1,8 @@
 """The driver scripts test_dags.py runs as processes of their own, with
 Airflow's environment, and what reads their output: ``dag.test()`` of a
 DAG (``DAG_TEST``), the runs of a backfill (``BACKFILL_RUN``), one worker's
-share of a triggered run (``WORKER_RUN``), the hours loaded one by one
-(``ONE_BY_ONE``), the tables' rows after them (``TABLE_ROWS``)."""
+share of a triggered run (``WORKER_RUN``), the tables' rows after them
+(``TABLE_ROWS``)."""
 
 from __future__ import annotations
 
@@ -172,25 +172,12 @@ if hours:
     out = {}
     for name in (tables.RAW, tables.AGGREGATES, tables.QUARANTINE):
         df = spark.table(name).where(F.col("event_hour").isin(hours)).drop("loaded_at")
+        # Times as UTC text (the session's zone): collect() would give the host's local time.
+        df = df.select(*[F.date_format(c, "yyyy-MM-dd'T'HH:mm:ss'Z'").alias(c) if t == "timestamp" else F.col(c)
+                         for c, t in df.dtypes])
         out[name] = sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in df.collect())
     print("TABLES " + json.dumps(out), flush=True)
 """
-# Loads each hour on its own, in order, with the loader the DAG's load task
-# calls (one process, one Spark session: no second Airflow run of each hour).
-ONE_BY_ONE = r"""
-import json, sys
-from datetime import datetime
-from adpipe.lakehouse.load import load_hour
-from adpipe.lakehouse.metastore import metastore_session
-from adpipe.settings import load_settings
-settings = load_settings()
-spark = metastore_session(settings, "adpipe-test-one-by-one")
-for h in sys.argv[1].split(","):
-    result = load_hour(settings, datetime.fromisoformat(h), spark)
-    print("RESULT " + json.dumps({"hour": result.hour, "inserted": result.inserted}), flush=True)
-"""
-
-
 @dataclass
 class Driver:
     """A driver script running as a subprocess; its whole output goes to a

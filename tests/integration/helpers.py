@@ -546,6 +546,10 @@ def airflow_standalone(pipeline: Pipeline, name: str) -> Iterator[Standalone]:
     # 8794) by default: beside the UI's, so that two test homes never collide.
     env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(settings.airflow_port + 1)
     env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(settings.airflow_port + 2)
+    # The DAG files do not change during a test: parsed once at the start, not
+    # every 30 s (each parse imports adpipe and the providers: CPU the tests
+    # on two cores need).
+    env["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = "3600"
     ensure_admin_password(settings)
     migrate(env)
     log_path = pipeline.workdir / "standalone.log"

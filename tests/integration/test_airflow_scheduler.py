@@ -9,7 +9,7 @@ then a backfill created through the REST API runs the last one again and
 changes no table. The tables are checked against
 the producer's own summary and ``verify --hour``.
 
-A long scenario (about a quarter of an hour on two cores): make test-slow."""
+A long scenario (about five minutes on two busy cores): make test-extended."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from tests.integration.helpers import (
     warm_env,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
+pytestmark = [pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(3000)]
 DAG = "ad_union_and_load"
 
 

@@ -2,8 +2,8 @@
 Spark and PostgreSQL (Airflow's metadata database): the stream DAG starts
 the stream job with spark-submit, detached, and restarts it after a SIGKILL
 (alerting past the restart threshold); the load DAG loads closed hours; a
-backfill created with ``airflow backfill create`` gives the same tables as
-loading the hours one by one; an hour staged on one worker is validated,
+backfill created with ``airflow backfill create`` loads each hour as the
+producer sent it; an hour staged on one worker is validated,
 verified and published once on another (``ADPIPE_HOME`` and ``AIRFLOW_HOME``
 of their own: the staged run goes through XCom only); an injected duplicate
 aggregate fails the run and the notifier names the failed expectation.
@@ -53,7 +53,7 @@ from adpipe.settings import Settings, isolated_env, load_settings
 from adpipe.tools import produce
 
 from tests.alert_receivers import Hooks, Inbox, alert_env, hooks_server, html_text, smtp_server
-from tests.integration.dag_runs import BACKFILL_RUN, DAG_TEST, ONE_BY_ONE, WORKER_RUN, explain
+from tests.integration.dag_runs import BACKFILL_RUN, DAG_TEST, WORKER_RUN, explain
 from tests.integration.dag_runs import run_script as _run
 from tests.integration.dag_runs import start_script as _start
 from tests.integration.helpers import BROKER_ENV, inject_duplicate_aggregate, warm_env
@@ -191,11 +191,26 @@ def _hours_closed_by_the_stream(flow: Flow) -> None:
     assert hour_closed(flow.settings, HOURS[-1])
 
 
-# The load DAG's two scenarios take about seven minutes: make test-slow.
+def _expected_tables(hours: list[datetime]) -> tuple[dict[tuple[str, str], tuple[int, int]], Counter]:
+    """From the producer's own plans: each (ad, minute)'s impressions and
+    clicks in ``hours``, and each hour's distinct on-time events."""
+    labels = {f"{h:%Y-%m-%dT%H}" for h in hours}
+    windows: dict[tuple[str, str], list[int]] = {}
+    raw: Counter = Counter()
+    for spec in SPECS:
+        for count in produce.plan(spec).summary["counts"]:
+            minute = count["window_start"][:16]
+            if minute[:13] in labels:
+                window = windows.setdefault((count["ad_id"], minute), [0, 0])
+                window[count["event_type"] == "click"] += count["events"]
+                raw[minute[:13]] += count["events"]
+    return {key: (n[0], n[1]) for key, n in windows.items()}, raw
+
+
+# The load DAG's two scenarios take about five minutes: make test-slow.
 @pytest.mark.slow
-def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> None:
+def test_a_backfill_of_three_hours_loads_each_hour_as_the_producer_sent_it(flow: Flow) -> None:
     _hours_closed_by_the_stream(flow)
-    # Backfill first: dag.test() replaces a run with the same logical date.
     # Its Spark steps run in the home's warm load driver (started by the first).
     env_b = warm_env(flow.load_env("backfill"), ADPIPE_LOAD_SUBMIT="warm")
     # The DAG must be in the metadata database (the stream DAG's dag.test()
@@ -222,30 +237,23 @@ def test_backfill_of_three_hours_equals_loading_them_one_by_one(flow: Flow) -> N
         timeout=300,
     )
     assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
-    # The runs, and beside them (another home, so other tables) the same
-    # hours loaded one by one: two Spark applications at once.
-    env_a = flow.load_env("one-by-one")
-    backfill_run = _start(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], {**env_b, **TABLE_HOURS})
-    one_by_one_run = _start(ONE_BY_ONE, [",".join(h.isoformat() for h in HOURS)], {**env_a, **TABLE_HOURS})
-    try:
-        results, out = backfill_run.finish()
-    finally:
-        one_results, one_out = one_by_one_run.finish()
+    results, out = _start(BACKFILL_RUN, [str(DAGS_FOLDER), "ad_union_and_load"], {**env_b, **TABLE_HOURS}).finish()
     assert [r["interval"][0][:13].replace(" ", "T") for r in results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], (
         explain(results, out)
     )
     assert all(r["state"] == "success" for r in results), explain(results, out)
     assert all(r["run_id"].startswith("backfill__") for r in results)
-    backfilled = _tables(out)
 
-    assert [r["hour"] for r in one_results] == [h.strftime("%Y-%m-%dT%H") for h in HOURS], one_out[-5000:]
-    one_by_one = _tables(one_out)
-
-    for table, rows in one_by_one.items():
-        assert rows, f"{table}: nothing loaded"
-    hours_loaded = {json.loads(r)["event_hour"][:13] for r in one_by_one["ads.ad_minute_aggregates"]}
-    assert len(hours_loaded) == 3
-    assert backfilled == one_by_one
+    # Every hour once, as the producer sent it: duplicates and malformed
+    # records out, each minute's counts exact, one raw row per event.
+    backfilled = {table: [json.loads(r) for r in rows] for table, rows in _tables(out).items()}
+    windows, raw = _expected_tables(HOURS)
+    aggregates = backfilled["ads.ad_minute_aggregates"]
+    assert len(aggregates) == len(windows), f"{len(aggregates)} rows for {len(windows)} windows"
+    assert {(r["ad_id"], r["window_start"][:16]): (r["impressions"], r["clicks"]) for r in aggregates} == windows
+    events = backfilled["ads.ad_events_raw"]
+    assert len({r["event_id"] for r in events}) == len(events)
+    assert Counter(r["event_hour"][:13] for r in events) == raw
     assert (Path(env_b["ADPIPE_HOME"]) / "data_docs" / "latest.html").exists()
     served = warm.log_file(load_settings(env_b)).read_text()
     for hour in HOURS:

@@ -3,7 +3,7 @@ PostgreSQL password of its own (a random token, for a role made for it on
 the session's PostgreSQL), then every file it wrote under its home, the
 broker's and PostgreSQL's logs and everything it printed are searched for
 that password. (The Kafka passwords of a secure broker are searched the same
-way in test_secure_broker.py.) About three minutes: make test-slow."""
+way in test_secure_broker.py.) About three minutes: make test-extended."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from adpipe.settings import Settings, load_settings
 
 from tests.integration.helpers import BROKER_ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def scram_sha_256_verifier(password: str, iterations: int = 4096) -> str:

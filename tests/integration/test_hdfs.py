@@ -41,7 +41,7 @@ from tests.integration.helpers import (
     outline,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 # The NameNode's RPC port; its web UI (WebHDFS) is + 1, the DataNode's + 2..4.
 HDFS_PORT = PORT_BASE + 80

@@ -16,14 +16,14 @@ One scenario (hours A to D of 2026-11-19, dedupe retention 60 s):
 5. An operator repairs B with a higher late-share bound: published.
 
 Expected counts come from the producer's summaries and a plain json reading
-of the raw records; verify --hour reads Kafka in plain Python. The metastore
-is Derby (one JVM at a time): the loads and verify --hour run in the home's
-warm load driver, which the tables dump stops first (the next load starts
-another)."""
+of the raw records; verify --hour reads Kafka in plain Python. The loads and
+verify --hour run in the home's warm load driver; the tables (a metastore
+database of their own in PostgreSQL) are dumped by a session beside it."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -70,7 +70,8 @@ def test_a_held_hour_holds_back_no_other_and_retries_past_the_retention_count_on
     broker: Settings, pg: Settings, tmp_path: Path  # noqa: ARG001 - the session's broker and database must be up
 ) -> None:
     p = make_pipeline(
-        tmp_path, warm_env({"ADPIPE_HOME": str(tmp_path / "home"), "ADPIPE_METASTORE": "derby",
+        tmp_path, warm_env({"ADPIPE_HOME": str(tmp_path / "home"),
+                            "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{uuid.uuid4().hex[:8]}",
                             "ADPIPE_LATE_DEDUPE_RETENTION_S": "60", **NO_REVISIONS}),
     )
     first = p.produce(events=300, seed=8101, ads=4, ad_offset=800, minutes=62, start=A)

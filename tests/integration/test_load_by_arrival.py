@@ -55,8 +55,8 @@ from tests.integration.helpers import (
 )
 
 H09, H10, H11 = "2026-11-21T09", "2026-11-21T10", "2026-11-21T11"
-# About eight minutes of Spark processes on two cores: make test-slow.
-pytestmark = pytest.mark.slow
+# About sixteen minutes of Spark processes on two cores: make test-extended.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def _stream(p: Pipeline) -> None:

@@ -108,8 +108,9 @@ def committed_batches(settings: Settings) -> list[int]:
 
 
 # About 2 minutes for the stream job and the budget service, 2 to 3 more for
-# the load (a Spark application and a new metastore): make test-slow.
+# the load (a Spark application and a new metastore): make test-extended.
 @pytest.mark.slow
+@pytest.mark.extended
 def test_stream_budget_and_load_metrics_match_what_was_produced(broker: Settings, pg: Settings, tmp_path: Path) -> None:
     name = f"m{uuid.uuid4().hex[:8]}"
     conn = pg_client.connect(pg, "postgres")

@@ -230,9 +230,10 @@ def killed_run(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> K
     return KilledRun(pipeline, summary, run, killed, sorted(logs), in_flight, finished, batches_before_kill, listening)
 
 
-# About 2 minutes: in make test-slow, so that make test stays within its 30
+# About 2 minutes: in make test-extended, so that make test stays within its 30
 # (make chaos kills workers too, and the short chaos run is in make test).
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_worker_sigkilled_mid_batch_is_survived_exactly_once(killed_run: KilledRun, cluster: Settings) -> None:
     run, pipeline = killed_run.run, killed_run.pipeline
     assert run.returncode == 0, run.log[-4000:]
@@ -264,7 +265,8 @@ def test_a_worker_sigkilled_mid_batch_is_survived_exactly_once(killed_run: Kille
     assert len({r.header(S.HEADER_SOURCE) for r in dlq}) == len(dlq) == summary["malformed"]
 
 
-@pytest.mark.slow  # about 2 minutes (the load, then the tables read back): make test-slow
+@pytest.mark.slow  # about 2 minutes (the load, then the tables read back): make test-extended
+@pytest.mark.extended
 def test_union_and_load_on_the_cluster_loads_the_hour_once(
     killed_run: KilledRun, pg: Settings, tmp_path: Path
 ) -> None:
