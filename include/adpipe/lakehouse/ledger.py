@@ -8,12 +8,12 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
@@ -146,50 +146,112 @@ def _failed_before(spark: SparkSession, hour: str, message: str, run_id: int) ->
 
 
 LOCK_WAIT_S = 3600.0
-_HELD: dict[Path, int] = {}  # lock file -> depth, in this process
+_HELD: dict[str, int] = {}  # lock -> depth, in this process
+# The deployment's load lock in PostgreSQL: an advisory lock in the
+# metastore's database (advisory locks are per database: one per deployment).
+LOAD_LOCK_KEY = "adpipe-load"
+# The server ends the session of a holder whose host went silent (cut off,
+# powered down) after about idle + interval x count seconds, and with it the lock.
+_KEEPALIVES = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+_HOLDER = """
+SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((hashtext(%(key)s)::bigint >> 32) & 4294967295)::oid
+  AND l.objid = (hashtext(%(key)s)::bigint & 4294967295)::oid
+"""
+
+
+def _waiting(what: str, holder: str, started: float, wait_s: float, logged: bool) -> bool:
+    """Log the first wait for the load lock; raise past ``wait_s``."""
+    if time.monotonic() - started > wait_s:
+        raise LoadError(f"another load ({holder or 'gone'}) holds {what} too long")
+    if not logged:
+        log.info("waiting for the load lock (%s), held by %s", what, holder or "?")
+    return True
 
 
 @contextmanager
-def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """One load step at a time per ``ADPIPE_HOME``: staging and publishing
-    read the ledger and the tables and write them back. A second load waits
-    (logging who holds the lock) rather than fail. Reentrant within a
-    process: ``adpipe load`` takes it before its Spark session starts, so a
-    waiting load never holds a cluster's cores that the running one needs
-    (a deadlock ``adpipe chaos`` found), and its steps take it again."""
+def _pg_lock(settings: Settings, wait_s: float) -> Iterator[None]:
+    from adpipe.pg import connect, ensure_databases
+
+    ensure_databases(settings, (settings.metastore_database,))
+    conn = connect(settings, settings.metastore_database)
+    what = f"the advisory lock {LOAD_LOCK_KEY!r} in PostgreSQL database {settings.metastore_database}"
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET application_name = %s", (f"adpipe load, pid {os.getpid()} on {socket.gethostname()}",))
+            for name, value in _KEEPALIVES.items():
+                cur.execute(f"SET {name} = {int(value)}")
+            started, logged = time.monotonic(), False
+            while True:
+                cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (LOAD_LOCK_KEY,))
+                if cur.fetchone()[0]:
+                    break
+                cur.execute(_HOLDER, {"key": LOAD_LOCK_KEY})
+                holder = ", ".join(row[0] for row in cur.fetchall())
+                logged = _waiting(what, holder, started, wait_s, logged)
+                time.sleep(1.0)
+            try:
+                yield
+            finally:
+                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (LOAD_LOCK_KEY,))
+    finally:
+        conn.close()
+
+
+@contextmanager
+def _file_lock(settings: Settings, wait_s: float) -> Iterator[None]:
     settings.home.mkdir(parents=True, exist_ok=True)
     path = settings.home / "load.lock"
-    if _HELD.get(path):  # this process holds it already (the CLI takes it before Spark starts)
-        _HELD[path] += 1
-        try:
-            yield
-        finally:
-            _HELD[path] -= 1
-        return
     with open(path, "a+") as handle:
-        deadline = time.monotonic() + wait_s
-        waited = False
+        started, logged = time.monotonic(), False
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LoadError(f"another load holds {path} (pid {path.read_text().strip()}) too long") from None
-                if not waited:
-                    log.info("waiting for the load running as pid %s (%s)", path.read_text().strip() or "?", path)
-                    waited = True
+                logged = _waiting(str(path), f"pid {path.read_text().strip()}", started, wait_s, logged)
                 time.sleep(1.0)
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
-        _HELD[path] = 1
         try:
             yield
         finally:
-            _HELD.pop(path, None)
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """One load step at a time per deployment: staging and publishing read
+    the ledger and the tables and write them back, and run ids are claimed
+    as the ledger's highest plus one. With the metastore in PostgreSQL (the
+    default) the lock is an advisory lock in the metastore's database,
+    shared by every host that loads into these tables; the server releases
+    it when its holder's session ends (the process died, or its host went
+    silent: TCP keepalives, about 25 s). With Derby (one JVM, so one host)
+    it is a ``flock`` on ``ADPIPE_HOME/load.lock``. A second load waits
+    (logging who holds the lock) rather than fail. Reentrant within a
+    process: ``adpipe load`` takes it before its Spark session starts, so a
+    waiting load never holds a cluster's cores that the running one needs
+    (a deadlock ``adpipe chaos`` found), and its steps take it again."""
+    shared = settings.metastore == "postgres"
+    key = f"pg:{settings.metastore_database}" if shared else str(settings.home / "load.lock")
+    if _HELD.get(key):  # this process holds it already (the CLI takes it before Spark starts)
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    with (_pg_lock if shared else _file_lock)(settings, wait_s):
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            _HELD.pop(key, None)
 
 
 def _failed_in_run(spark: SparkSession, run_id: int) -> set[str]:

@@ -1,5 +1,7 @@
-"""The load lock: taken once per process (``adpipe load`` takes it before its
-Spark session, its steps again), exclusive between processes."""
+"""The load lock with Derby (one JVM, one host: a ``flock`` under
+``ADPIPE_HOME``): taken once per process (``adpipe load`` takes it before
+its Spark session, its steps again), exclusive between processes. The
+PostgreSQL lock every host shares: tests/integration/test_load_lock.py."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def _free_for_another_process(path: Path) -> bool:
 
 
 def test_the_load_lock_is_reentrant_in_a_process_and_exclusive_between_processes(tmp_path: Path) -> None:
-    settings = load_settings({"ADPIPE_HOME": str(tmp_path)})
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_METASTORE": "derby"})
     path = tmp_path / "load.lock"
     with load_lock(settings):
         with load_lock(settings, wait_s=0):  # the same process: taken again at once
