@@ -173,11 +173,17 @@ def _waiting(what: str, holder: str, started: float, wait_s: float, logged: bool
 
 @contextmanager
 def _pg_lock(settings: Settings, wait_s: float) -> Iterator[None]:
+    import psycopg2
+
     from adpipe.pg import connect, ensure_databases
 
-    ensure_databases(settings, (settings.metastore_database,))
-    conn = connect(settings, settings.metastore_database)
     what = f"the advisory lock {LOAD_LOCK_KEY!r} in PostgreSQL database {settings.metastore_database}"
+    try:
+        ensure_databases(settings, (settings.metastore_database,))
+        conn = connect(settings, settings.metastore_database)
+    except psycopg2.OperationalError as exc:
+        raise LoadError(f"the load lock ({what} at {settings.pg_host}:{settings.pg_port}) is out of reach: "
+                        f"{str(exc).strip()}") from exc
     try:
         with conn.cursor() as cur:
             cur.execute("SET application_name = %s", (f"adpipe load, pid {os.getpid()} on {socket.gethostname()}",))
