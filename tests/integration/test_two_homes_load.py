@@ -21,7 +21,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -97,7 +97,8 @@ def test_two_runs_steps_interleaved_across_homes_publish_the_hour_whole_once(
     homes: tuple[Pipeline, dict], tmp_path: Path
 ) -> None:
     p, env_b = homes
-    sent = p.produce(events=200, seed=7502, ads=3, ad_offset=950, minutes=62, start=H2)
+    # From 10:06 on: the first test's events ran to 10:05, so earlier ones would be late.
+    sent = p.produce(events=200, seed=7502, ads=3, ad_offset=950, minutes=56, start=H2 + timedelta(minutes=6))
     _stream(p)
     run_a, run_b = tmp_path / "a-run.json", tmp_path / "b-run.json"
     ok(load(p.env, "--hour", L2, "--step", "stage", "--run-file", str(run_a)))
