@@ -28,11 +28,14 @@ import pytest
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse import warm
 from adpipe.settings import Settings, load_settings
+from adpipe.tools import produce
 
 from tests.integration.helpers import NO_REVISIONS, Pipeline, dump, ids, load, make_pipeline, ok, verify_hour, warm_env
 
 H1, H2 = datetime(2026, 11, 17, 9, tzinfo=UTC), datetime(2026, 11, 17, 10, tzinfo=UTC)
 L1, L2 = f"{H1:%Y-%m-%dT%H}", f"{H2:%Y-%m-%dT%H}"
+# The first test's events: to 10:05, so that the stream closes 09 (some fall in 10).
+FIRST = {"events": 300, "seed": 7501, "ads": 3, "ad_offset": 950, "minutes": 65, "start": H1}
 pytestmark = pytest.mark.slow
 
 
@@ -72,7 +75,7 @@ def _steps_by_run(data: dict) -> list[int]:
 
 def test_two_whole_loads_at_once_from_two_homes_take_turns(homes: tuple[Pipeline, dict]) -> None:
     p, env_b = homes
-    sent = p.produce(events=300, seed=7501, ads=3, ad_offset=950, minutes=65, start=H1)
+    sent = p.produce(**FIRST)
     _stream(p)
     procs = [
         subprocess.Popen([sys.executable, "-m", "adpipe", "load", "--hour", L1], env=env,  # noqa: S603
@@ -106,12 +109,13 @@ def test_two_runs_steps_interleaved_across_homes_publish_the_hour_whole_once(
     ok(load(env_b, "--hour", L2, "--step", "audit", "--run-file", str(run_b)))
     ok(load(env_b, "--hour", L2, "--step", "publish", "--run-file", str(run_b)))
     first = dump(p.env, L2)
-    _whole_and_once(first, L2, _on_time(sent, L2))
+    events = _on_time(sent, L2) + _on_time(produce.plan(produce.ProduceSpec(**FIRST)).summary, L2)
+    _whole_and_once(first, L2, events)
 
     ok(load(p.env, "--hour", L2, "--step", "audit", "--run-file", str(run_a)))
     ok(load(p.env, "--hour", L2, "--step", "publish", "--run-file", str(run_a)))
     second = dump(p.env, L2)
-    _whole_and_once(second, L2, _on_time(sent, L2))
+    _whole_and_once(second, L2, events)
     assert second["rows"] == first["rows"] and second["whole"] == first["whole"]
     tables = verify_hour(p.env, L2, tmp_path)
     assert tables["ok"], str(tables)[:3000]
