@@ -85,7 +85,7 @@ test-ui: jars deps-ui ## the Airflow UI in headless Chromium against the real sc
 test-long: jars deps-ui ## the slow and UI tests but the extended ones, in one run on the two workers (CI runs it after make test)
 	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "(slow or ui) and not extended"
 
-test-extended: jars ## the extended scenarios CI leaves out (loads killed by arrival, the Spark cluster, HDFS, metrics, the demo's secrets, Airflow's scheduler on its own)
+test-extended: jars ## the extended scenarios CI leaves out (loads killed by arrival, older tables migrated, PostgreSQL outages, the Spark cluster, HDFS, metrics, the demo's secrets, Airflow's scheduler on its own)
 	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m extended
 
 test-all: test test-long test-extended ## every test: make test, then test-long, then test-extended (before a release)

@@ -31,40 +31,44 @@ PORT_BASE = int(os.environ.get("ADPIPE_TEST_PORT_BASE", "19092")) + 1000 * _WORK
 JVM_OPTIONS = os.environ.get("ADPIPE_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m")
 
 
-# The integration files that take minutes, longest first (their tests'
-# summed --durations in make test plus make test-long plus make
-# test-extended, 2026-11-29). Under pytest -n 2 (the Makefile passes
-# --no-loadscope-reorder) they start first and the short files and unit tests
-# fill the workers' ends: a long file started last would keep one worker busy
-# alone. Any order is correct.
+# The integration files that take minutes, longest first: each file's
+# tests' summed --durations in the one suite where they take longest (make
+# test, make test-long or make test-extended; 2026-11-29). Under pytest -n 2
+# (the Makefile passes --no-loadscope-reorder) they start first and the
+# short files and unit tests fill the workers' ends: a long file started
+# last would keep one worker busy alone. Any order is correct.
 LONGEST_FIRST = (
     "test_load_by_arrival",  # 955 s (extended)
-    "test_dags",  # 540 s, of which make test 207 s
-    "test_revisions_load",  # 435 s
-    "test_airflow_ui",  # 400 s
-    "test_exactly_once",  # 360 s
-    "test_held_hours",  # 340 s
+    "test_revisions_load",  # 450 s in make test-long
+    "test_airflow_ui",  # 405 s
+    "test_held_hours",  # 375 s
+    "test_exactly_once",  # 330 s
+    "test_dags",  # 330 s in make test-long, 195 s in make test
     "test_airflow_scheduler",  # 325 s (extended)
-    "test_chaos",  # 280 s
-    "test_union_and_load",  # 265 s
-    "test_restamped_retries",  # 220 s
+    "test_chaos",  # 290 s
+    "test_union_and_load",  # 245 s
+    "test_restamped_retries",  # 205 s
     "test_spark_cluster",  # 195 s (extended)
+    "test_past_retention",  # 180 s
     "test_hdfs",  # 170 s (extended)
     "test_demo_secrets",  # 155 s (extended)
-    "test_hosts_leadership",  # 150 s, of which make test 9 s (the harness's own test)
-    "test_past_retention",  # 130 s
-    "test_airflow_rails",  # 130 s, of which make test 40 s
+    "test_hosts_leadership",  # 140 s in make test-long, 9 s in make test
+    "test_revisions",  # 130 s
     "test_metrics",  # 125 s (extended)
-    "test_revisions",  # 115 s
-    "test_budget_faults",  # 115 s, of which make test 50 s
-    "test_watermark_alignment",  # 110 s, of which make test 75 s
+    "test_airflow_rails",  # 95 s in make test-long, 50 s in make test
     "test_budget_revisions",  # 90 s
-    "test_budget",  # 80 s
+    "test_budget",  # 75 s
     "test_kafka_cluster",  # 70 s
     "test_late_dedupe",  # 70 s
     "test_hour_closed",  # 70 s
-    "test_ledger",  # 65 s
-    "test_upgrade",  # 60 s
+    "test_watermark_alignment",  # 65 s in make test, 35 s in make test-long
+    "test_budget_faults",  # 65 s (extended), 50 s in make test
+    "test_ledger",  # 60 s
+    "test_hostile_input",  # 60 s
+    "test_secure_broker",  # 60 s
+    "test_upgrade",  # 50 s
+    "test_maintenance",  # 50 s
+    "test_hour_deadline",  # 45 s
 )
 
 

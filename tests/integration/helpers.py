@@ -435,13 +435,6 @@ def dump(env: dict[str, str], hour: str | None = None) -> dict:
     """The tables, staging and ledger as ``tables_dump.py`` prints them, from
     one long-lived session per environment (closed by
     :func:`close_dump_servers` after each test file)."""
-    if env.get("ADPIPE_METASTORE") == "derby":  # one JVM at a time: the session must not outlive the dump
-        warm.stop_driver(load_settings(env))  # nor a warm load driver's (the next load starts another)
-        server = _DumpServer(dict(env))
-        try:
-            return server.ask(hour)
-        finally:
-            server.close()
     server = next((s for s in _dump_servers if s.env == env), None)
     if server is None:
         server = _DumpServer(dict(env))

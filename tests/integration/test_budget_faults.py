@@ -225,7 +225,8 @@ def _caught_up(budget: BudgetEnv) -> bool:
     return all(offsets.get(p, 0) >= end - 1 for p, end in ends.items() if end)
 
 
-@pytest.mark.slow  # restarts PostgreSQL: make test-slow
+@pytest.mark.slow  # restarts PostgreSQL: make test-extended
+@pytest.mark.extended
 def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Settings) -> None:
     # A poll interval far below the outage: only a consumer that keeps polling
     # while paused stays in the group.
@@ -268,7 +269,8 @@ def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Se
     assert budget_verify.check(budget.settings)["ok"]
 
 
-@pytest.mark.slow  # restarts PostgreSQL: make test-slow
+@pytest.mark.slow  # restarts PostgreSQL: make test-extended
+@pytest.mark.extended
 def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: BudgetEnv, pg: Settings) -> None:
     """One of two instances dies during an outage: the survivor's rebalance
     cannot read the database's offsets; it keeps the partitions paused (never

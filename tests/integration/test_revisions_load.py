@@ -294,6 +294,7 @@ s.createDataFrame([ledger], T.LOAD_RUNS_SCHEMA).write.format('delta').mode('appe
 """
 
 
+@pytest.mark.extended  # three Spark applications of its own, about 3 minutes: make test-extended
 def test_4_tables_of_the_version_before_revisions_are_migrated_in_place_by_the_load(
     broker: Settings, pg: Settings, tmp_path: Path  # noqa: ARG001 - the session's broker and database must be up
 ) -> None:
