@@ -12,15 +12,16 @@ help: ## this list
 # Java for Spark (a JDK: javac builds adpipe's own Spark functions) and Maven
 # for the jars (the Dockerfile installs these too), the PostgreSQL server of
 # the embedded default, npm for the Data Docs' stylesheets and scripts, and
-# iproute2 for the tests' hosts on one machine (tests/hosts.py).
+# iproute2 for the tests' hosts on one machine (tests/hosts.py), Redis for
+# Airflow's CeleryExecutor across them (its broker).
 JVM_DEBIAN_PACKAGES := openjdk-17-jdk-headless maven
 HAS_IP := { command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } >/dev/null
 
-deps: ## system packages (Java 17+, Maven, PostgreSQL server, npm, iproute2) if missing; needs root or sudo
-	@command -v java >/dev/null && command -v javac >/dev/null && command -v mvn >/dev/null && command -v npm >/dev/null && $(HAS_IP) && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+deps: ## system packages (Java 17+, Maven, PostgreSQL server, npm, iproute2, Redis) if missing; needs root or sudo
+	@command -v java >/dev/null && command -v javac >/dev/null && command -v mvn >/dev/null && command -v npm >/dev/null && $(HAS_IP) && command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  PKGS="$(JVM_DEBIAN_PACKAGES) postgresql"; command -v npm >/dev/null || PKGS="$$PKGS nodejs npm"; \
-	  $(HAS_IP) || PKGS="$$PKGS iproute2"; \
+	  $(HAS_IP) || PKGS="$$PKGS iproute2"; command -v redis-server >/dev/null || PKGS="$$PKGS redis-server"; \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$PKGS; }
 
 # Great Expectations' Data Docs load their stylesheets and scripts from CDNs.

@@ -68,7 +68,8 @@ was loaded and lost records to retention still fails `validate`
 run, and every catch-up run behind it, for ever. `stage`, `validate` and
 `publish` take the one slot of the pool `adpipe_tables`, which the daily
 OPTIMIZE and VACUUM takes too. The idempotent tasks (the sensor, `stage`,
-`publish`, the Data Docs page) retry once after 5 minutes; `validate` and
+`publish`, the Data Docs page) retry once after
+`ADPIPE_LOAD_RETRY_DELAY_S` (300 s), on whatever worker is free; `validate` and
 `verify` never (a failed check is not transient: fail and alert now).
 Addresses and credentials come from the Connections `adpipe_kafka`,
 `adpipe_metastore_db`, `adpipe_spark` (`adpipe.orchestration.connections`).
@@ -121,7 +122,7 @@ with DAG(
     default_args={
         "owner": "adpipe",
         "retries": 1,
-        "retry_delay": timedelta(minutes=5),
+        "retry_delay": timedelta(seconds=_settings.rails.load_retry_delay_s),
         "execution_timeout": _step_timeout,
         "on_failure_callback": notify_failure,
     },

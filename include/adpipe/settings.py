@@ -114,10 +114,13 @@ class AirflowRails:
     task's ``execution_timeout`` (a load step, ADPIPE_LOAD_STEP_TIMEOUT_S; a
     stream DAG task, ADPIPE_STREAM_TASK_TIMEOUT_S; a maintenance task,
     ADPIPE_MAINTENANCE_TIMEOUT_S) and the load DAG's ``dagrun_timeout``
-    (ADPIPE_LOAD_RUN_TIMEOUT_S: more than the wait for the hour to close).
-    Read where the DAG files are parsed."""
+    (ADPIPE_LOAD_RUN_TIMEOUT_S: more than the wait for the hour to close),
+    and how long a failed idempotent load task waits before its one retry
+    (ADPIPE_LOAD_RETRY_DELAY_S: a worker lost mid-step is retried on
+    another after it). Read where the DAG files are parsed."""
 
     load_step_timeout_s: int = 3600
+    load_retry_delay_s: int = 300
     load_run_timeout_s: int = 8 * 3600
     stream_task_timeout_s: int = 600
     maintenance_timeout_s: int = 4800
@@ -581,6 +584,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         rails=AirflowRails(
             load_step_timeout_s=integer(env, "ADPIPE_LOAD_STEP_TIMEOUT_S", AirflowRails.load_step_timeout_s, 1),
             load_run_timeout_s=_above(env, "ADPIPE_LOAD_RUN_TIMEOUT_S", AirflowRails.load_run_timeout_s, wait_s),
+            load_retry_delay_s=integer(env, "ADPIPE_LOAD_RETRY_DELAY_S", AirflowRails.load_retry_delay_s, 1),
             stream_task_timeout_s=integer(env, "ADPIPE_STREAM_TASK_TIMEOUT_S", AirflowRails.stream_task_timeout_s, 1),
             maintenance_timeout_s=integer(env, "ADPIPE_MAINTENANCE_TIMEOUT_S", AirflowRails.maintenance_timeout_s, 1),
         ),

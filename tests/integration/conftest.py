@@ -13,6 +13,7 @@ import pytest
 from adpipe.local import kafka_broker, postgres
 from adpipe.settings import Settings, load_settings
 
+from tests.integration import on_hosts
 from tests.integration.budget_helpers import BudgetEnv
 from tests.integration.helpers import BROKER_ENV, Pipeline, close_dump_servers, make_pipeline, stop_warm_drivers
 
@@ -47,6 +48,12 @@ def pg(broker: Settings) -> Iterator[Settings]:
     postgres.up(settings)
     yield settings
     postgres.down(settings)
+
+
+@pytest.fixture
+def hosts_base(request: pytest.FixtureRequest) -> Path:
+    """The folder of a test's hosts on one machine (tests/integration/on_hosts.py)."""
+    return on_hosts.base_for(request.node.name)
 
 
 @pytest.fixture

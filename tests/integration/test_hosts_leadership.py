@@ -20,16 +20,12 @@ import ipaddress
 import json
 import logging
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -43,6 +39,7 @@ from confluent_kafka import KafkaException
 from tests import hosts
 from tests.conftest import TEST_HOME
 from tests.integration.helpers import BROKER_ENV, assert_exactly_once, make_pipeline
+from tests.integration.on_hosts import made_hosts
 
 log = logging.getLogger("adpipe.tests.hosts")
 
@@ -79,39 +76,6 @@ try:
 except OSError as exc:
     print(json.dumps({"errno": exc.errno, "error": str(exc), "s": time.monotonic() - started}))
 """
-
-
-def _skip(reason: str) -> None:
-    message = f"HOSTS ON ONE MACHINE NOT TESTED: {reason}"
-    log.warning(message)
-    warnings.warn(message, pytest.PytestWarning, stacklevel=2)
-    pytest.skip(message)
-
-
-@pytest.fixture
-def hosts_base(request: pytest.FixtureRequest) -> Path:
-    """A folder of its own for the test's hosts, outside /tmp (each host has
-    its own /tmp); the previous run's is removed, this one's kept for a
-    post-mortem."""
-    reason = hosts.unavailable_reason()
-    if reason is not None:
-        _skip(reason)
-    base = TEST_HOME / "hosts" / re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
-    shutil.rmtree(base, ignore_errors=True)
-    return base
-
-
-@contextmanager
-def made_hosts(base: Path, names: list[str]) -> Iterator[hosts.Hosts]:
-    net = hosts.Hosts(base, names)
-    try:
-        net.up()
-    except hosts.HostsUnavailable as exc:
-        _skip(str(exc))
-    try:
-        yield net
-    finally:
-        net.down()
 
 
 def connect(host: hosts.Host | None, address: str, timeout_s: float = 2.0) -> dict:

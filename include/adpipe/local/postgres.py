@@ -1,7 +1,10 @@
 """The local PostgreSQL of the embedded default.
 
 Debian's PostgreSQL server binaries (``make deps`` installs them), run as a
-private cluster under ``$ADPIPE_HOME/postgres`` on loopback only. It holds the
+private cluster under ``$ADPIPE_HOME/postgres``, on loopback by default
+(``ADPIPE_PG_HOST``: one address of this host, e.g. a services host's that
+the other hosts reach; clients of the same subnet then log in with the
+password, nobody else). It holds the
 Hive metastore that Spark applications share, the budget service's database
 and Airflow's metadata. ``initdb`` refuses to run as root, so as root the
 cluster belongs to the ``postgres`` system user the Debian package creates,
@@ -17,6 +20,7 @@ import logging
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -196,7 +200,7 @@ def _initdb(settings: Settings) -> Path:
         pwfile.unlink(missing_ok=True)
     with (data / "postgresql.conf").open("a") as conf:
         conf.write(
-            "\n# adpipe: loopback only, no Unix socket (paths under ADPIPE_HOME can be too long)\n"
+            "\n# adpipe: ADPIPE_PG_HOST only, no Unix socket (paths under ADPIPE_HOME can be too long)\n"
             f"listen_addresses = '{settings.pg_host}'\n"
             f"port = {settings.pg_port}\n"
             "unix_socket_directories = ''\n"
@@ -236,10 +240,36 @@ def ensure_databases(settings: Settings, names: tuple[str, ...] = DATABASES) -> 
     return pg.ensure_databases(settings, tuple(dict.fromkeys((*names, settings.metastore_database))))
 
 
+# pg_hba.conf: besides initdb's loopback lines, clients on the subnets of the
+# server's own addresses, by password (the other hosts of a cluster reaching
+# a services host's ADPIPE_PG_HOST). Nothing listens there unless
+# ADPIPE_PG_HOST is such an address.
+SAME_NETWORK_RULE = "host all all samenet scram-sha-256"
+
+
 def is_local(settings: Settings) -> bool:
-    """Whether ADPIPE_PG_HOST is this machine's loopback (our own cluster)
-    rather than a server run by someone else (docker-compose, a managed one)."""
-    return settings.pg_host in ("127.0.0.1", "localhost", "::1")
+    """Whether ADPIPE_PG_HOST is this host's (loopback, or an address of
+    one of its interfaces: our own cluster, serving the others) rather than
+    a server run by someone else (docker-compose, a managed one)."""
+    if settings.pg_host in ("127.0.0.1", "localhost", "::1"):
+        return True
+    try:
+        family = socket.AF_INET6 if ":" in settings.pg_host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((settings.pg_host, 0))  # only an address of this host can be bound
+        return True
+    except OSError:
+        return False
+
+
+def _allow_same_network(data: Path) -> None:
+    """:data:`SAME_NETWORK_RULE` in the cluster's pg_hba.conf, once (a cluster
+    made before it had only initdb's loopback lines)."""
+    hba = data / "pg_hba.conf"
+    lines = hba.read_text().splitlines()
+    if SAME_NETWORK_RULE not in (line.strip() for line in lines):
+        with hba.open("a") as out:
+            out.write(f"\n# adpipe: the other hosts of the services host's subnet, by password\n{SAME_NETWORK_RULE}\n")
 
 
 def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
@@ -254,6 +284,7 @@ def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
                 f"something else already answers on {address}; stop it or point ADPIPE_PG_PORT elsewhere"
             )
         data = _initdb(settings)
+        _allow_same_network(data)
         logfile = data.parent / LOG_NAME
         logfile.touch()
         _chown(logfile)

@@ -66,6 +66,8 @@ from adpipe.stream.liveness import (
 log = logging.getLogger(__name__)
 
 STARTED_MARK = "stream job {job_id} started"
+# StreamStartOperator's XCom: the host it ran on (wait_for_stream may run on another).
+STARTED_ON_XCOM = "host"
 
 
 class StreamAlertError(RuntimeError):
@@ -168,14 +170,20 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         alive, how, pid = False, "down", None
     # Stalled: input waiting, neither a batch finished nor a poll for stall_s,
     # and (for a job we started) it has been up longer than that.
-    stalled = alive and input_stalled(
-        lag,
-        now,
-        settings.stream_stall_s,
-        beat["at"] if beat else None,
-        polled_at(settings),
-        state.get("started_at", 0.0) if how == "process" else 0.0,
-    )
+    if how == "leader" and lead is not None and lead.host != here:
+        # Its heartbeat and polls are in its own host's home: judged by what
+        # every host sees, how long the oldest raw record not yet committed
+        # has waited (the brokers' timestamps).
+        stalled = lag > 0 and lag_s is not None and lag_s > settings.stream_stall_s
+    else:
+        stalled = alive and input_stalled(
+            lag,
+            now,
+            settings.stream_stall_s,
+            beat["at"] if beat else None,
+            polled_at(settings),
+            state.get("started_at", 0.0) if how == "process" else 0.0,
+        )
     window_start = now - settings.stream_restart_window_s
     return StreamHealth(
         job_id=settings.job_id,
@@ -248,6 +256,11 @@ def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
         )
     if not health.alive:
         breaches.append(f"stream {health.job_id} is down")
+    elif health.stalled and health.how == "leader" and health.pid is None:
+        breaches.append(
+            f"stream {health.job_id} stalled on {health.host}: records waiting {health.lag_s or 0:.0f} s "
+            f"(ADPIPE_STREAM_STALL_S={settings.stream_stall_s}); a supervisor on that host restarts it"
+        )
     return breaches
 
 
@@ -305,16 +318,25 @@ def record_start(settings: Settings, pid: int, log_path: Path, now: float | None
     return state
 
 
-def stream_started(settings: Settings) -> bool:
+def stream_started(settings: Settings, started_on: str | None = None) -> bool:
     """Sensor body after ``StreamStartOperator``: True once the job's query
-    runs (the started line in the log of the job we started, or a fresh
+    runs (the started line in the log of the job we started, a driver
+    leading the job in its leadership group on any host, or a fresh
     heartbeat of a job started by hand); raises when the process we started
-    died (its log tail in the message) and nothing else is alive."""
+    died (its log tail in the message) and nothing else is alive.
+    ``started_on``: the host the start task ran on (its XCom); from another
+    host, this one waits for a driver to lead (this host's files know
+    nothing of it), and the sensor's timeout bounds the wait."""
     state = read_state(settings)
     log_path = Path(state.get("log", ""))
     if process_alive(state.get("pid")):
         text = log_path.read_text(errors="replace") if log_path.is_file() else ""
         return STARTED_MARK.format(job_id=settings.job_id) in text
+    if leadership.leader_or_none(settings) is not None:
+        return True
+    if started_on and started_on != socket.gethostname():
+        log.info("stream %s: started on %s, waiting for a driver to lead", settings.job_id, started_on)
+        return False
     beat = read_heartbeat(settings)
     if beat and time.time() - beat["at"] < settings.stream_stall_s:
         return True
@@ -387,7 +409,15 @@ class StreamStartOperator(BaseOperator):
 
         env = task_env()
         settings = load_settings(env)
+        ti = context.get("ti") if isinstance(context, dict) else None
+        if ti is not None:  # wait_for_stream, on any worker, knows where this ran
+            ti.xcom_push(key=STARTED_ON_XCOM, value=socket.gethostname())
         health = inspect(settings)
+        if health.stalled and health.how == "leader" and health.pid is None:
+            # A driver on another host leads: only that host can stop it, and
+            # a driver started here would be refused. check_stream alerts.
+            log.warning("%s: stalled on another host, left to its supervisor there", health.describe())
+            return 0
         if health.alive and not health.stalled:
             log.info("%s: nothing to start", health.describe())
             if settings.stream_standby:

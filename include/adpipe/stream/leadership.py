@@ -99,7 +99,7 @@ def leader(settings: Settings, timeout_s: float = 10.0) -> Driver | None:
     return found[0] if found and found[0].leads else None
 
 
-def _leader_or_none(settings: Settings) -> Driver | None:
+def leader_or_none(settings: Settings) -> Driver | None:
     """:func:`leader`, or None when the group cannot be described now (the
     membership itself decides; this only names the leader)."""
     try:
@@ -178,7 +178,7 @@ def _wait_for_no_leader(settings: Settings) -> None:
     its session expires, so a leader is given one lease, and a little more,
     to leave before this driver gives up: a live one keeps its session."""
     deadline = time.monotonic() + settings.stream_lease_s * 1.5 + 2
-    current = _leader_or_none(settings)
+    current = leader_or_none(settings)
     if current is not None:
         dead_here = current.host == socket.gethostname() and not _pid_alive(current.pid)
         log.info("job %s: %s leads in the group%s; waiting up to %.0f s for its session to end",
@@ -191,7 +191,7 @@ def _wait_for_no_leader(settings: Settings) -> None:
                 "or start this one with --standby"
             )
         time.sleep(0.5)
-        current = _leader_or_none(settings)
+        current = leader_or_none(settings)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -220,14 +220,14 @@ def leadership(settings: Settings, standby: bool = False) -> Iterator[str | None
             current = None
             me = (socket.gethostname(), os.getpid())
             while not membership.leading.wait(0.5):
-                found = _leader_or_none(settings)
+                found = leader_or_none(settings)
                 # The group may name this driver a moment before its own
                 # callback runs: the one that left is the leader seen before.
                 if found is not None and (found.host, found.pid) != me:
                     current = found
             took_over = "the leader left the group" if current is None else f"{current.describe()} left the group"
         elif not membership.leading.wait(settings.stream_lease_s * 3 + 10):
-            current = _leader_or_none(settings)
+            current = leader_or_none(settings)
             raise CheckpointInUseError(
                 f"job {settings.job_id}: the leadership group did not assign this driver its partition"
                 + ("" if current is None else f" ({current.describe()} leads)")

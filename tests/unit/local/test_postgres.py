@@ -60,3 +60,27 @@ def test_as_root_without_runuser_the_error_says_what_is_missing(monkeypatch: pyt
     monkeypatch.setattr(postgres.shutil, "which", lambda *_a, **_k: None)
     with pytest.raises(postgres.PostgresError, match="runuser"):
         postgres._as_owner(["pg_ctl", "status"])
+
+
+def test_an_address_of_this_host_is_our_own_cluster_and_its_subnet_logs_in_by_password(tmp_path: Path) -> None:
+    """A services host serves the others on one of its addresses: `adpipe pg
+    up` starts our own cluster there (an address bound, never probed over
+    the network) and lets clients of that address's subnet in with the
+    password."""
+
+    def on(host: str) -> bool:
+        return postgres.is_local(load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_PG_HOST": host}))
+
+    assert on("127.0.0.1") and on("localhost") and on("127.0.0.2")  # loopback, all of 127/8 on Linux
+    assert not on("192.0.2.1")  # TEST-NET-1: no interface of this host has it
+    data = tmp_path / "data"
+    data.mkdir()
+    initdb_rules = "local all all scram-sha-256\nhost all all 127.0.0.1/32 scram-sha-256\n"
+    (data / "pg_hba.conf").write_text(initdb_rules)
+    postgres._allow_same_network(data)
+    postgres._allow_same_network(data)  # a second start adds nothing
+    rules = (data / "pg_hba.conf").read_text()
+    assert rules.startswith(initdb_rules)
+    assert rules.count(postgres.SAME_NETWORK_RULE) == 1
+    assert [line for line in rules.splitlines() if line and not line.startswith("#")][-1] == \
+        "host all all samenet scram-sha-256"

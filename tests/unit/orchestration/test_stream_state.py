@@ -85,3 +85,72 @@ def test_a_live_driver_is_on_the_host_its_leadership_group_names(
     led = inspect(settings)
     assert (led.alive, led.how, led.host) == (True, "leader", "worker-2")
     assert led.pid is None  # another host's pid is not this host's process
+
+
+def test_a_driver_on_another_host_is_stalled_by_how_long_its_input_waited_and_left_to_that_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This host's heartbeat and polls say nothing of a driver elsewhere:
+    lag alone is normal work; input waiting past ADPIPE_STREAM_STALL_S is a
+    stall, which check_stream alerts and the start task leaves alone (a
+    driver started here would be refused)."""
+    from adpipe import kafka_io
+    from adpipe.orchestration import stream_supervisor
+    from adpipe.orchestration.stream_supervisor import StreamAlertError, StreamStartOperator, check, inspect
+    from adpipe.stream import leadership
+
+    settings = _settings(tmp_path, ADPIPE_STREAM_STALL_S="300")
+    waited = {"s": 20.0}
+    monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings: {0: (5, "")})
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, _commits: {0: 40})
+    monkeypatch.setattr(kafka_io, "stream_lag_seconds", lambda *_args: waited["s"])
+    monkeypatch.setattr(leadership, "drivers",
+                        lambda _settings, timeout_s=10.0: [leadership.Driver("worker-elsewhere", 4711, True)])
+    busy = inspect(settings)
+    assert (busy.alive, busy.how, busy.host, busy.stalled) == (True, "leader", "worker-elsewhere", False)
+    assert check(settings)["lag"] == 40
+    waited["s"] = 301.0
+    stuck = inspect(settings)
+    assert (stuck.alive, stuck.stalled, stuck.pid) == (True, True, None)
+    with pytest.raises(StreamAlertError, match="stalled on worker-elsewhere: records waiting 301 s"):
+        check(settings)
+
+    monkeypatch.setenv("ADPIPE_HOME", str(tmp_path))
+    monkeypatch.setenv("ADPIPE_JOB_ID", "unit")
+    monkeypatch.setattr(stream_supervisor, "inspect", lambda _s: stuck)
+    operator = StreamStartOperator(task_id="start_stream_if_down")
+    started: list[str] = []
+    monkeypatch.setattr(operator, "_start", lambda *args: started.append(args[2]))
+    monkeypatch.setattr(stream_supervisor, "stop_stream", lambda pid: pytest.fail(f"stopped pid {pid}"))
+    pushed: list[tuple[str, object]] = []
+    ti = SimpleNamespace(xcom_push=lambda key, value: pushed.append((key, value)))
+    assert operator.execute({"ti": ti}) == 0
+    assert started == []
+    import socket
+
+    assert pushed == [("host", socket.gethostname())]
+
+
+def test_the_stream_is_started_when_a_driver_leads_on_any_host_and_another_hosts_start_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from adpipe.orchestration.stream_supervisor import StreamStartError, record_start, stream_started
+    from adpipe.stream import leadership
+
+    settings = _settings(tmp_path)
+    leading: list[leadership.Driver] = []
+    monkeypatch.setattr(leadership, "leader_or_none", lambda _settings: leading[0] if leading else None)
+    # Started on another worker's host: nothing of it here; wait (the sensor's timeout bounds it).
+    assert stream_started(settings, "worker-elsewhere") is False
+    leading.append(leadership.Driver("worker-elsewhere", 4711, True))
+    assert stream_started(settings, "worker-elsewhere") is True
+    assert stream_started(settings, socket.gethostname()) is True  # a standby elsewhere took over: alive
+    leading.clear()
+    # Started here, and that process is gone, with no leader anywhere: the start failed.
+    log_path = tmp_path / "stream.log"
+    log_path.write_text("spark-submit: no such master\n")
+    record_start(settings, 2**22 + 7, log_path)
+    with pytest.raises(StreamStartError, match="no such master"):
+        stream_started(settings, socket.gethostname())

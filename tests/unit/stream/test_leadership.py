@@ -40,6 +40,6 @@ def test_a_standby_names_the_leader_that_left_not_itself(monkeypatch: pytest.Mon
     me = Driver(socket.gethostname(), os.getpid(), True)
     seen = iter([Driver("host-a", 11, True), None, me])  # the old leader, a moment of none, then this driver
     monkeypatch.setattr(leadership, "Leadership", _Membership)
-    monkeypatch.setattr(leadership, "_leader_or_none", lambda _settings: next(seen))
+    monkeypatch.setattr(leadership, "leader_or_none", lambda _settings: next(seen))
     with leadership.leadership(load_settings({"ADPIPE_HOME": str(tmp_path)}), standby=True) as took_over:
         assert took_over == "pid 11 on host-a left the group"
