@@ -138,6 +138,26 @@ def local_folder(uri: str, what: str) -> Path:
     return Path(parsed.path)
 
 
+def client_networks(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    """Comma-separated networks as pg_hba.conf takes them: ``samenet``,
+    ``samehost`` or an address or CIDR (``10.0.0.0/8``), each normalized."""
+    import ipaddress
+
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    found: list[str] = []
+    for entry in (e.strip() for e in raw.split(",") if e.strip()):
+        if entry in ("samenet", "samehost"):
+            found.append(entry)
+            continue
+        try:
+            found.append(str(ipaddress.ip_network(entry, strict=False)))
+        except ValueError:
+            raise SettingsError(f"{name}: {entry!r} is not samenet, samehost, an address or a CIDR") from None
+    return tuple(dict.fromkeys(found))
+
+
 def broker_properties(env: dict[str, str], name: str) -> tuple[str, ...]:
     """``key=value`` entries, separated by ``;`` or new lines."""
     raw = env.get(name, "")

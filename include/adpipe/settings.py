@@ -36,6 +36,7 @@ from adpipe.setting_values import (
     broker_properties,
     budget,
     choice,
+    client_networks,
     integer,
     jvm_memory,
     local_folder,
@@ -306,6 +307,9 @@ class Settings(_Locations):
     pg_port: int = 5433
     pg_user: str = "adpipe"
     pg_password: str = field(default="adpipe", repr=False)  # loopback-only local default
+    # Who may log in (by password) to the cluster `adpipe pg up` runs on an
+    # address of this host other than loopback: pg_hba.conf networks.
+    pg_clients: tuple[str, ...] = ("samenet",)
     # The budget service (adpipe.budget.service): its consumer group, the
     # records per database transaction, the budget period (from each
     # aggregate's window_start: day, hour, month or total), the default price
@@ -543,6 +547,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         transaction_timeout_ms=integer(env, "ADPIPE_TRANSACTION_TIMEOUT_MS", Settings.transaction_timeout_ms, 1000),
         pg_host=env.get("ADPIPE_PG_HOST", "127.0.0.1"),
         pg_port=integer(env, "ADPIPE_PG_PORT", Settings.pg_port, 1),
+        pg_clients=client_networks(env, "ADPIPE_PG_CLIENTS", Settings.pg_clients),
         pg_user=env.get("ADPIPE_PG_USER", "adpipe"),
         pg_password=env.get("ADPIPE_PG_PASSWORD", "adpipe"),
         budget_group=env.get("ADPIPE_BUDGET_GROUP") or "adpipe-budget",

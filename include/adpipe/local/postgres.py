@@ -3,8 +3,8 @@
 Debian's PostgreSQL server binaries (``make deps`` installs them), run as a
 private cluster under ``$ADPIPE_HOME/postgres``, on loopback by default
 (``ADPIPE_PG_HOST``: one address of this host, e.g. a services host's that
-the other hosts reach; clients of the same subnet then log in with the
-password, nobody else). It holds the
+the other hosts reach; the networks of ``ADPIPE_PG_CLIENTS``, by default
+the subnet of that address, then log in with the password, nobody else). It holds the
 Hive metastore that Spark applications share, the budget service's database
 and Airflow's metadata. ``initdb`` refuses to run as root, so as root the
 cluster belongs to the ``postgres`` system user the Debian package creates,
@@ -240,11 +240,12 @@ def ensure_databases(settings: Settings, names: tuple[str, ...] = DATABASES) -> 
     return pg.ensure_databases(settings, tuple(dict.fromkeys((*names, settings.metastore_database))))
 
 
-# pg_hba.conf: besides initdb's loopback lines, clients on the subnets of the
-# server's own addresses, by password (the other hosts of a cluster reaching
-# a services host's ADPIPE_PG_HOST). Nothing listens there unless
-# ADPIPE_PG_HOST is such an address.
-SAME_NETWORK_RULE = "host all all samenet scram-sha-256"
+# pg_hba.conf: besides initdb's loopback lines, the block adpipe rewrites at
+# each start: ADPIPE_PG_CLIENTS (default samenet: the subnets of the
+# server's own addresses), by password. Nothing reaches the server there
+# unless ADPIPE_PG_HOST is such an address (a services host's).
+CLIENTS_BEGIN = "# adpipe: ADPIPE_PG_CLIENTS, by password (rewritten at each start)"
+CLIENTS_END = "# adpipe: end of ADPIPE_PG_CLIENTS"
 
 
 def is_local(settings: Settings) -> bool:
@@ -262,14 +263,18 @@ def is_local(settings: Settings) -> bool:
         return False
 
 
-def _allow_same_network(data: Path) -> None:
-    """:data:`SAME_NETWORK_RULE` in the cluster's pg_hba.conf, once (a cluster
-    made before it had only initdb's loopback lines)."""
+def _allow_clients(data: Path, networks: tuple[str, ...]) -> None:
+    """The cluster's pg_hba.conf with adpipe's block of client networks set
+    to ``networks`` (scram-sha-256), initdb's lines and any of the operator's
+    own kept."""
     hba = data / "pg_hba.conf"
     lines = hba.read_text().splitlines()
-    if SAME_NETWORK_RULE not in (line.strip() for line in lines):
-        with hba.open("a") as out:
-            out.write(f"\n# adpipe: the other hosts of the services host's subnet, by password\n{SAME_NETWORK_RULE}\n")
+    if CLIENTS_BEGIN in lines and CLIENTS_END in lines[lines.index(CLIENTS_BEGIN):]:
+        begin = lines.index(CLIENTS_BEGIN)
+        end = lines.index(CLIENTS_END, begin)
+        lines = lines[:begin] + lines[end + 1:]
+    block = [CLIENTS_BEGIN, *(f"host all all {network} scram-sha-256" for network in networks), CLIENTS_END]
+    hba.write_text("\n".join([*lines, *block]) + "\n")
 
 
 def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
@@ -284,7 +289,7 @@ def up(settings: Settings, timeout_s: float = 60.0) -> PostgresStatus:
                 f"something else already answers on {address}; stop it or point ADPIPE_PG_PORT elsewhere"
             )
         data = _initdb(settings)
-        _allow_same_network(data)
+        _allow_clients(data, settings.pg_clients)
         logfile = data.parent / LOG_NAME
         logfile.touch()
         _chown(logfile)

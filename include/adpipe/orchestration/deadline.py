@@ -22,6 +22,7 @@ retry of a step after its five-minute delay."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -81,10 +82,11 @@ def deadline_alert(context: dict[str, Any], settings: Settings) -> dict[str, Any
     }
 
 
-async def hour_not_published(context: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+async def hour_not_published(context: dict[str, Any] | None = None, **kwargs: Any) -> str:
     """The deadline's callback, in the triggerer: one alert to the alerts
-    file, the webhook, e-mail and Slack. Returns where it went (Airflow keeps
-    it as the callback's output)."""
+    file, the webhook, e-mail and Slack. Returns where it went, as JSON
+    text: Airflow keeps it as the callback's output, a text column (a dict
+    there fails the triggerer's UPDATE on PostgreSQL, and the triggerer)."""
     from adpipe.alerting import send_alert
     from adpipe.orchestration.alert_channels import adeliver
 
@@ -92,8 +94,8 @@ async def hour_not_published(context: dict[str, Any] | None = None, **kwargs: An
     alert = deadline_alert(context or {}, settings)
     if alert["run_type"] == "backfill":
         log.info("deadline of backfill run %s (hour %s) passed: not alerted", alert["run_id"], alert["hour"])
-        return {"hour": alert["hour"], "alerted": False}
+        return json.dumps({"hour": alert["hour"], "alerted": False})
     recorded = await asyncio.to_thread(send_alert, settings, alert)
     sent = await adeliver(settings, alert, context or {})
     log.warning("%s", alert["message"])
-    return {"hour": alert["hour"], "alerted": True, "posted": recorded["posted"], **sent}
+    return json.dumps({"hour": alert["hour"], "alerted": True, "posted": recorded["posted"], **sent})

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from adpipe.local import postgres
+from adpipe.setting_values import SettingsError
 from adpipe.settings import load_settings
 
 
@@ -77,10 +78,18 @@ def test_an_address_of_this_host_is_our_own_cluster_and_its_subnet_logs_in_by_pa
     data.mkdir()
     initdb_rules = "local all all scram-sha-256\nhost all all 127.0.0.1/32 scram-sha-256\n"
     (data / "pg_hba.conf").write_text(initdb_rules)
-    postgres._allow_same_network(data)
-    postgres._allow_same_network(data)  # a second start adds nothing
-    rules = (data / "pg_hba.conf").read_text()
-    assert rules.startswith(initdb_rules)
-    assert rules.count(postgres.SAME_NETWORK_RULE) == 1
-    assert [line for line in rules.splitlines() if line and not line.startswith("#")][-1] == \
-        "host all all samenet scram-sha-256"
+
+    def clients(networks: str | None) -> list[str]:
+        env = {"ADPIPE_HOME": str(tmp_path), **({"ADPIPE_PG_CLIENTS": networks} if networks is not None else {})}
+        postgres._allow_clients(data, load_settings(env).pg_clients)
+        rules = (data / "pg_hba.conf").read_text()
+        assert rules.startswith(initdb_rules)  # initdb's lines kept
+        return [line for line in rules[len(initdb_rules):].splitlines() if not line.startswith("#")]
+
+    assert clients(None) == ["host all all samenet scram-sha-256"]
+    assert clients(None) == ["host all all samenet scram-sha-256"]  # a second start adds nothing
+    assert clients("samenet, 10.1.2.3/8 ,198.19.0.2") == [  # the block rewritten, each network normalized
+        "host all all samenet scram-sha-256", "host all all 10.0.0.0/8 scram-sha-256",
+        "host all all 198.19.0.2/32 scram-sha-256"]
+    with pytest.raises(SettingsError, match="ADPIPE_PG_CLIENTS: 'everyone' is not samenet"):
+        load_settings({"ADPIPE_PG_CLIENTS": "samenet,everyone"})

@@ -155,7 +155,7 @@ def _scheduler_context(run_type: str = "scheduled") -> dict:
 def test_a_missed_deadline_alerts_naming_the_hour_by_every_channel(alerting_env: dict, inbox: Inbox) -> None:
     from adpipe.orchestration.deadline import hour_not_published
 
-    result = asyncio.run(hour_not_published(context=_scheduler_context()))
+    result = json.loads(asyncio.run(hour_not_published(context=_scheduler_context())))
 
     assert result == {"hour": "2026-11-22T12", "alerted": True, "posted": True, "email": True, "slack": True}
     (mail,) = inbox.messages
@@ -174,7 +174,7 @@ def test_a_missed_deadline_alerts_naming_the_hour_by_every_channel(alerting_env:
 def test_a_backfill_runs_missed_deadline_is_not_alerted(alerting_env: dict, inbox: Inbox) -> None:
     from adpipe.orchestration.deadline import hour_not_published
 
-    result = asyncio.run(hour_not_published(context=_scheduler_context("backfill")))
+    result = json.loads(asyncio.run(hour_not_published(context=_scheduler_context("backfill"))))
     assert result == {"hour": "2026-11-22T12", "alerted": False}
     assert inbox.messages == [] and Hooks.received == []
 
