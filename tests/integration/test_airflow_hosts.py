@@ -95,7 +95,10 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_killed_worker_
     hosts_base: Path,
 ) -> None:
     now = datetime.now(UTC)
-    hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)  # closed: its events all past
+    current = now.replace(minute=0, second=0, microsecond=0)
+    if now < current + timedelta(minutes=3):  # events run to 2 minutes past the hour: none in the future
+        time.sleep((current + timedelta(minutes=3) - now).total_seconds())
+    hour = current - timedelta(hours=1)
     label = f"{hour:%Y-%m-%dT%H}"
     with made_hosts(hosts_base, ["airflow", "worker-1", "worker-2"]) as net:
         services = net.services
@@ -125,7 +128,9 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_killed_worker_
         # The test's own clients (producing, reading, the tables' dump) in the root namespace.
         pipeline = make_pipeline(hosts_base, {**cluster, "ADPIPE_HOME": str(hosts_base / "client")})
         settings = pipeline.settings
-        sent = pipeline.produce(atomic=True, events=600, seed=4901, ads=4, ad_offset=700, minutes=60, start=hour,
+        # To 2 minutes past the hour: the watermark passes its end and closes it
+        # (its records all arrived after its end: not a quiet region's hour).
+        sent = pipeline.produce(atomic=True, events=620, seed=4901, ads=4, ad_offset=700, minutes=62, start=hour,
                                 duplicate_rate=0.05, malformed_rate=0.02)
 
         jwt, api_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
