@@ -121,6 +121,7 @@ def _cluster_dir(settings: Settings, create: bool = False) -> Path | None:
     if create and not folder.exists():
         folder.mkdir(parents=True)
         (folder / "owner").write_text(f"{id_file}\n")
+        (folder / "owner-mount-ns").write_text(_mount_namespace() + "\n")
         _chown(folder.parent)
         _chown(folder)
     return folder
@@ -137,9 +138,39 @@ def log_file(settings: Settings) -> Path | None:
     return None if folder is None else folder / LOG_NAME
 
 
+def _mount_namespace(pid: str = "self") -> str:
+    """The mount namespace of a process (``mnt:[inode]``; empty if unknown)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return ""
+
+
+def _mount_namespace_alive(namespace: str) -> bool:
+    """Whether any process still lives in mount namespace ``namespace``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _mount_namespace(entry.name) == namespace:
+            return True
+    return False
+
+
+def _judged_here(folder: Path) -> bool:
+    """Whether this process sees the file system the cluster's home was
+    made in: the same mount namespace, or a gone one (a host of
+    tests/hosts.py, a container, a service with a private /tmp: a home under
+    its /tmp is not this process's to judge while it lives), or a cluster
+    made before the namespace was recorded."""
+    try:
+        owner_ns = (folder / "owner-mount-ns").read_text().strip()
+    except OSError:
+        return True
+    return not owner_ns or owner_ns == _mount_namespace() or not _mount_namespace_alive(owner_ns)
+
+
 def _reap_orphans() -> None:
     """As root: stop and remove the clusters whose home was wiped (its
-    cluster-id file is gone, or names another cluster)."""
+    cluster-id file is gone, or names another cluster), as this process
+    sees the file system the home was made in (:func:`_judged_here`)."""
     root = _clusters_root()
     for folder in sorted(root.glob("*")) if root.exists() else []:
         try:
@@ -148,6 +179,8 @@ def _reap_orphans() -> None:
                 continue
         except OSError:
             pass
+        if not _judged_here(folder):
+            continue
         data = folder / "data"
         if (data / "postmaster.pid").exists():
             subprocess.run(  # noqa: S603

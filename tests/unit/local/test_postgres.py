@@ -93,3 +93,22 @@ def test_an_address_of_this_host_is_our_own_cluster_and_its_subnet_logs_in_by_pa
         "host all all 198.19.0.2/32 scram-sha-256"]
     with pytest.raises(SettingsError, match="ADPIPE_PG_CLIENTS: 'everyone' is not samenet"):
         load_settings({"ADPIPE_PG_CLIENTS": "samenet,everyone"})
+
+
+def test_a_cluster_made_in_another_mount_namespace_is_judged_only_once_that_namespace_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root's `adpipe pg up` reaps the clusters whose home was wiped; a home
+    made where /tmp is another (a host of the tests' harness, a service with
+    a private /tmp) only looks wiped from here, so its cluster is left alone
+    while that mount namespace lives."""
+    folder = tmp_path / "cluster"
+    folder.mkdir()
+    assert postgres._judged_here(folder)  # made before the namespace was recorded
+    (folder / "owner-mount-ns").write_text(postgres._mount_namespace() + "\n")
+    assert postgres._judged_here(folder)  # made here
+    (folder / "owner-mount-ns").write_text("mnt:[1]\n")  # no process lives in it
+    assert postgres._judged_here(folder)
+    monkeypatch.setattr(postgres, "_mount_namespace_alive", lambda namespace: namespace == "mnt:[1]")
+    assert not postgres._judged_here(folder)
+    assert postgres._mount_namespace().startswith("mnt:[")
