@@ -47,6 +47,8 @@ LONGEST_FIRST = (
     "test_airflow_scheduler",  # 325 s (extended)
     "test_chaos",  # 290 s
     "test_union_and_load",  # 245 s
+    "test_airflow_hosts",  # 240 s in make test-long
+    "test_two_homes_load",  # 225 s in make test-long
     "test_restamped_retries",  # 205 s
     "test_spark_cluster",  # 195 s (extended)
     "test_past_retention",  # 180 s
