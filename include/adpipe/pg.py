@@ -9,7 +9,9 @@ from __future__ import annotations
 from adpipe.settings import Settings
 
 
-def connect(settings: Settings, database: str = "adpipe", autocommit: bool = True):  # noqa: ANN201 - psycopg2 connection
+def connect(settings: Settings, database: str = "adpipe", autocommit: bool = True, **libpq: object):  # noqa: ANN201 - psycopg2 connection
+    """A connection to ``database``; ``libpq``: more connection parameters
+    (keepalives, ``tcp_user_timeout``)."""
     import psycopg2
 
     conn = psycopg2.connect(
@@ -19,6 +21,7 @@ def connect(settings: Settings, database: str = "adpipe", autocommit: bool = Tru
         password=settings.pg_password,
         dbname=database,
         connect_timeout=10,
+        **libpq,
     )
     conn.autocommit = autocommit
     return conn

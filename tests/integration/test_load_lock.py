@@ -1,6 +1,8 @@
 """The deployment's load lock in PostgreSQL: loads from two homes (two
 workers, two hosts) into the same tables take turns, whoever holds it is
-named, and a holder killed with SIGKILL frees it at once. Real processes
+named, a holder killed with SIGKILL frees it at once, and a holder whose
+session the server ended (as for a host cut off past its keepalives) finds
+it lost before its next write. Real processes
 against the session's real PostgreSQL; the loads' own steps are covered by
 the load tests, this is the lock they all take."""
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from adpipe.lakehouse.errors import LoadError
-from adpipe.lakehouse.ledger import load_lock
+from adpipe.lakehouse.ledger import LOAD_LOCK_KEY, load_lock, lock_still_held
 from adpipe.settings import Settings, load_settings
 
 from tests.integration.helpers import BROKER_ENV
@@ -27,7 +29,7 @@ from tests.integration.helpers import BROKER_ENV
 # until its stdin closes (or it is killed).
 _HOLD = """
 import sys
-from adpipe.lakehouse.ledger import load_lock
+from adpipe.lakehouse.ledger import LOAD_LOCK_KEY, load_lock, lock_still_held
 from adpipe.settings import load_settings
 with load_lock(load_settings(), wait_s=float(sys.argv[1])):
     print("held", flush=True)
@@ -89,3 +91,33 @@ def test_loads_from_two_homes_take_turns_and_a_killed_holder_frees_the_lock(pg: 
     # Free again, and reentrant within one process.
     with load_lock(load_settings(first), wait_s=0), load_lock(load_settings(first), wait_s=0):
         pass
+
+
+def test_a_holder_whose_session_the_server_ended_has_lost_the_lock_and_writes_nothing_more(
+    pg: Settings, tmp_path: Path
+) -> None:
+    """The server ends a silent holder's session (its keepalives unanswered:
+    a host cut off); another host takes the lock. The old holder, running
+    on (a healed host, a resumed process), must not write: its check before
+    each write fails."""
+    from adpipe import pg as pg_client
+
+    database = f"adpipe_ms_{uuid.uuid4().hex[:8]}"
+    mine = load_settings(_env(tmp_path / "host-a", database))
+    theirs = load_settings(_env(tmp_path / "host-b", database))
+    with load_lock(mine, wait_s=0):
+        lock_still_held(mine)  # held: writes go ahead
+        admin = pg_client.connect(mine, database)
+        try:
+            with admin.cursor() as cur:
+                cur.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                            "AND objid = (hashtext(%s)::bigint & 4294967295)::oid", (LOAD_LOCK_KEY,))
+                (holder,) = [row[0] for row in cur.fetchall()]
+                cur.execute("SELECT pg_terminate_backend(%s)", (holder,))
+        finally:
+            admin.close()
+        with load_lock(theirs, wait_s=10):  # another host's load takes it
+            with pytest.raises(LoadError, match="lost the load lock: its PostgreSQL session ended"):
+                lock_still_held(mine)
+    lock_still_held(mine)  # released: nothing held, nothing to check

@@ -153,6 +153,11 @@ LOAD_LOCK_KEY = "adpipe-load"
 # The server ends the session of a holder whose host went silent (cut off,
 # powered down) after about idle + interval x count seconds, and with it the lock.
 _KEEPALIVES = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+# The holder's side the same: its checks (lock_still_held) fail within about
+# 25 s once the server is out of reach, rather than hang for TCP's minutes.
+_CLIENT_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+                      "tcp_user_timeout": 25_000}
+_SESSIONS: dict[str, object] = {}  # lock -> the PostgreSQL connection holding it, in this process
 _HOLDER = """
 SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -180,7 +185,7 @@ def _pg_lock(settings: Settings, wait_s: float) -> Iterator[None]:
     what = f"the advisory lock {LOAD_LOCK_KEY!r} in PostgreSQL database {settings.metastore_database}"
     try:
         ensure_databases(settings, (settings.metastore_database,))
-        conn = connect(settings, settings.metastore_database)
+        conn = connect(settings, settings.metastore_database, **_CLIENT_KEEPALIVES)
     except psycopg2.OperationalError as exc:
         raise LoadError(f"the load lock ({what} at {settings.pg_host}:{settings.pg_port}) is out of reach: "
                         f"{str(exc).strip()}") from exc
@@ -198,12 +203,55 @@ def _pg_lock(settings: Settings, wait_s: float) -> Iterator[None]:
                 holder = ", ".join(row[0] for row in cur.fetchall())
                 logged = _waiting(what, holder, started, wait_s, logged)
                 time.sleep(1.0)
+            _SESSIONS[_lock_key(settings)] = conn
             try:
                 yield
             finally:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (LOAD_LOCK_KEY,))
+                _SESSIONS.pop(_lock_key(settings), None)
+                if not conn.closed:
+                    try:
+                        cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (LOAD_LOCK_KEY,))
+                    except psycopg2.Error as exc:  # the session is gone, and the lock with it
+                        log.warning("the load lock's session ended before its release: %s", str(exc).strip())
     finally:
         conn.close()
+
+
+def _lock_key(settings: Settings) -> str:
+    shared = settings.metastore == "postgres"
+    return f"pg:{settings.metastore_database}" if shared else str(settings.home / "load.lock")
+
+
+def lock_still_held(settings: Settings) -> None:
+    """Raise LoadError unless this process still holds the load lock it
+    took: its PostgreSQL session answers, and holds the advisory lock. A
+    holder whose session the server ended (its host was cut off past the
+    keepalives, the server restarted) has lost the lock, which another
+    host may hold now: it must stop before writing anything more. Called
+    before each write of staged or published rows. A no-op with Derby (a
+    flock is not lost while its process lives)."""
+    import psycopg2
+
+    conn = _SESSIONS.get(_lock_key(settings))
+    if conn is None:
+        if settings.metastore == "postgres" and _HELD.get(_lock_key(settings)):
+            raise LoadError("the load lock's session is gone")
+        return
+    try:
+        with conn.cursor() as cur:  # type: ignore[attr-defined]
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted "
+                "AND objid = (hashtext(%s)::bigint & 4294967295)::oid",
+                (LOAD_LOCK_KEY,),
+            )
+            held = cur.fetchone()[0] > 0
+    except psycopg2.Error as exc:
+        raise LoadError(
+            f"lost the load lock: its PostgreSQL session ended ({str(exc).strip()}); another load may hold it now, "
+            "so this one stops before writing"
+        ) from exc
+    if not held:
+        raise LoadError("lost the load lock: its session no longer holds it; this load stops before writing")
 
 
 @contextmanager
@@ -244,7 +292,7 @@ def load_lock(settings: Settings, wait_s: float = LOCK_WAIT_S) -> Iterator[None]
     waiting load never holds a cluster's cores that the running one needs
     (a deadlock ``adpipe chaos`` found), and its steps take it again."""
     shared = settings.metastore == "postgres"
-    key = f"pg:{settings.metastore_database}" if shared else str(settings.home / "load.lock")
+    key = _lock_key(settings)
     if _HELD.get(key):  # this process holds it already (the CLI takes it before Spark starts)
         _HELD[key] += 1
         try:

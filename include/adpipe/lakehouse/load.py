@@ -95,6 +95,7 @@ from adpipe.lakehouse.ledger import (
     held_hours,
     ledger_state,
     load_lock,
+    lock_still_held,
 )
 from adpipe.lakehouse.merge import merge_latest_revisions, merge_new_rows
 from adpipe.lakehouse.metastore import metastore_session
@@ -289,10 +290,12 @@ def _stage(
         audit_hours = functools.partial(hours_to_audit, asked=asked, horizon=horizon, held=held_hours(spark))
         first = _first_hours(spark, run_id, new, audit_hours) if keep_first and new else None
         if first is not None:
+            lock_still_held(settings)
             staged, kept = first.keep(spark, new, run_id)
             hours, waiting = first.audited, first.waiting
         else:
             kept = None
+            lock_still_held(settings)
             staged = stage_new(spark, new, run_id, set(new))
             hours, waiting = audit_hours(set(pending_hours(spark, run_id)))
         if len(settings.regions) > 1:
@@ -318,6 +321,7 @@ def _stage(
             log.info("run %d: the rows of %s kept to be published once audited (not staged)", run_id,
                      ", ".join(run.direct))
         else:
+            lock_still_held(settings)
             _append_ledger(spark, **ledger)
     write_manifest(settings, run_id, "staged", run.to_dict())
     metrics.load().staged(settings, run_id, staged, lost, time.monotonic() - started)
@@ -408,6 +412,7 @@ def publish(
         fault_plan = faults.FaultPlan.from_env()
 
         def publish_table(table: str) -> tuple[dict[str, int], dict[str, int]]:
+            lock_still_held(settings)  # a holder cut off past its session writes nothing more
             schema, keys = T.TABLES[table]
             staged = (
                 spark.table(T.staged(table))
@@ -447,6 +452,7 @@ def publish(
         clear_staged(spark, hours, run.run_id)
         if kept is not None:
             kept.record(spark)  # the coverage past the kept rows, now published
+        lock_still_held(settings)
         _append_ledger(spark, run.run_id, "published", run.kind, parse_hour(run.hour), rows=inserted,
                        hours=[hour_label(h) for h in hours], corrections=corrections)
     if corrections:
