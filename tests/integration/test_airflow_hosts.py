@@ -20,15 +20,21 @@ One scenario, real processes throughout:
    lock the dead host's session released, and publishes the hour. The
    stream DAG, run again, lands on worker-2 and starts a driver there.
 4. The hour is in the tables whole and once (against the producer's own
-   summary), the aggregates are exactly once, and the task instances say
-   where each try ran: the first tries on worker-1, publish's second on
-   worker-2.
+   summary), published by one ledger row, the aggregates are exactly once,
+   and the task instances say where each try ran: the first tries on
+   worker-1, publish's second on worker-2.
+
+The same with worker-1's host cut off instead of killed (make
+test-extended): publish's retry on worker-2 waits for the load lock until
+the server ends the silent holder's session; after the heal, the frozen
+publication resumed finds its lock lost and writes nothing more.
 
 Needs root (namespaces): elsewhere it skips, loudly. A long scenario:
 make test-long."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -91,8 +97,14 @@ def _leader(settings) -> leadership.Driver | None:  # noqa: ANN001
         return None
 
 
-def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_killed_worker_s_publish_is_retried_on_the_other(
-    hosts_base: Path,
+@pytest.mark.parametrize("fault", [
+    "kill",
+    # The cut: the same retry, after the server ends the cut-off holder's
+    # session; then the heal and the frozen publication resumed. Longer: make test-extended.
+    pytest.param("cut", marks=pytest.mark.extended),
+])
+def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_publish_is_retried_on_the_other(
+    hosts_base: Path, fault: str
 ) -> None:
     now = datetime.now(UTC)
     current = now.replace(minute=0, second=0, microsecond=0)
@@ -199,7 +211,13 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_killed_worker_
         worker_2 = net["worker-2"].start([AIRFLOW, "celery", "worker", "--concurrency", "2"],
                                          net["worker-2"].directory / "celery-worker.log",
                                          airflow_on(net["worker-2"]))
-        net["worker-1"].kill()  # the whole host: Celery worker, task, warm load driver, stream driver
+        if fault == "kill":
+            net["worker-1"].kill()  # the whole host: Celery worker, task, warm load driver, stream driver
+        else:
+            # Cut off, everything on it running on: the stream driver ends
+            # itself (its leadership lapsed), the frozen warm load driver keeps
+            # its load lock until the server ends its silent session.
+            net.cut_off("worker-1", "everything")
         everything = [*components, worker_2, redis]
         # The dead driver's session lapses; the stream DAG, run again, starts one on the live worker.
         _until("the dead driver's leadership lapsed", lambda: _leader(settings) is None, 60, *everything)
@@ -228,11 +246,23 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_killed_worker_
         assert sorted(h for (h,) in streams) == ["worker-1", "worker-2"]
         metadata.close()
 
+        if fault == "cut":
+            # The heal, and the frozen publication resumed: it finds its lock
+            # lost before its next write, and writes nothing more.
+            net.heal("worker-1")
+            serving = json.loads((w1_settings.home / "load" / "warm.json").read_text())
+            resumed = net["worker-1"].run(["kill", "-CONT", str(serving["pid"])])
+            assert resumed.returncode == 0, resumed.stderr
+            _until("the resumed publication stopped", lambda: "lost the load lock" in
+                   warm.log_file(w1_settings).read_text(errors="replace"), 120, *everything)
+
         # The hour whole and once: every distinct on-time event of it, as the producer counted them.
         tables = dump(pipeline.env, label)
         raw = [r for r in tables["rows"]["ads.ad_events_raw"] if r["event_hour"][:13] == label]
         assert [i for i, n in Counter(r["event_id"] for r in raw).items() if n > 1] == []
         on_time = sum(c["events"] for c in sent["counts"] if c["window_start"][:13] == label)
         assert len(raw) == on_time > 0
+        published = [r for r in tables["load_runs"] if r["step"] == "published" and label in r["hours"]]
+        assert len(published) == 1, tables["load_runs"]  # the retry's; the first try died (or stopped) before it
         assert_exactly_once(pipeline, [sent], min_windows=60)
 
