@@ -5,6 +5,7 @@ service's own code. The pipeline's helpers are in helpers.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -219,7 +220,7 @@ class BudgetRun:
 class BudgetEnv:
     """One test's budget service: topic, database, group, processes."""
 
-    def __init__(self, pg: Settings, workdir: Path) -> None:
+    def __init__(self, pg: Settings, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
         self.name = f"b{uuid.uuid4().hex[:10]}"
         conn = pg_client.connect(pg, "postgres")
         with conn.cursor() as cur:
@@ -236,6 +237,7 @@ class BudgetEnv:
             "ADPIPE_BUDGET_GROUP": f"{self.name}-group",
             "ADPIPE_BUDGET_BATCH_SIZE": "25",
             "ADPIPE_BUDGET_SESSION_TIMEOUT_MS": "6000",
+            **(extra_env or {}),
         }
         self.settings = load_settings(self.env)
         self.bootstrap = self.settings.kafka_bootstrap
@@ -351,6 +353,54 @@ class BudgetEnv:
         assert report["ok"] and report["status"] == "ok", report
         assert report["expected_spend_micros"] == report["actual_spend_micros"] == int(sum(expected.values()) * 10**6)
         return expected
+
+
+# ---- aggregates written by the tests (plain JSON of the contract)
+
+
+def aggregate(
+    ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, hour: int = 10, **over: object
+) -> dict:
+    """A revision 0 (no ``revision`` field) of (ad, minute of the hour) of
+    2026-11-22: one record per window, as the contract has it."""
+    body = {
+        "record_uuid": str(uuid.uuid4()),
+        "ad_id": ad,
+        "window_start": f"2026-11-22T{hour:02d}:{minute:02d}:00Z",
+        "window_end": f"2026-11-22T{hour:02d}:{minute + 1:02d}:00Z",
+        "impressions": impressions,
+        "clicks": clicks,
+    }
+    body.update(over)
+    return body
+
+
+def record(body: dict | bytes, partition: int = 0) -> SourceRecord:
+    value = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return SourceRecord(partition, b"k", value)
+
+
+_HOURS = itertools.cycle(range(24))
+
+
+def normal_records(n: int, ads: int = 12) -> list[SourceRecord]:
+    """``n`` windows (n below 50 x ads), an hour of their own per call."""
+    hour = next(_HOURS)
+    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5, hour), i % 4) for i in range(n)]
+
+
+def as_kafka(records: list[SourceRecord]) -> list[kafka_io.Record]:
+    return [kafka_io.Record("", r.partition, 0, r.key, r.value, {}) for r in records]
+
+
+def caught_up(budget: BudgetEnv) -> bool:
+    """The budget's offsets in its database reach every partition's end."""
+    ends = kafka_io.end_offsets(budget.bootstrap, budget.topic)
+    try:
+        offsets = budget.db_offsets()
+    except Exception:  # noqa: BLE001 - the database may be restarting
+        return False
+    return all(offsets.get(p, 0) >= end - 1 for p, end in ends.items() if end)
 
 
 def assignment(log_path: Path) -> list[int] | None:

@@ -9,14 +9,12 @@ wrote (``independent_spend`` of helpers.py), never with the service's code."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
 import signal
 import threading
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,50 +35,20 @@ from sqlalchemy import create_engine
 from tests.integration.budget_helpers import (
     BudgetEnv,
     SourceRecord,
+    aggregate,
+    as_kafka,
     assignment,
+    caught_up,
     expected_pauses,
     finish,
     independent_spend,
+    normal_records,
+    record,
     wait_until,
 )
 
 BIGINT_MAX = 2**63 - 1
 OUTAGE_S = 30  # how long PostgreSQL stays down under load (issue 13)
-
-
-def aggregate(
-    ad: str = "ad-000009", minute: int = 0, impressions: int = 100, clicks: int = 3, hour: int = 10, **over: object
-) -> dict:
-    """A revision 0 (no ``revision`` field) of (ad, minute of the hour) of
-    2026-11-22: one record per window, as the contract has it."""
-    body = {
-        "record_uuid": str(uuid.uuid4()),
-        "ad_id": ad,
-        "window_start": f"2026-11-22T{hour:02d}:{minute:02d}:00Z",
-        "window_end": f"2026-11-22T{hour:02d}:{minute + 1:02d}:00Z",
-        "impressions": impressions,
-        "clicks": clicks,
-    }
-    body.update(over)
-    return body
-
-
-def record(body: dict | bytes, partition: int = 0) -> SourceRecord:
-    value = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return SourceRecord(partition, b"k", value)
-
-
-_HOURS = itertools.cycle(range(24))
-
-
-def normal_records(n: int, ads: int = 12) -> list[SourceRecord]:
-    """``n`` windows (n below 50 x ads), an hour of their own per call."""
-    hour = next(_HOURS)
-    return [record(aggregate(f"ad-{i % ads:06d}", i % 50, 50 + i % 17, i % 5, hour), i % 4) for i in range(n)]
-
-
-def as_kafka(records: list[SourceRecord]) -> list[kafka_io.Record]:
-    return [kafka_io.Record("", r.partition, 0, r.key, r.value, {}) for r in records]
 
 
 def test_records_the_database_refuses_are_quarantined_and_the_rest_charged(budget: BudgetEnv) -> None:
@@ -216,15 +184,6 @@ class SteadyProducer:
         self.thread.join(60)
 
 
-def _caught_up(budget: BudgetEnv) -> bool:
-    ends = kafka_io.end_offsets(budget.bootstrap, budget.topic)
-    try:
-        offsets = budget.db_offsets()
-    except Exception:  # noqa: BLE001 - the database may be restarting
-        return False
-    return all(offsets.get(p, 0) >= end - 1 for p, end in ends.items() if end)
-
-
 @pytest.mark.slow  # restarts PostgreSQL: make test-extended
 @pytest.mark.extended
 def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Settings) -> None:
@@ -249,7 +208,7 @@ def test_database_outage_under_load_pauses_and_resumes(budget: BudgetEnv, pg: Se
                 time.sleep(1)
             postgres.up(pg)
             time.sleep(5)
-        wait_until("the service catching up", lambda: _caught_up(budget), timeout=120)
+        wait_until("the service catching up", lambda: caught_up(budget), timeout=120)
         assert first.poll() is None and second.poll() is None
         time.sleep(1)
         before_stop = [path.read_text()[start:] for path, start in zip(logs, shared_from, strict=True)]
@@ -300,7 +259,7 @@ def test_partitions_assigned_while_the_database_is_down_wait_for_it(budget: Budg
             "the partitions positioned",
             lambda: all(f"partition {p} positioned at database offset" in survivor_log.read_text() for p in waiting),
         )
-        wait_until("the records charged", lambda: _caught_up(budget))
+        wait_until("the records charged", lambda: caught_up(budget))
     finally:
         for proc in (survivor, doomed):
             finish(proc)
@@ -365,7 +324,7 @@ def test_a_frozen_zombie_is_refused_by_the_offsets_compare_and_set(budget: Budge
         survivor, survivor_log = budget.start(small)
         # The zombie's session expires; the survivor takes every partition and applies them.
         wait_until("the survivor owning every partition", lambda: assignment(survivor_log) == [0, 1, 2, 3])
-        wait_until("the survivor catching up", lambda: _caught_up(budget))
+        wait_until("the survivor catching up", lambda: caught_up(budget))
         before = budget.snapshot()
         zombie.send_signal(signal.SIGCONT)
         wait_until(
