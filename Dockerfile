@@ -16,11 +16,12 @@ USER root
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless maven make nodejs npm \
     && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/*
-# The project, ADPIPE_HOME and Airflow's config and logs folders: the last
-# three are named volumes in the compose file, which Docker makes from these
-# folders, so they belong to the airflow user.
-RUN mkdir -p /opt/adpipe /opt/adpipe-home /opt/airflow/config /opt/airflow/logs \
-    && chown airflow:0 /opt/adpipe /opt/adpipe-home /opt/airflow/config /opt/airflow/logs
+# The project, ADPIPE_HOME, the checkpoint and warehouse's shared folder and
+# Airflow's config and logs folders: the last four are named volumes in the
+# compose file, which Docker makes from these folders, so they belong to the
+# airflow user.
+RUN mkdir -p /opt/adpipe /opt/adpipe-home /opt/adpipe-shared /opt/airflow/config /opt/airflow/logs \
+    && chown airflow:0 /opt/adpipe /opt/adpipe-home /opt/adpipe-shared /opt/airflow/config /opt/airflow/logs
 USER airflow
 WORKDIR /opt/adpipe
 

@@ -1,10 +1,14 @@
 """docker-compose.yaml and the Dockerfile cannot run here (no Docker engine):
 what can be checked without one is. The compose file is valid under the
 Compose specification's JSON schema; every environment variable it sets is
-one that reads it (adpipe's settings, Airflow's configuration, the Kafka and
-PostgreSQL images); it keeps the local broker's configuration, Airflow's
-shape and the loopback-only ports; and the image installs the project with
-the Makefile's own install steps."""
+one that reads it (adpipe's settings, Airflow's configuration and its
+providers', Spark's launcher, the Kafka and PostgreSQL images); it keeps the
+local broker's configuration, Airflow's shape, the roles of the tested
+multi-host harness (tests/integration/test_airflow_hosts.py: the
+CeleryExecutor on Redis, two workers each with its own ADPIPE_HOME, the
+checkpoint and warehouse they share), the local Spark cluster's daemons and
+the loopback-only ports; and the image installs the project with the
+Makefile's own install steps."""
 
 from __future__ import annotations
 
@@ -14,13 +18,15 @@ import importlib.util
 import json
 import re
 import shlex
+import sys
+import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import jsonschema
 import yaml
 from adpipe.cli import build_parser
-from adpipe.local import postgres
+from adpipe.local import postgres, spark_cluster
 from adpipe.local.airflow import admin_password_file, connections_env
 from adpipe.local.kafka_broker import server_properties
 from adpipe.settings import PROJECT_ROOT, load_settings
@@ -43,8 +49,17 @@ HOST_SPECIFIC = {
     "inter.broker.listener.name",
     "listener.security.protocol.map",
 }
-AIRFLOW_SERVICES = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+# Airflow's control plane (no task runs there) and its Celery workers (every task runs on one).
+AIRFLOW_COMPONENTS = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+AIRFLOW_WORKERS = {"airflow-worker-1", "airflow-worker-2"}
+AIRFLOW_SERVICES = AIRFLOW_COMPONENTS | AIRFLOW_WORKERS
 ADPIPE_SERVICES = {"stream", "stream-standby", "budget", "producer"}
+SPARK_SERVICES = {"spark-master", "spark-worker"}
+# The services that run Spark drivers: the stream job's, and every task's on a worker.
+SPARK_DRIVERS = {"stream", "stream-standby", *AIRFLOW_WORKERS}
+# The checkpoint and warehouse every Spark driver and executor shares (HDFS or an object store in production).
+SHARED_VOLUME, SHARED_MOUNT = "adpipe-shared", "/opt/adpipe-shared"
+HARNESS = PROJECT_ROOT / "tests" / "integration" / "test_airflow_hosts.py"
 # Run once and exit: Compose waits on their exit code, not on a health state.
 ONE_SHOT = {"airflow-init", "producer"}
 
@@ -158,11 +173,33 @@ def _airflow_package() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _provider_configs() -> dict[str, dict]:
+    """The configuration each installed provider adds to Airflow's (the
+    ``config`` of its ``get_provider_info()``, as Airflow loads it), by
+    provider, read from the provider's get_provider_info.py alone: importing
+    the provider's package would import Airflow."""
+    configs = {}
+    for path in sorted((_airflow_package() / "providers").rglob("get_provider_info.py")):
+        spec = importlib.util.spec_from_file_location(f"_provider_info_{len(configs)}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        info = module.get_provider_info()
+        configs[info["package-name"]] = info.get("config", {})
+    return configs
+
+
 def _airflow_options() -> dict[str, set[str]]:
     """Every option of Airflow's configuration, by section, from the
-    description Airflow builds its configuration from."""
+    description Airflow builds its configuration from: core's config.yml,
+    then the sections of the installed providers (the CeleryExecutor's
+    [celery] is the celery provider's)."""
     description = yaml.safe_load((_airflow_package() / "config_templates" / "config.yml").read_text())
-    return {section: set(body.get("options", {})) for section, body in description.items()}
+    options = {section: set(body.get("options", {})) for section, body in description.items()}
+    for config in _provider_configs().values():
+        for section, body in config.items():
+            options.setdefault(section, set()).update(body.get("options", {}))
+    return options
 
 
 def _airflow_reads_variable(name: str) -> bool:
@@ -173,6 +210,9 @@ def _airflow_reads_variable(name: str) -> bool:
 def test_every_airflow_variable_set_is_an_airflow_option() -> None:
     options = _airflow_options()
     assert "executor" in options["core"] and "not_an_option" not in options["core"]
+    # The celery provider's options count (it is what the CeleryExecutor reads), and only its own.
+    celery = _provider_configs()["apache-airflow-providers-celery"]["celery"]["options"]
+    assert {"broker_url", "result_backend", "worker_concurrency"} <= set(celery) == options["celery"]
     for name, service in _compose()["services"].items():
         for var in _env(service):
             if not var.startswith("AIRFLOW__"):
@@ -238,11 +278,28 @@ def test_airflow_init_makes_the_pool_the_dags_use() -> None:
     assert lines.index(pools[0]) > lines.index(["airflow", "db", "migrate"])
 
 
+def _spark_reads_variable(name: str) -> bool:
+    """A variable Spark's daemons read: named in pyspark's spark-class or the
+    environment script it loads, or in the launcher's command builder (which
+    reads SPARK_MASTER_OPTS, SPARK_DAEMON_MEMORY, ...)."""
+    spark = spark_cluster.spark_home()
+    scripts = "".join((spark / "bin" / script).read_text() for script in ("spark-class", "load-spark-env.sh"))
+    [launcher] = (spark / "jars").glob("spark-launcher_*.jar")
+    with zipfile.ZipFile(launcher) as jar:
+        classes = b"".join(jar.read(n) for n in jar.namelist() if n.endswith(".class"))
+    return name in scripts or name.encode() in classes
+
+
 def test_every_variable_of_every_service_has_a_reader() -> None:
     """What is neither adpipe's nor Airflow's belongs to the image that reads it."""
+    assert _spark_reads_variable("SPARK_WORKER_OPTS") and not _spark_reads_variable("SPARK_NOT_A_VARIABLE")
     image_variables = {
         "kafka": lambda v: v.startswith("KAFKA_"),  # the apache/kafka image: KAFKA_X_Y -> x.y
         "postgres": lambda v: v in {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"},
+        "spark-master": _spark_reads_variable,
+        "spark-worker": _spark_reads_variable,
+        # dumb-init, the entrypoint of Airflow's image, as Airflow's compose file sets it for its workers.
+        **{worker: lambda v: v == "DUMB_INIT_SETSID" for worker in AIRFLOW_WORKERS},
     }
     for name, service in _compose()["services"].items():
         for var in _env(service):
@@ -349,43 +406,246 @@ def test_postgres_service_is_the_one_the_settings_name() -> None:
 def test_airflow_services_in_airflows_shape() -> None:
     compose = _compose()
     services = compose["services"]
-    assert set(services) == {"kafka", "postgres", "airflow-init", *AIRFLOW_SERVICES, *ADPIPE_SERVICES}
+    assert set(services) == {
+        "redis", "kafka", "postgres", "airflow-init", *AIRFLOW_SERVICES, *SPARK_SERVICES, *ADPIPE_SERVICES
+    }
     image = services["airflow-init"]["image"]
-    assert {s["image"] for n, s in services.items() if n.startswith("airflow-") or n in ADPIPE_SERVICES} == {image}
-    assert all(services[n]["build"] == "." for n in AIRFLOW_SERVICES | ADPIPE_SERVICES | {"airflow-init"})
+    ours = {n for n in services if n.startswith("airflow-")} | ADPIPE_SERVICES | SPARK_SERVICES
+    assert {services[n]["image"] for n in ours} == {image}
+    assert all(services[n]["build"] == "." for n in ours)
     commands = {n: services[n]["command"] for n in AIRFLOW_SERVICES}
     assert commands == {
         "airflow-apiserver": "api-server",
         "airflow-scheduler": "scheduler",
         "airflow-dag-processor": "dag-processor",
         "airflow-triggerer": "triggerer",
+        "airflow-worker-1": "celery worker",
+        "airflow-worker-2": "celery worker",
     }
+    init_only = {"ADPIPE_PG_HOST", "ADPIPE_PG_PORT"}  # `adpipe pg up`'s
+    common = {k: v for k, v in _env(services["airflow-init"]).items() if k not in init_only}
     for name in AIRFLOW_SERVICES:
         depends = services[name]["depends_on"]
         assert depends["airflow-init"] == {"condition": "service_completed_successfully"}, name
-        assert depends["postgres"] == depends["kafka"] == {"condition": "service_healthy"}, name
+        assert depends["postgres"] == depends["kafka"] == depends["redis"] == {"condition": "service_healthy"}, name
         assert services[name]["restart"] == "always", name
         env = _env(services[name])
-        init_only = {"ADPIPE_PG_HOST", "ADPIPE_PG_PORT"}  # `adpipe pg up`'s
-        assert env == {k: v for k, v in _env(services["airflow-init"]).items() if k not in init_only}, (
-            f"{name}: every Airflow component is configured alike"
-        )
-        # Config (with the generated secrets), logs and the adpipe home are shared.
-        assert set(services[name]["volumes"]) == set(services["airflow-init"]["volumes"]), name
+        # Every Airflow component is configured alike; a worker adds only its
+        # own address (its Spark drivers') and Airflow's worker entrypoint setting.
+        own = {"ADPIPE_SPARK_DRIVER_HOST": services[name].get("hostname"), "DUMB_INIT_SETSID": "0"}
+        assert env == (common | own if name in AIRFLOW_WORKERS else common), name
+        # Config (with the generated secrets), logs and the shared checkpoint
+        # and warehouse are mounted alike; the home is the control plane's on
+        # its components, each worker's own on a worker.
+        mounts = dict(reversed(volume.split(":")[:2]) for volume in services[name]["volumes"])
+        init_mounts = dict(reversed(volume.split(":")[:2]) for volume in services["airflow-init"]["volumes"])
+        home = str(_settings(services[name]).home)
+        assert mounts.keys() == init_mounts.keys() and home in mounts, name
+        assert {k: v for k, v in mounts.items() if k != home} == {k: v for k, v in init_mounts.items() if k != home}
+        assert (mounts[home] != init_mounts[home]) == (name in AIRFLOW_WORKERS), name
     env = _env(services["airflow-scheduler"])
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     # The scheduler's health server answers only when enabled; tasks reach the API server by its service name.
     assert env["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"
     assert "http://localhost:8974/health" in services["airflow-scheduler"]["healthcheck"]["test"]
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
-    mounted = {volume.split(":")[1] for volume in services["airflow-init"]["volumes"]}
-    assert Path(env["AIRFLOW_CONFIG"]).parent.as_posix() in mounted
+    assert services["airflow-apiserver"]["ports"][0].endswith(":8080")
+    # One airflow.cfg, written by airflow-init with the secrets Airflow
+    # generates (the JWT secret, the API secret key), on a volume every
+    # component mounts, the workers included: their task tokens validate.
+    for name in AIRFLOW_SERVICES | {"airflow-init"}:
+        mounted = {volume.split(":")[1]: volume.split(":")[0] for volume in services[name]["volumes"]}
+        assert mounted.get(Path(env["AIRFLOW_CONFIG"]).parent.as_posix()) == "airflow-config", name
+        assert _env(services[name])["AIRFLOW_CONFIG"] == env["AIRFLOW_CONFIG"], name
+    # Not set apart on any component: one that set its own would refuse the others' tokens.
+    secrets = ("AIRFLOW__API_AUTH__JWT", "AIRFLOW__API__SECRET_KEY")
+    assert not [(n, v) for n in AIRFLOW_SERVICES for v in _env(services[n]) if v.startswith(secrets)]
     # airflow-init makes the UI's password file where the API server reads it.
     password_file = admin_password_file(_settings(services["airflow-scheduler"]))
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == str(password_file)
     init_script = services["airflow-init"]["command"][-1]
     assert "adpipe pg up" in init_script and "ensure_admin_password" in init_script
     assert "airflow db migrate" in init_script
+
+
+# -- the roles of the multi-host harness -------------------------------------------------
+
+
+def _harness_airflow_options() -> dict[str, str | None]:
+    """The AIRFLOW__* options the harness's ``airflow_on()`` sets on every
+    host: a literal's value, None for one it computes (an address, a secret)."""
+    tree = ast.parse(HARNESS.read_text())
+    [airflow_on] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "airflow_on"]
+    found: dict[str, str | None] = {}
+    for node in ast.walk(airflow_on):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and str(key.value).startswith("AIRFLOW__"):
+                    found[key.value] = value.value if isinstance(value, ast.Constant) else None
+    return found
+
+
+# The harness's options this stack sets otherwise, on purpose.
+HARNESS_DIFFERS = {
+    # Its hosts' addresses: here the services' names (checked below).
+    "AIRFLOW__CELERY__BROKER_URL", "AIRFLOW__CELERY__RESULT_BACKEND", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+    # Airflow's defaults in a container: every interface, port 8080.
+    "AIRFLOW__API__HOST", "AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL",
+    # Generated once by airflow-init into the shared airflow.cfg, not passed around.
+    "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY",
+    # The harness's speed-ups: 20 s to a dead worker's task failing (60 here),
+    # a detection every 2 s, DAG files never parsed again.
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL",
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL",
+}
+
+
+def test_airflow_runs_the_harness_s_celery_executor_on_redis() -> None:
+    services = _compose()["services"]
+    harness = _harness_airflow_options()
+    assert HARNESS_DIFFERS <= set(harness), "the harness's options changed: see HARNESS_DIFFERS"
+    for name in AIRFLOW_SERVICES | {"airflow-init"}:
+        env = _env(services[name])
+        for option, value in harness.items():
+            if option not in HARNESS_DIFFERS:
+                assert value is not None and env.get(option) == value, f"{name}: {option} is not the harness's"
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+        assert env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "2", name
+        # The broker: the redis service; the results: Airflow's metadata
+        # database, as the harness builds the URL (SQLAlchemy's default driver).
+        assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://redis:6379/0", name
+        metadata = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert metadata == load_settings({"ADPIPE_PG_HOST": "postgres", "ADPIPE_PG_PORT": "5432"}).pg_url("airflow")
+        assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+" + metadata.replace("+psycopg2", ""), name
+        assert urlsplit(env["AIRFLOW__CELERY__RESULT_BACKEND"]).scheme == "db+postgresql", name
+        # A dead worker's task is failed a minute after its last heartbeat, then retried on a live worker.
+        assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "60", name
+    redis = services["redis"]
+    assert redis["image"] == "redis:7.2-bookworm" and redis["restart"] == "always" and "ports" not in redis
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert "LocalExecutor" not in COMPOSE.read_text()
+
+
+def test_two_celery_workers_each_a_host_with_its_own_home() -> None:
+    compose = _compose()
+    services = compose["services"]
+    assert {n for n in services if "worker" in n and n.startswith("airflow-")} == AIRFLOW_WORKERS
+    homes = set()
+    for name in sorted(AIRFLOW_WORKERS):
+        worker = services[name]
+        host = worker["hostname"]
+        assert host == name.removeprefix("airflow-"), name  # worker-1, worker-2: the harness's hosts
+        # Airflow's compose file's healthcheck and warm shutdown for its workers.
+        assert worker["healthcheck"]["test"] == ["CMD-SHELL", (
+            "celery --app airflow.providers.celery.executors.celery_executor.app inspect ping"
+            ' -d "celery@$${HOSTNAME}"'
+        )]
+        assert _env(worker)["DUMB_INIT_SETSID"] == "0"
+        assert worker["depends_on"]["spark-master"] == {"condition": "service_healthy"}
+        # Its home: a volume of its own, neither the control plane's nor the other worker's.
+        settings = _settings(worker)
+        [home] = [v.split(":")[0] for v in worker["volumes"] if v.split(":")[1] == str(settings.home)]
+        assert home == f"adpipe-home-{host}" and home in compose["volumes"]
+        homes.add(home)
+        # The checkpoint and the warehouse: the ones every worker and the stream job share.
+        assert f"{SHARED_VOLUME}:{SHARED_MOUNT}" in worker["volumes"]
+        assert settings.checkpoint_uri.startswith(f"file://{SHARED_MOUNT}/checkpoints/")
+        assert settings.warehouse_uri == f"file://{SHARED_MOUNT}/warehouse"
+        # Its Spark drivers are reached by their executors at its name, an alias on the network.
+        assert settings.spark_driver_host == host and host in worker["networks"]["default"]["aliases"]
+    assert len(homes) == 2 and "adpipe-home" not in homes
+
+
+def test_every_spark_driver_and_executor_shares_the_checkpoint_and_warehouse() -> None:
+    services = _compose()["services"]
+    stream = _settings(services["stream"])
+    assert stream.checkpoint_base_uri == f"file://{SHARED_MOUNT}/checkpoints"
+    assert stream.warehouse_base_uri == f"file://{SHARED_MOUNT}/warehouse"
+    for name, service in services.items():
+        if not any(v.startswith("ADPIPE_") for v in _env(service)):
+            continue
+        settings = _settings(service)
+        # Every adpipe process, Airflow's too, names the same ones, on the shared volume it mounts.
+        assert (settings.checkpoint_uri, settings.warehouse_uri) == (stream.checkpoint_uri, stream.warehouse_uri), name
+        assert f"{SHARED_VOLUME}:{SHARED_MOUNT}" in service["volumes"], name
+    assert f"{SHARED_VOLUME}:{SHARED_MOUNT}" in services["spark-worker"]["volumes"]
+    # Each driver has an address of its own its executors reach: its service's name or its alias.
+    drivers = {n: _settings(s).spark_driver_host for n, s in services.items() if "ADPIPE_SPARK_DRIVER_HOST" in _env(s)}
+    assert set(drivers) == SPARK_DRIVERS and len(set(drivers.values())) == len(drivers)
+    for name, host in drivers.items():
+        aliases = services[name].get("networks", {}).get("default", {}).get("aliases", [])
+        assert host == name or host in aliases, name
+
+
+def _megabytes(size: str) -> int:
+    return int(size[:-1]) * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[size[-1].lower()]
+
+
+def _options(words: list[str]) -> dict[str, str]:
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
+def _java_properties(options: str) -> dict[str, str]:
+    assert all(word.startswith("-D") for word in shlex.split(options)), options
+    return dict(word.removeprefix("-D").split("=", 1) for word in shlex.split(options))
+
+
+def test_spark_runs_on_a_standalone_cluster_as_adpipe_spark_up_starts_it() -> None:
+    services = _compose()["services"]
+    master, worker = services["spark-master"], services["spark-worker"]
+    # pyspark's spark-class, installed beside adpipe's own command (the
+    # stream service's), as in this environment.
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "spark-class").is_file() and (bin_dir / "adpipe").is_file()
+    assert master["command"][:2] == ["spark-class", spark_cluster.MASTER_CLASS]
+    master_options = _options(master["command"][2:])
+    assert master_options == {"--host": "spark-master", "--port": "7077", "--webui-port": "8081"}
+    url = f"spark://{master_options['--host']}:{master_options['--port']}"
+    # Every adpipe process's master, Airflow's tasks' through their Connection
+    # (which connections_env builds from the stream's settings: checked above).
+    assert _settings(services["stream"]).spark_master == url
+    assert json.loads(_env(services["airflow-worker-1"])["AIRFLOW_CONN_ADPIPE_SPARK"])["host"] == url
+    for name, service in services.items():
+        if "ADPIPE_SPARK_MASTER" in _env(service):
+            assert _settings(service).spark_master == url, name
+    assert worker["command"][:3] == ["spark-class", spark_cluster.WORKER_CLASS, url]
+    worker_options = _options(worker["command"][3:])
+    assert worker_options["--host"] == "spark-worker" and worker_options["--webui-port"] == "8082"
+    # The local cluster's daemons' heap and properties.
+    for service, variable, properties in ((master, "SPARK_MASTER_OPTS", spark_cluster.MASTER_PROPERTIES),
+                                          (worker, "SPARK_WORKER_OPTS", spark_cluster.WORKER_PROPERTIES)):
+        env = _env(service)
+        assert env == {"SPARK_DAEMON_MEMORY": spark_cluster.DAEMON_MEMORY, variable: env[variable]}
+        assert _java_properties(env[variable]) == properties
+    # A core and an executor's heap for every application that may run at
+    # once (the stream job, its standby, each worker's warm load driver),
+    # each capped: one would take every core, and the next wait for one.
+    drivers = [_settings(services[n]) for n in SPARK_DRIVERS]
+    assert all(d.spark_cores_max >= 1 for d in drivers)
+    assert int(worker_options["--cores"]) >= sum(d.spark_cores_max for d in drivers)
+    assert _megabytes(worker_options["--memory"]) >= sum(_megabytes(d.spark_executor_memory) for d in drivers)
+    # Health: each daemon's web UI; the drivers and the worker start once the master answers.
+    assert master["healthcheck"]["test"] == ["CMD", "curl", "--fail", "http://localhost:8081/json/"]
+    assert worker["healthcheck"]["test"] == ["CMD", "curl", "--fail", "http://localhost:8082/json/"]
+    for name in SPARK_DRIVERS | {"spark-worker"}:
+        assert services[name]["depends_on"]["spark-master"] == {"condition": "service_healthy"}, name
+
+
+def test_the_image_makes_every_volume_the_project_image_mounts_its_users() -> None:
+    """Docker makes a named volume from the image's folder: one it lacks
+    would be root's, and the airflow user could not write to it."""
+    compose = _compose()
+    image = compose["services"]["airflow-init"]["image"]
+    [chown] = [c for c in _dockerfile_run_commands() if c.startswith("chown airflow:0 ")]
+    owned = set(chown.split()[2:])
+    mounted = {
+        volume.split(":")[1]
+        for service in compose["services"].values()
+        if service.get("image") == image
+        for volume in service.get("volumes", [])
+        if volume.split(":")[0] in compose["volumes"]
+    }
+    assert SHARED_MOUNT in mounted and mounted <= owned, mounted - owned
 
 
 def test_every_long_running_service_has_a_healthcheck() -> None:
@@ -417,7 +677,8 @@ def test_adpipe_services_run_adpipe_commands() -> None:
     # The standby: the same job (the same environment), opt-in, after the active driver is up.
     standby = services["stream-standby"]
     assert standby["command"] == ["adpipe", "stream", "--standby"] and standby["profiles"] == ["standby"]
-    assert _env(standby) == {k: v for k, v in _env(services["stream"]).items() if k != "ADPIPE_METRICS_HOST"}
+    stream_env = {k: v for k, v in _env(services["stream"]).items() if k != "ADPIPE_METRICS_HOST"}
+    assert _env(standby) == {**stream_env, "ADPIPE_SPARK_DRIVER_HOST": "stream-standby"}
     assert standby["depends_on"]["stream"] == {"condition": "service_healthy"}
     assert services["budget"]["command"] == ["adpipe", "budget"]
     # The producer's hour is the one the load DAG starts from.
