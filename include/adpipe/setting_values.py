@@ -54,6 +54,15 @@ def integer(env: dict[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def above(env: dict[str, str], name: str, default: int, floor: int) -> int:
+    """``env[name]`` seconds, more than ``floor`` (the load run's timeout
+    must leave its hour's wait, ADPIPE_LOAD_WAIT_TIMEOUT_S, time to load)."""
+    value = integer(env, name, max(default, floor + 3600), 1)
+    if value <= floor:
+        raise SettingsError(f"{name}={value} must exceed ADPIPE_LOAD_WAIT_TIMEOUT_S={floor}")
+    return value
+
+
 def utc_time(env: dict[str, str], name: str, default: datetime | None) -> datetime | None:
     """An ISO-8601 time with a zone, as UTC (``default`` when unset)."""
     raw = env.get(name)

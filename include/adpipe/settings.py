@@ -33,6 +33,7 @@ from adpipe.kafka_access import (
 from adpipe.setting_values import (
     HOST_PORT,
     SettingsError,
+    above,
     broker_properties,
     budget,
     choice,
@@ -80,15 +81,6 @@ def _one_of(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
     value = env.get(name) or choices[0]
     if value not in choices:
         raise SettingsError(f"{name}={value!r} must be one of {', '.join(choices)}")
-    return value
-
-
-def _above(env: dict[str, str], name: str, default: int, floor: int) -> int:
-    """``env[name]`` seconds, more than ``floor`` (the load run's timeout
-    must leave its hour's wait, ADPIPE_LOAD_WAIT_TIMEOUT_S, time to load)."""
-    value = integer(env, name, max(default, floor + 3600), 1)
-    if value <= floor:
-        raise SettingsError(f"{name}={value} must exceed ADPIPE_LOAD_WAIT_TIMEOUT_S={floor}")
     return value
 
 
@@ -212,8 +204,7 @@ class Settings(_Locations):
     # _PASSWORD_FILE or _PASSWORD, _CA_FILE); clients use self.kafka.
     kafka_credentials: KafkaCredentials = field(default_factory=KafkaCredentials)
     kafka_controller_port: int = 9093
-    # Lines added to (and overriding) the server.properties of `adpipe kafka up`'s
-    # brokers (ADPIPE_KAFKA_BROKER_PROPERTIES, "key=value" separated by ";" or lines).
+    # Lines added to `adpipe kafka up`'s server.properties (ADPIPE_KAFKA_BROKER_PROPERTIES).
     kafka_broker_properties: tuple[str, ...] = ()
     spark_master: str = "local[2]"
     jvm_options: tuple[str, ...] = ()  # for every JVM adpipe starts (Spark, Kafka, HDFS)
@@ -307,9 +298,7 @@ class Settings(_Locations):
     pg_port: int = 5433
     pg_user: str = "adpipe"
     pg_password: str = field(default="adpipe", repr=False)  # loopback-only local default
-    # Who may log in (by password) to the cluster `adpipe pg up` runs on an
-    # address of this host other than loopback: pg_hba.conf networks.
-    pg_clients: tuple[str, ...] = ("samenet",)
+    pg_clients: tuple[str, ...] = ("samenet",)  # who logs in to `adpipe pg up` off loopback (pg_hba.conf)
     # The budget service (adpipe.budget.service): its consumer group, the
     # records per database transaction, the budget period (from each
     # aggregate's window_start: day, hour, month or total), the default price
@@ -588,7 +577,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         load_wait_timeout_s=wait_s,
         rails=AirflowRails(
             load_step_timeout_s=integer(env, "ADPIPE_LOAD_STEP_TIMEOUT_S", AirflowRails.load_step_timeout_s, 1),
-            load_run_timeout_s=_above(env, "ADPIPE_LOAD_RUN_TIMEOUT_S", AirflowRails.load_run_timeout_s, wait_s),
+            load_run_timeout_s=above(env, "ADPIPE_LOAD_RUN_TIMEOUT_S", AirflowRails.load_run_timeout_s, wait_s),
             load_retry_delay_s=integer(env, "ADPIPE_LOAD_RETRY_DELAY_S", AirflowRails.load_retry_delay_s, 1),
             stream_task_timeout_s=integer(env, "ADPIPE_STREAM_TASK_TIMEOUT_S", AirflowRails.stream_task_timeout_s, 1),
             maintenance_timeout_s=integer(env, "ADPIPE_MAINTENANCE_TIMEOUT_S", AirflowRails.maintenance_timeout_s, 1),

@@ -26,7 +26,7 @@ NAME = r"ADPIPE_[A-Z0-9_]*[A-Z0-9]"
 # readers of adpipe.setting_values (``integer(env, name, d, ...)``); ``choice``
 # and ``_one_of`` default to their first choice.
 _FIRST_CHOICE = {"choice", "_one_of"}
-_DEFAULT_THIRD = {"integer", "utc_time", "share", "money", "budget", "jvm_memory", "port", "_above"}
+_DEFAULT_THIRD = {"integer", "utc_time", "share", "money", "budget", "jvm_memory", "port", "above"}
 _CLASSES = {"Settings": Settings, "AirflowRails": AirflowRails, "Topics": Topics}
 NOT_LITERAL = object()
 

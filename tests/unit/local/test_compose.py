@@ -18,7 +18,6 @@ import importlib.util
 import json
 import re
 import shlex
-import sys
 import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,46 +33,20 @@ from adpipe.tools.produce import ProduceSpec, parse_start
 from check_jsonschema.builtin_schemas import get_builtin_schema
 
 from tests.unit.helpers import make_dry_run
-
-COMPOSE = PROJECT_ROOT / "docker-compose.yaml"
-DOCKERFILE = PROJECT_ROOT / "Dockerfile"
-MAKEFILE = PROJECT_ROOT / "Makefile"
-
-# Properties whose value depends on the host (addresses, paths, the names of
-# the two listeners) differ on purpose; the listeners are checked below.
-HOST_SPECIFIC = {
-    "listeners",
-    "advertised.listeners",
-    "controller.quorum.voters",
-    "log.dirs",
-    "inter.broker.listener.name",
-    "listener.security.protocol.map",
-}
-# Airflow's control plane (no task runs there) and its Celery workers (every task runs on one).
-AIRFLOW_COMPONENTS = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
-AIRFLOW_WORKERS = {"airflow-worker-1", "airflow-worker-2"}
-AIRFLOW_SERVICES = AIRFLOW_COMPONENTS | AIRFLOW_WORKERS
-ADPIPE_SERVICES = {"stream", "stream-standby", "budget", "producer"}
-SPARK_SERVICES = {"spark-master", "spark-worker"}
-# The services that run Spark drivers: the stream job's, and every task's on a worker.
-SPARK_DRIVERS = {"stream", "stream-standby", *AIRFLOW_WORKERS}
-# The checkpoint and warehouse every Spark driver and executor shares (HDFS or an object store in production).
-SHARED_VOLUME, SHARED_MOUNT = "adpipe-shared", "/opt/adpipe-shared"
-HARNESS = PROJECT_ROOT / "tests" / "integration" / "test_airflow_hosts.py"
-# Run once and exit: Compose waits on their exit code, not on a health state.
-ONE_SHOT = {"airflow-init", "producer"}
-
-
-def _compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
-
-
-def _env(service: dict) -> dict[str, str]:
-    return {k: str(v) for k, v in service.get("environment", {}).items()}
-
-
-def _settings(service: dict):  # noqa: ANN202 - adpipe.settings.Settings
-    return load_settings(_env(service))
+from tests.unit.local.compose_file import (
+    ADPIPE_SERVICES,
+    AIRFLOW_SERVICES,
+    AIRFLOW_WORKERS,
+    DOCKERFILE,
+    HOST_SPECIFIC,
+    MAKEFILE,
+    ONE_SHOT,
+    SHARED_MOUNT,
+    SPARK_SERVICES,
+    load_compose,
+    service_env,
+    service_settings,
+)
 
 
 def _dockerfile_instructions() -> list[tuple[str, str]]:
@@ -106,11 +79,11 @@ def _schema_errors(document: dict) -> list[str]:
 
 
 def test_compose_file_is_valid_under_the_compose_specification() -> None:
-    assert _schema_errors(_compose()) == []
+    assert _schema_errors(load_compose()) == []
 
 
 def test_the_schema_check_refuses_what_compose_refuses() -> None:
-    broken = copy.deepcopy(_compose())
+    broken = copy.deepcopy(load_compose())
     broken["services"]["kafka"]["healthcheck"]["interval"] = 10  # a duration is a string: "10s"
     broken["services"]["stream"]["depends_on"]["kafka"]["condition"] = "service_up"
     broken["services"]["budget"]["restarts"] = "always"
@@ -153,16 +126,16 @@ def test_settings_reads_are_found_in_the_source() -> None:
 
 def test_every_adpipe_variable_set_is_one_settings_reads() -> None:
     read = _read_by_settings()
-    compose = _compose()
+    compose = load_compose()
     set_where = {("Dockerfile ENV", name) for name in _dockerfile_env() if name.startswith("ADPIPE_")}
     for name, service in compose["services"].items():
-        set_where |= {(name, var) for var in _env(service) if var.startswith("ADPIPE_")}
+        set_where |= {(name, var) for var in service_env(service) if var.startswith("ADPIPE_")}
     assert set_where, "no ADPIPE_ variable found: the file's shape changed"
     unread = sorted((where, var) for where, var in set_where if var not in read)
     assert unread == [], f"set but never read by adpipe.settings: {unread}"
     for service in compose["services"].values():
-        if any(v.startswith("ADPIPE_") for v in _env(service)):
-            _settings(service)  # and each service's values load
+        if any(v.startswith("ADPIPE_") for v in service_env(service)):
+            service_settings(service)  # and each service's values load
 
 
 def _airflow_package() -> Path:
@@ -213,8 +186,8 @@ def test_every_airflow_variable_set_is_an_airflow_option() -> None:
     # The celery provider's options count (it is what the CeleryExecutor reads), and only its own.
     celery = _provider_configs()["apache-airflow-providers-celery"]["celery"]["options"]
     assert {"broker_url", "result_backend", "worker_concurrency"} <= set(celery) == options["celery"]
-    for name, service in _compose()["services"].items():
-        for var in _env(service):
+    for name, service in load_compose()["services"].items():
+        for var in service_env(service):
             if not var.startswith("AIRFLOW__"):
                 continue
             section, _, key = var.removeprefix("AIRFLOW__").lower().partition("__")
@@ -229,16 +202,16 @@ CONNECTION_SETTINGS = (
 
 
 def test_airflow_connections_are_built_from_the_other_services_settings() -> None:
-    services = _compose()["services"]
+    services = load_compose()["services"]
     # The stream, budget and producer services run with the settings of
     # x-adpipe-env: Airflow's Connections are the ones `make airflow` builds from them.
-    expected = {k: json.loads(v) for k, v in connections_env(_settings(services["stream"])).items()}
+    expected = {k: json.loads(v) for k, v in connections_env(service_settings(services["stream"])).items()}
     assert set(expected) == {
         "AIRFLOW_CONN_ADPIPE_SPARK", "AIRFLOW_CONN_ADPIPE_KAFKA", "AIRFLOW_CONN_ADPIPE_METASTORE_DB",
         "AIRFLOW_CONN_ADPIPE_BUDGET_DB",
     }
     for name, service in services.items():
-        env = _env(service)
+        env = service_env(service)
         conns = {k: json.loads(v) for k, v in env.items() if k.startswith("AIRFLOW_CONN_")}
         if name in AIRFLOW_SERVICES | {"airflow-init"}:
             assert conns == expected, name
@@ -247,22 +220,22 @@ def test_airflow_connections_are_built_from_the_other_services_settings() -> Non
 
 
 def test_airflow_components_have_no_address_or_credential_but_their_connections() -> None:
-    services = _compose()["services"]
+    services = load_compose()["services"]
     for name in AIRFLOW_SERVICES:
-        env = _env(services[name])
+        env = service_env(services[name])
         assert not [v for v in env if v.startswith(CONNECTION_SETTINGS)], name
         assert {"ADPIPE_HOME", "ADPIPE_LOAD_START"} <= set(env), name
     # The public default password "adpipe" is not masked (it would mask every
     # "adpipe" in a log line), as `make airflow` sets it; longer secrets are.
     from adpipe.local.airflow import airflow_env
 
-    made = airflow_env(_settings(services["stream"]), "sqlite://", base={})
-    assert _env(services["airflow-scheduler"])["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"] == (
+    made = airflow_env(service_settings(services["stream"]), "sqlite://", base={})
+    assert service_env(services["airflow-scheduler"])["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"] == (
         made["AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET"]) == "7"
     assert "AIRFLOW__LOGGING__MIN_LENGTH_MASKED_SECRET" not in airflow_env(
         load_settings({"ADPIPE_PG_PASSWORD": "a-long-generated-one"}), "sqlite://", base={})
     # airflow-init alone has the PostgreSQL server's address, for `adpipe pg up`.
-    init = _env(services["airflow-init"])
+    init = service_env(services["airflow-init"])
     assert [v for v in init if v.startswith(CONNECTION_SETTINGS)] == ["ADPIPE_PG_HOST", "ADPIPE_PG_PORT"]
 
 
@@ -270,7 +243,7 @@ def test_airflow_init_makes_the_pool_the_dags_use() -> None:
     from adpipe.local.airflow import TABLES_POOL_DESCRIPTION, TABLES_POOL_SLOTS
     from adpipe.settings import TABLES_POOL
 
-    script = _compose()["services"]["airflow-init"]["command"][-1]
+    script = load_compose()["services"]["airflow-init"]["command"][-1]
     lines = [shlex.split(line) for line in script.splitlines() if line.strip().startswith("airflow ")]
     assert ["airflow", "db", "migrate"] in lines
     pools = [line for line in lines if line[1:3] == ["pools", "set"]]
@@ -301,8 +274,8 @@ def test_every_variable_of_every_service_has_a_reader() -> None:
         # dumb-init, the entrypoint of Airflow's image, as Airflow's compose file sets it for its workers.
         **{worker: lambda v: v == "DUMB_INIT_SETSID" for worker in AIRFLOW_WORKERS},
     }
-    for name, service in _compose()["services"].items():
-        for var in _env(service):
+    for name, service in load_compose()["services"].items():
+        for var in service_env(service):
             known = (
                 var.startswith(("ADPIPE_", "AIRFLOW__", "AIRFLOW_CONN_"))
                 or (var.startswith("AIRFLOW_") and _airflow_reads_variable(var))
@@ -329,7 +302,7 @@ def test_compose_broker_matches_local_broker_settings() -> None:
         for line in server_properties(load_settings({"ADPIPE_HOME": "/tmp/x"})).splitlines()
         if line and not line.startswith("#")
     )
-    env = _compose()["services"]["kafka"]["environment"]
+    env = load_compose()["services"]["kafka"]["environment"]
     from_compose = {k.removeprefix("KAFKA_").lower().replace("_", "."): str(v) for k, v in env.items()}
     for key, value in local.items():
         if key in HOST_SPECIFIC:
@@ -339,7 +312,7 @@ def test_compose_broker_matches_local_broker_settings() -> None:
 
 
 def test_kafka_is_advertised_to_the_containers_and_to_the_host() -> None:
-    compose = _compose()
+    compose = load_compose()
     kafka = compose["services"]["kafka"]
     env = kafka["environment"]
     listeners = _listeners(env["KAFKA_LISTENERS"])
@@ -353,8 +326,8 @@ def test_kafka_is_advertised_to_the_containers_and_to_the_host() -> None:
     internal = f"{kafka['hostname']}:{listeners['INTERNAL'][1]}"
     assert advertised["INTERNAL"] == (kafka["hostname"], listeners["INTERNAL"][1])
     for name, service in compose["services"].items():
-        if "ADPIPE_KAFKA_BOOTSTRAP" in _env(service):
-            assert _settings(service).kafka_bootstrap == internal, name
+        if "ADPIPE_KAFKA_BOOTSTRAP" in service_env(service):
+            assert service_settings(service).kafka_bootstrap == internal, name
     # The host: the HOST listener's port published on the loopback, and
     # advertised as that published address, which is the host's default bootstrap.
     host_ip, host_port, container_port = kafka["ports"][0].split(":")
@@ -367,7 +340,7 @@ def test_kafka_is_advertised_to_the_containers_and_to_the_host() -> None:
 
 
 def test_compose_publishes_ports_on_the_hosts_loopback_only() -> None:
-    compose = _compose()
+    compose = load_compose()
     published = {name: [str(p) for p in s.get("ports", [])] for name, s in compose["services"].items()}
     for name, ports in published.items():
         for entry in ports:
@@ -385,15 +358,15 @@ def test_compose_publishes_ports_on_the_hosts_loopback_only() -> None:
 
 
 def test_postgres_service_is_the_one_the_settings_name() -> None:
-    compose = _compose()
+    compose = load_compose()
     pg_env = compose["services"]["postgres"]["environment"]
-    airflow_env = _env(compose["services"]["airflow-scheduler"])
+    airflow_env = service_env(compose["services"]["airflow-scheduler"])
     metadata = urlsplit(airflow_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
-    budget_db = urlsplit(_settings(compose["services"]["budget"]).budget_db)
+    budget_db = urlsplit(service_settings(compose["services"]["budget"]).budget_db)
     for name, service in compose["services"].items():
-        if "ADPIPE_PG_HOST" not in _env(service):
+        if "ADPIPE_PG_HOST" not in service_env(service):
             continue
-        s = _settings(service)
+        s = service_settings(service)
         assert (s.pg_host, s.pg_port) == ("postgres", 5432), name
         assert (s.pg_user, s.pg_password) == (pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"]), name
     for url in (metadata, budget_db):
@@ -404,7 +377,7 @@ def test_postgres_service_is_the_one_the_settings_name() -> None:
 
 
 def test_airflow_services_in_airflows_shape() -> None:
-    compose = _compose()
+    compose = load_compose()
     services = compose["services"]
     assert set(services) == {
         "redis", "kafka", "postgres", "airflow-init", *AIRFLOW_SERVICES, *SPARK_SERVICES, *ADPIPE_SERVICES
@@ -423,13 +396,13 @@ def test_airflow_services_in_airflows_shape() -> None:
         "airflow-worker-2": "celery worker",
     }
     init_only = {"ADPIPE_PG_HOST", "ADPIPE_PG_PORT"}  # `adpipe pg up`'s
-    common = {k: v for k, v in _env(services["airflow-init"]).items() if k not in init_only}
+    common = {k: v for k, v in service_env(services["airflow-init"]).items() if k not in init_only}
     for name in AIRFLOW_SERVICES:
         depends = services[name]["depends_on"]
         assert depends["airflow-init"] == {"condition": "service_completed_successfully"}, name
         assert depends["postgres"] == depends["kafka"] == depends["redis"] == {"condition": "service_healthy"}, name
         assert services[name]["restart"] == "always", name
-        env = _env(services[name])
+        env = service_env(services[name])
         # Every Airflow component is configured alike; a worker adds only its
         # own address (its Spark drivers') and Airflow's worker entrypoint setting.
         own = {"ADPIPE_SPARK_DRIVER_HOST": services[name].get("hostname"), "DUMB_INIT_SETSID": "0"}
@@ -439,11 +412,11 @@ def test_airflow_services_in_airflows_shape() -> None:
         # its components, each worker's own on a worker.
         mounts = dict(reversed(volume.split(":")[:2]) for volume in services[name]["volumes"])
         init_mounts = dict(reversed(volume.split(":")[:2]) for volume in services["airflow-init"]["volumes"])
-        home = str(_settings(services[name]).home)
+        home = str(service_settings(services[name]).home)
         assert mounts.keys() == init_mounts.keys() and home in mounts, name
         assert {k: v for k, v in mounts.items() if k != home} == {k: v for k, v in init_mounts.items() if k != home}
         assert (mounts[home] != init_mounts[home]) == (name in AIRFLOW_WORKERS), name
-    env = _env(services["airflow-scheduler"])
+    env = service_env(services["airflow-scheduler"])
     # The scheduler's health server answers only when enabled; tasks reach the API server by its service name.
     assert env["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"
     assert "http://localhost:8974/health" in services["airflow-scheduler"]["healthcheck"]["test"]
@@ -455,12 +428,12 @@ def test_airflow_services_in_airflows_shape() -> None:
     for name in AIRFLOW_SERVICES | {"airflow-init"}:
         mounted = {volume.split(":")[1]: volume.split(":")[0] for volume in services[name]["volumes"]}
         assert mounted.get(Path(env["AIRFLOW_CONFIG"]).parent.as_posix()) == "airflow-config", name
-        assert _env(services[name])["AIRFLOW_CONFIG"] == env["AIRFLOW_CONFIG"], name
+        assert service_env(services[name])["AIRFLOW_CONFIG"] == env["AIRFLOW_CONFIG"], name
     # Not set apart on any component: one that set its own would refuse the others' tokens.
     secrets = ("AIRFLOW__API_AUTH__JWT", "AIRFLOW__API__SECRET_KEY")
-    assert not [(n, v) for n in AIRFLOW_SERVICES for v in _env(services[n]) if v.startswith(secrets)]
+    assert not [(n, v) for n in AIRFLOW_SERVICES for v in service_env(services[n]) if v.startswith(secrets)]
     # airflow-init makes the UI's password file where the API server reads it.
-    password_file = admin_password_file(_settings(services["airflow-scheduler"]))
+    password_file = admin_password_file(service_settings(services["airflow-scheduler"]))
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == str(password_file)
     init_script = services["airflow-init"]["command"][-1]
     assert "adpipe pg up" in init_script and "ensure_admin_password" in init_script
@@ -470,171 +443,10 @@ def test_airflow_services_in_airflows_shape() -> None:
 # -- the roles of the multi-host harness -------------------------------------------------
 
 
-def _harness_airflow_options() -> dict[str, str | None]:
-    """The AIRFLOW__* options the harness's ``airflow_on()`` sets on every
-    host: a literal's value, None for one it computes (an address, a secret)."""
-    tree = ast.parse(HARNESS.read_text())
-    [airflow_on] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "airflow_on"]
-    found: dict[str, str | None] = {}
-    for node in ast.walk(airflow_on):
-        if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values, strict=True):
-                if isinstance(key, ast.Constant) and str(key.value).startswith("AIRFLOW__"):
-                    found[key.value] = value.value if isinstance(value, ast.Constant) else None
-    return found
-
-
-# The harness's options this stack sets otherwise, on purpose.
-HARNESS_DIFFERS = {
-    # Its hosts' addresses: here the services' names (checked below).
-    "AIRFLOW__CELERY__BROKER_URL", "AIRFLOW__CELERY__RESULT_BACKEND", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
-    # Airflow's defaults in a container: every interface, port 8080.
-    "AIRFLOW__API__HOST", "AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL",
-    # Generated once by airflow-init into the shared airflow.cfg, not passed around.
-    "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY",
-    # The harness's speed-ups: 20 s to a dead worker's task failing (60 here),
-    # a detection every 2 s, DAG files never parsed again.
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT",
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL",
-    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL",
-}
-
-
-def test_airflow_runs_the_harness_s_celery_executor_on_redis() -> None:
-    services = _compose()["services"]
-    harness = _harness_airflow_options()
-    assert HARNESS_DIFFERS <= set(harness), "the harness's options changed: see HARNESS_DIFFERS"
-    for name in AIRFLOW_SERVICES | {"airflow-init"}:
-        env = _env(services[name])
-        for option, value in harness.items():
-            if option not in HARNESS_DIFFERS:
-                assert value is not None and env.get(option) == value, f"{name}: {option} is not the harness's"
-        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
-        assert env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "2", name
-        # The broker: the redis service; the results: Airflow's metadata
-        # database, as the harness builds the URL (SQLAlchemy's default driver).
-        assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://redis:6379/0", name
-        metadata = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-        assert metadata == load_settings({"ADPIPE_PG_HOST": "postgres", "ADPIPE_PG_PORT": "5432"}).pg_url("airflow")
-        assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+" + metadata.replace("+psycopg2", ""), name
-        assert urlsplit(env["AIRFLOW__CELERY__RESULT_BACKEND"]).scheme == "db+postgresql", name
-        # A dead worker's task is failed a minute after its last heartbeat, then retried on a live worker.
-        assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "60", name
-    redis = services["redis"]
-    assert redis["image"] == "redis:7.2-bookworm" and redis["restart"] == "always" and "ports" not in redis
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
-    assert "LocalExecutor" not in COMPOSE.read_text()
-
-
-def test_two_celery_workers_each_a_host_with_its_own_home() -> None:
-    compose = _compose()
-    services = compose["services"]
-    assert {n for n in services if "worker" in n and n.startswith("airflow-")} == AIRFLOW_WORKERS
-    homes = set()
-    for name in sorted(AIRFLOW_WORKERS):
-        worker = services[name]
-        host = worker["hostname"]
-        assert host == name.removeprefix("airflow-"), name  # worker-1, worker-2: the harness's hosts
-        # Airflow's compose file's healthcheck and warm shutdown for its workers.
-        assert worker["healthcheck"]["test"] == ["CMD-SHELL", (
-            "celery --app airflow.providers.celery.executors.celery_executor.app inspect ping"
-            ' -d "celery@$${HOSTNAME}"'
-        )]
-        assert _env(worker)["DUMB_INIT_SETSID"] == "0"
-        assert worker["depends_on"]["spark-master"] == {"condition": "service_healthy"}
-        # Its home: a volume of its own, neither the control plane's nor the other worker's.
-        settings = _settings(worker)
-        [home] = [v.split(":")[0] for v in worker["volumes"] if v.split(":")[1] == str(settings.home)]
-        assert home == f"adpipe-home-{host}" and home in compose["volumes"]
-        homes.add(home)
-        # The checkpoint and the warehouse: the ones every worker and the stream job share.
-        assert f"{SHARED_VOLUME}:{SHARED_MOUNT}" in worker["volumes"]
-        assert settings.checkpoint_uri.startswith(f"file://{SHARED_MOUNT}/checkpoints/")
-        assert settings.warehouse_uri == f"file://{SHARED_MOUNT}/warehouse"
-        # Its Spark drivers are reached by their executors at its name, an alias on the network.
-        assert settings.spark_driver_host == host and host in worker["networks"]["default"]["aliases"]
-    assert len(homes) == 2 and "adpipe-home" not in homes
-
-
-def test_every_spark_driver_and_executor_shares_the_checkpoint_and_warehouse() -> None:
-    services = _compose()["services"]
-    stream = _settings(services["stream"])
-    assert stream.checkpoint_base_uri == f"file://{SHARED_MOUNT}/checkpoints"
-    assert stream.warehouse_base_uri == f"file://{SHARED_MOUNT}/warehouse"
-    for name, service in services.items():
-        if not any(v.startswith("ADPIPE_") for v in _env(service)):
-            continue
-        settings = _settings(service)
-        # Every adpipe process, Airflow's too, names the same ones, on the shared volume it mounts.
-        assert (settings.checkpoint_uri, settings.warehouse_uri) == (stream.checkpoint_uri, stream.warehouse_uri), name
-        assert f"{SHARED_VOLUME}:{SHARED_MOUNT}" in service["volumes"], name
-    assert f"{SHARED_VOLUME}:{SHARED_MOUNT}" in services["spark-worker"]["volumes"]
-    # Each driver has an address of its own its executors reach: its service's name or its alias.
-    drivers = {n: _settings(s).spark_driver_host for n, s in services.items() if "ADPIPE_SPARK_DRIVER_HOST" in _env(s)}
-    assert set(drivers) == SPARK_DRIVERS and len(set(drivers.values())) == len(drivers)
-    for name, host in drivers.items():
-        aliases = services[name].get("networks", {}).get("default", {}).get("aliases", [])
-        assert host == name or host in aliases, name
-
-
-def _megabytes(size: str) -> int:
-    return int(size[:-1]) * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[size[-1].lower()]
-
-
-def _options(words: list[str]) -> dict[str, str]:
-    return dict(zip(words[::2], words[1::2], strict=True))
-
-
-def _java_properties(options: str) -> dict[str, str]:
-    assert all(word.startswith("-D") for word in shlex.split(options)), options
-    return dict(word.removeprefix("-D").split("=", 1) for word in shlex.split(options))
-
-
-def test_spark_runs_on_a_standalone_cluster_as_adpipe_spark_up_starts_it() -> None:
-    services = _compose()["services"]
-    master, worker = services["spark-master"], services["spark-worker"]
-    # pyspark's spark-class, installed beside adpipe's own command (the
-    # stream service's), as in this environment.
-    bin_dir = Path(sys.executable).parent
-    assert (bin_dir / "spark-class").is_file() and (bin_dir / "adpipe").is_file()
-    assert master["command"][:2] == ["spark-class", spark_cluster.MASTER_CLASS]
-    master_options = _options(master["command"][2:])
-    assert master_options == {"--host": "spark-master", "--port": "7077", "--webui-port": "8081"}
-    url = f"spark://{master_options['--host']}:{master_options['--port']}"
-    # Every adpipe process's master, Airflow's tasks' through their Connection
-    # (which connections_env builds from the stream's settings: checked above).
-    assert _settings(services["stream"]).spark_master == url
-    assert json.loads(_env(services["airflow-worker-1"])["AIRFLOW_CONN_ADPIPE_SPARK"])["host"] == url
-    for name, service in services.items():
-        if "ADPIPE_SPARK_MASTER" in _env(service):
-            assert _settings(service).spark_master == url, name
-    assert worker["command"][:3] == ["spark-class", spark_cluster.WORKER_CLASS, url]
-    worker_options = _options(worker["command"][3:])
-    assert worker_options["--host"] == "spark-worker" and worker_options["--webui-port"] == "8082"
-    # The local cluster's daemons' heap and properties.
-    for service, variable, properties in ((master, "SPARK_MASTER_OPTS", spark_cluster.MASTER_PROPERTIES),
-                                          (worker, "SPARK_WORKER_OPTS", spark_cluster.WORKER_PROPERTIES)):
-        env = _env(service)
-        assert env == {"SPARK_DAEMON_MEMORY": spark_cluster.DAEMON_MEMORY, variable: env[variable]}
-        assert _java_properties(env[variable]) == properties
-    # A core and an executor's heap for every application that may run at
-    # once (the stream job, its standby, each worker's warm load driver),
-    # each capped: one would take every core, and the next wait for one.
-    drivers = [_settings(services[n]) for n in SPARK_DRIVERS]
-    assert all(d.spark_cores_max >= 1 for d in drivers)
-    assert int(worker_options["--cores"]) >= sum(d.spark_cores_max for d in drivers)
-    assert _megabytes(worker_options["--memory"]) >= sum(_megabytes(d.spark_executor_memory) for d in drivers)
-    # Health: each daemon's web UI; the drivers and the worker start once the master answers.
-    assert master["healthcheck"]["test"] == ["CMD", "curl", "--fail", "http://localhost:8081/json/"]
-    assert worker["healthcheck"]["test"] == ["CMD", "curl", "--fail", "http://localhost:8082/json/"]
-    for name in SPARK_DRIVERS | {"spark-worker"}:
-        assert services[name]["depends_on"]["spark-master"] == {"condition": "service_healthy"}, name
-
-
 def test_the_image_makes_every_volume_the_project_image_mounts_its_users() -> None:
     """Docker makes a named volume from the image's folder: one it lacks
     would be root's, and the airflow user could not write to it."""
-    compose = _compose()
+    compose = load_compose()
     image = compose["services"]["airflow-init"]["image"]
     [chown] = [c for c in _dockerfile_run_commands() if c.startswith("chown airflow:0 ")]
     owned = set(chown.split()[2:])
@@ -649,7 +461,7 @@ def test_the_image_makes_every_volume_the_project_image_mounts_its_users() -> No
 
 
 def test_every_long_running_service_has_a_healthcheck() -> None:
-    services = _compose()["services"]
+    services = load_compose()["services"]
     for name, service in services.items():
         if name in ONE_SHOT:
             assert "healthcheck" not in service and service.get("restart", "no") == "no", name
@@ -667,7 +479,7 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
 
 
 def test_adpipe_services_run_adpipe_commands() -> None:
-    services = _compose()["services"]
+    services = load_compose()["services"]
     parser = build_parser()
     for name in ADPIPE_SERVICES:
         command = services[name]["command"]
@@ -677,14 +489,14 @@ def test_adpipe_services_run_adpipe_commands() -> None:
     # The standby: the same job (the same environment), opt-in, after the active driver is up.
     standby = services["stream-standby"]
     assert standby["command"] == ["adpipe", "stream", "--standby"] and standby["profiles"] == ["standby"]
-    stream_env = {k: v for k, v in _env(services["stream"]).items() if k != "ADPIPE_METRICS_HOST"}
-    assert _env(standby) == {**stream_env, "ADPIPE_SPARK_DRIVER_HOST": "stream-standby"}
+    stream_env = {k: v for k, v in service_env(services["stream"]).items() if k != "ADPIPE_METRICS_HOST"}
+    assert service_env(standby) == {**stream_env, "ADPIPE_SPARK_DRIVER_HOST": "stream-standby"}
     assert standby["depends_on"]["stream"] == {"condition": "service_healthy"}
     assert services["budget"]["command"] == ["adpipe", "budget"]
     # The producer's hour is the one the load DAG starts from.
     produce = parser.parse_args(services["producer"]["command"][1:])
     start = parse_start(produce.start) if getattr(produce, "start", None) else ProduceSpec.start
-    assert _settings(services["producer"]).load_start == start.replace(minute=0, second=0, microsecond=0)
+    assert service_settings(services["producer"]).load_start == start.replace(minute=0, second=0, microsecond=0)
     assert produce.minutes <= 60 and produce.rate > 0
 
 
@@ -760,5 +572,5 @@ def test_dockerignore_keeps_everything_gitignore_lists_out_of_the_context() -> N
 
 
 def test_dockerfile_env_is_the_composes() -> None:
-    compose_env = _env(_compose()["services"]["stream"])
+    compose_env = service_env(load_compose()["services"]["stream"])
     assert _dockerfile_env() == {"ADPIPE_HOME": compose_env["ADPIPE_HOME"]}
