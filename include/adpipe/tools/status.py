@@ -16,8 +16,8 @@ row's state is one of
   service's process runs while the broker that knows its group is down).
 
 Reading, never changing: nothing is started, created or locked (the stream
-job's checkpoint lock is read from the kernel's lock table), and
-``ADPIPE_HOME`` need not exist. Every probe has a short timeout and runs in
+job's drivers are read from its leadership group's members, never joined),
+and ``ADPIPE_HOME`` need not exist. Every probe has a short timeout and runs in
 a thread of its own under a deadline, so a silent server costs seconds, not
 a hang: the servers in parallel first, then the two parts whose lag needs
 the broker."""
