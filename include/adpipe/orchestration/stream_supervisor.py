@@ -259,7 +259,7 @@ def threshold_breaches(health: StreamHealth, settings: Settings) -> list[str]:
     elif health.stalled and health.how == "leader" and health.pid is None:
         breaches.append(
             f"stream {health.job_id} stalled on {health.host}: records waiting {health.lag_s or 0:.0f} s "
-            f"(ADPIPE_STREAM_STALL_S={settings.stream_stall_s}); a supervisor on that host restarts it"
+            f"(ADPIPE_STREAM_STALL_S={settings.stream_stall_s}); only that host can stop it"
         )
     return breaches
 
