@@ -4,8 +4,10 @@ the hosts cannot be made here, and the hosts of a test, removed after it."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,8 +17,13 @@ import pytest
 
 from tests import hosts
 from tests.conftest import TEST_HOME
+from tests.integration.helpers import BROKER_ENV
 
 log = logging.getLogger("adpipe.tests.hosts")
+
+# The services host's ports: each host has its own, so any number is free there.
+KAFKA_PORT = 9092
+PG_PORT = 5432
 
 
 def skip(reason: str) -> None:
@@ -49,3 +56,25 @@ def made_hosts(base: Path, names: list[str]) -> Iterator[hosts.Hosts]:
         yield net
     finally:
         net.down()
+
+
+def services_env(net: hosts.Hosts) -> dict[str, str]:
+    """The settings that reach the services host's Kafka and PostgreSQL, for
+    every process of the test's hosts and for the test itself."""
+    services = net.services
+    return {"ADPIPE_KAFKA_BOOTSTRAP": f"{services.ip}:{KAFKA_PORT}",
+            "ADPIPE_KAFKA_CONTROLLER_PORT": str(KAFKA_PORT + 1),
+            "ADPIPE_PG_HOST": services.ip, "ADPIPE_PG_PORT": str(PG_PORT)}
+
+
+def start_services(net: hosts.Hosts) -> dict[str, str]:
+    """``adpipe kafka up`` and ``adpipe pg up`` on the services host, its
+    PostgreSQL letting in the hosts of its subnet and the test's end of its
+    own link; returns :func:`services_env`."""
+    reach = services_env(net)
+    env = net.services.env({**os.environ, **BROKER_ENV, **reach,
+                            "ADPIPE_PG_CLIENTS": f"samenet,{net.root_address}/32"})
+    for verb in ("kafka", "pg"):
+        up = net.services.run([sys.executable, "-m", "adpipe", verb, "up"], env=env, timeout=300)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    return reach

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import shutil
 import subprocess
@@ -56,15 +55,13 @@ from adpipe.stream import leadership
 from confluent_kafka import KafkaException
 
 from tests import hosts
-from tests.integration.helpers import BROKER_ENV, NO_REVISIONS, assert_exactly_once, dump, make_pipeline
-from tests.integration.on_hosts import made_hosts, skip
+from tests.integration.helpers import NO_REVISIONS, assert_exactly_once, dump, make_pipeline
+from tests.integration.on_hosts import made_hosts, skip, start_services
 
 log = logging.getLogger("adpipe.tests.hosts")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-KAFKA_PORT = 9092
-PG_PORT = 5432
 REDIS_PORT = 6379
 API_PORT = 8080
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
@@ -122,10 +119,7 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_
         services = net.services
         shared = hosts_base / "shared"
         cluster = {
-            "ADPIPE_KAFKA_BOOTSTRAP": f"{services.ip}:{KAFKA_PORT}",
-            "ADPIPE_KAFKA_CONTROLLER_PORT": str(KAFKA_PORT + 1),
-            "ADPIPE_PG_HOST": services.ip,
-            "ADPIPE_PG_PORT": str(PG_PORT),
+            **start_services(net),
             "ADPIPE_CHECKPOINT_URI": f"file://{shared / 'checkpoints'}",
             "ADPIPE_WAREHOUSE_URI": f"file://{shared / 'warehouse'}",
             "ADPIPE_LOAD_START": f"{hour:%Y-%m-%dT%H:%M:%SZ}",
@@ -134,12 +128,6 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_
             "ADPIPE_TRIGGER_INTERVAL_S": "2",
             **NO_REVISIONS,
         }
-        # PostgreSQL takes the hosts of its subnet, and the test's end of its own link.
-        on_services = services.env({**os.environ, **BROKER_ENV, **cluster,
-                                    "ADPIPE_PG_CLIENTS": f"samenet,{net.root_address}/32"})
-        for verb in ("kafka", "pg"):
-            up = services.run([sys.executable, "-m", "adpipe", verb, "up"], env=on_services, timeout=300)
-            assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         redis = services.start(["redis-server", "--bind", services.ip, "--port", str(REDIS_PORT), "--protected-mode",
                                 "no", "--save", "", "--appendonly", "no", "--dir", str(services.directory)],
                                services.directory / "redis.log")

@@ -31,28 +31,18 @@ from tests.integration.budget_helpers import (
     wait_until,
 )
 from tests.integration.helpers import BROKER_ENV
-from tests.integration.on_hosts import made_hosts
+from tests.integration.on_hosts import made_hosts, start_services
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-KAFKA_PORT = 9092
-PG_PORT = 5432
 
 
 def test_a_budget_instance_cut_off_loses_its_partitions_to_one_on_another_host_and_spend_stays_exact(
     hosts_base: Path,
 ) -> None:
     with made_hosts(hosts_base, ["host-a", "host-b"]) as net:
-        services, a, b = net.services, net["host-a"], net["host-b"]
-        cluster = {"ADPIPE_KAFKA_BOOTSTRAP": f"{services.ip}:{KAFKA_PORT}",
-                   "ADPIPE_KAFKA_CONTROLLER_PORT": str(KAFKA_PORT + 1),
-                   "ADPIPE_PG_HOST": services.ip, "ADPIPE_PG_PORT": str(PG_PORT)}
-        # PostgreSQL takes the hosts of its subnet, and the test's end of its own link.
-        on_services = services.env({**os.environ, **BROKER_ENV, **cluster,
-                                    "ADPIPE_PG_CLIENTS": f"samenet,{net.root_address}/32"})
-        for verb in ("kafka", "pg"):
-            up = services.run([sys.executable, "-m", "adpipe", verb, "up"], env=on_services, timeout=300)
-            assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        a, b = net["host-a"], net["host-b"]
+        cluster = start_services(net)
         budget = BudgetEnv(load_settings({**os.environ, **BROKER_ENV, **cluster}), hosts_base, extra_env=cluster)
         small = {"ADPIPE_BUDGET_BATCH_SIZE": "10"}
         command = [sys.executable, "-m", "adpipe", "budget"]
