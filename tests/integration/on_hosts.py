@@ -33,6 +33,16 @@ def skip(reason: str) -> None:
     pytest.skip(message)
 
 
+def hosts_root() -> Path:
+    """Where the tests' hosts keep their folders: ``TEST_HOME/hosts``, or,
+    with the test home under /tmp (a clone in ``mktemp -d``), a folder of
+    /var/tmp named after it: each host binds a /tmp of its own."""
+    root = (TEST_HOME / "hosts").resolve()
+    if Path("/tmp") in root.parents:
+        root = Path("/var/tmp") / f"adpipe-hosts-{os.getuid()}" / re.sub(r"[^A-Za-z0-9_.-]", "_", str(root))
+    return root
+
+
 def base_for(node_name: str) -> Path:
     """A folder of its own for a test's hosts, outside /tmp (each host has
     its own /tmp); the previous run's is removed, this one's kept for a
@@ -40,7 +50,7 @@ def base_for(node_name: str) -> Path:
     reason = hosts.unavailable_reason()
     if reason is not None:
         skip(reason)
-    base = TEST_HOME / "hosts" / re.sub(r"[^A-Za-z0-9_.-]", "_", node_name)
+    base = hosts_root() / re.sub(r"[^A-Za-z0-9_.-]", "_", node_name)
     shutil.rmtree(base, ignore_errors=True)
     return base
 

@@ -37,7 +37,7 @@ from adpipe.stream import leadership
 from confluent_kafka import KafkaException
 
 from tests import hosts
-from tests.conftest import TEST_HOME
+from tests.integration import on_hosts
 from tests.integration.helpers import BROKER_ENV, assert_exactly_once, make_pipeline
 from tests.integration.on_hosts import made_hosts
 
@@ -122,7 +122,7 @@ def test_without_root_or_its_tools_the_harness_says_why(monkeypatch: pytest.Monk
     monkeypatch.setattr(hosts.shutil, "which", lambda tool: None if tool in ("ip", "nsenter") else f"/bin/{tool}")
     assert hosts.unavailable_reason() == "needs ip, nsenter on the PATH (iproute2, util-linux)"
     with pytest.raises(hosts.HostsUnavailable, match="needs ip, nsenter"):
-        hosts.Hosts(TEST_HOME / "hosts" / "never", ["host-a"]).up()
+        hosts.Hosts(on_hosts.hosts_root() / "never", ["host-a"]).up()
     with pytest.raises(hosts.HostsError, match="must not be under /tmp"):
         hosts.Hosts(Path("/tmp/hosts"), ["host-a"])
 
