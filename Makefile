@@ -94,7 +94,7 @@ test-all: test test-long test-extended ## every test: make test, then test-long,
 # The benchmark harness is bench/ at the project root, not part of the
 # installed package: python -m bench runs it from here.
 # A mode in ARGS (--failover, --hour-close, --stream-caps, --budget-batch-sizes) runs alone instead.
-BENCH_MODES := --failover --hour-close --stream-caps --budget-batch-sizes
+BENCH_MODES := --failover --hour-close --load-sessions --stream-caps --budget-batch-sizes
 bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), the watermark alignment's cost in events/s and p99 latency, then Union & Load and the budget service at 10,000 ads; alone: ARGS="--failover [--part stream|budget|broker]", "--hour-close", "--stream-caps N,..."
 ifneq (,$(filter $(BENCH_MODES),$(ARGS)))
 	$(BIN)/python -m bench $(ARGS)

@@ -74,6 +74,13 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         result = hour_close.run(settings, hours=args.hours, events=args.events or 4_000, seed=args.seed)
         print(json.dumps(result, indent=2))
         return 0 if result["verify_ok"] and len(result["hours"]) == args.hours else 1
+    if args.load_sessions:
+        from bench import load_sessions
+
+        result = load_sessions.run(settings, events=args.events or 20_000, seed=args.seed, ads=args.ads or 50,
+                                   minutes=args.minutes)
+        print(json.dumps(result, indent=2))
+        return 0
     if args.stream_caps:
         caps = [int(c) for c in args.stream_caps.split(",")]
         print(json.dumps(stages.stream_caps(settings, caps, events=args.events or 200_000), indent=2))
@@ -186,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
         "trigger asks every 10 s, then `adpipe load` in the warm load driver), then verify --hour",
     )
     p.add_argument("--hours", type=int, default=4, help="with --hour-close: hours to close and load (default 4)")
+    sweep.add_argument(
+        "--load-sessions",
+        action="store_true",
+        help="instead: where the load's verbs get their Spark session: one of their own per command, the home's warm "
+        "load driver, or the load's Spark Connect server (adpipe connect serve); the same hour of --events events "
+        "(default 20,000) loaded, reloaded and validated each way, tables in place; prints seconds per command "
+        "and each server's start",
+    )
     sweep.add_argument(
         "--stream-caps",
         metavar="N,N,...",

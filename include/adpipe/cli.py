@@ -120,7 +120,8 @@ def _in_warm_driver(args: argparse.Namespace, argv: list[str] | None, settings: 
     (adpipe.lakehouse.warm: a verb whose ``warm`` default says it may, and
     ``ADPIPE_LOAD_WARM`` not off); None: run it in this process."""
     wants = getattr(args, "warm", None)
-    if wants is None or getattr(args, "serve", False) or settings.load_warm == "off":
+    # A Spark Connect server's session is already warm, and any host's.
+    if wants is None or getattr(args, "serve", False) or settings.load_warm == "off" or settings.spark_connect:
         return None
     if callable(wants) and not wants(args):
         return None

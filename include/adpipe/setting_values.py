@@ -139,6 +139,21 @@ def uri(env: dict[str, str], name: str) -> str:
     return raw
 
 
+def connect_url(env: dict[str, str], name: str) -> str:
+    """A Spark Connect server's ``sc://host:port`` (empty: none)."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return ""
+    parsed = urlparse(raw)
+    try:
+        has_port = parsed.port is not None
+    except ValueError:
+        has_port = False
+    if parsed.scheme != "sc" or not parsed.hostname or not has_port:
+        raise SettingsError(f"{name}={raw!r} is not a Spark Connect server's sc://host:port")
+    return raw
+
+
 def local_folder(uri: str, what: str) -> Path:
     """A ``file:`` URI (or a bare path) as a local folder; ``what`` names it in the error."""
     parsed = urlparse(uri)

@@ -38,6 +38,7 @@ from adpipe.setting_values import (
     budget,
     choice,
     client_networks,
+    connect_url,
     integer,
     jvm_memory,
     local_folder,
@@ -210,14 +211,14 @@ class Settings(_Locations):
     jvm_options: tuple[str, ...] = ()  # for every JVM adpipe starts (Spark, Kafka, HDFS)
     spark_jit: str = "auto"  # ADPIPE_SPARK_JIT: quick, full or auto (adpipe.spark.jit_options)
     spark_gc: str = "auto"  # ADPIPE_SPARK_GC: serial, default or auto (adpipe.spark.gc_options)
-    # The Spark drivers' heap (the stream job has its own: 1g peaks lower, runs slower), log level.
+    # The drivers' heap (the stream's own: 1g peaks lower, runs slower), log level, the load's Spark Connect server.
     spark_driver_memory: str = "2g"
     stream_driver_memory: str = "2g"
     spark_log_level: str = "WARN"
-    # Where the Spark driver's own log4j lines go (ADPIPE_JVM_LOGS): "file",
-    # a file per application under log_dir with only errors also on stderr,
-    # so that a command's output is its own; "console", Spark's default, all
-    # of it on stderr (`adpipe -v` sets it, for itself and its children).
+    spark_connect: str = ""
+    # Where the Spark driver's own log4j lines go (ADPIPE_JVM_LOGS): "file", a file per application
+    # under log_dir, only errors also on stderr, so that a command's output is its own; "console",
+    # Spark's default, all of it on stderr (`adpipe -v` sets it, for itself and its children).
     jvm_logs: str = "file"
     # On a spark:// master (adpipe.spark): each executor's heap, the cores an
     # application takes at most (0: all the cluster offers; two applications
@@ -507,6 +508,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         spark_driver_memory=jvm_memory(env, "ADPIPE_SPARK_DRIVER_MEMORY", Settings.spark_driver_memory),
         stream_driver_memory=jvm_memory(env, "ADPIPE_STREAM_DRIVER_MEMORY", Settings.stream_driver_memory),
         spark_log_level=(env.get("ADPIPE_SPARK_LOG_LEVEL") or "WARN").upper(),
+        spark_connect=connect_url(env, "ADPIPE_SPARK_CONNECT"),
         jvm_logs=choice(env, "ADPIPE_JVM_LOGS", ("file", "console")),
         spark_executor_memory=jvm_memory(env, "ADPIPE_SPARK_EXECUTOR_MEMORY", Settings.spark_executor_memory),
         spark_cores_max=cores_max,

@@ -14,7 +14,9 @@ import logging
 import os
 import re
 import shlex
+import socket
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -285,6 +287,81 @@ def build_spark(settings: Settings, app_name: str = "adpipe", extra_conf: dict[s
     spark.sparkContext.setLogLevel(settings.spark_log_level)
     raw_events.register_functions(spark)  # the raw event's fast path, from the jar shipped above
     return spark
+
+
+DEFAULT_CONNECT_PORT = 15002  # Spark's own
+# How long a Spark Connect client waits for its server (one restarted by its supervisor).
+CONNECT_WAIT_S = 60.0
+
+
+def connect_address(settings: Settings) -> tuple[str, int]:
+    """Where the load's Spark Connect server listens and its clients
+    connect: ``ADPIPE_SPARK_CONNECT``'s host and port (default: loopback,
+    Spark's port 15002)."""
+    url = urlparse(settings.spark_connect or f"sc://127.0.0.1:{DEFAULT_CONNECT_PORT}")
+    return url.hostname or "127.0.0.1", url.port or DEFAULT_CONNECT_PORT
+
+
+def connect_server_conf(settings: Settings) -> dict[str, str]:
+    """A session's conf that also makes it a Spark Connect server at
+    :func:`connect_address`."""
+    host, port = connect_address(settings)
+    return {
+        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+    }
+
+
+def connect_server_answers(settings: Settings, wait_s: float = 0.0) -> bool:
+    """Whether the load's Spark Connect server accepts connections, trying
+    for up to ``wait_s`` (one its supervisor restarts)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with socket.create_connection(connect_address(settings), timeout=3.0):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+
+def connect_session(settings: Settings) -> SparkSession:
+    """A session of the Spark Connect server at ``ADPIPE_SPARK_CONNECT``:
+    its JVM, Spark settings and metastore are the server's (adpipe connect
+    serve); this process only sends plans."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    if not connect_server_answers(settings, CONNECT_WAIT_S):
+        raise RuntimeError(
+            f"no Spark Connect server answers at {settings.spark_connect} (waited {CONNECT_WAIT_S:.0f} s): "
+            "start one there (adpipe connect serve), or unset ADPIPE_SPARK_CONNECT for a session of this process"
+        )
+    log.info("Spark Connect session on %s", settings.spark_connect)
+    spark = SparkSession.builder.remote(settings.spark_connect).getOrCreate()
+    # pyspark's client retries an unreachable server for 10 minutes, silently;
+    # a server gone mid-step fails the step within about a minute instead.
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=15, max_backoff=5000)])
+    raw_events.register_functions(spark)  # per session: a server's sessions share no functions
+    return spark
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session (no JVM here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The cores the session's tasks run on (a Spark Connect session has no
+    SparkContext here: its master's, from the server's conf)."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        return int(configured)
+    local = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", spark.conf.get("spark.master", "") or "")
+    return int(local.group(1)) if local else int(spark.conf.get("spark.cores.max", None) or os.cpu_count() or 1)
 
 
 def keep_zip_directories() -> None:

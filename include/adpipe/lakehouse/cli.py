@@ -133,6 +133,20 @@ def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_connect(args: argparse.Namespace, settings: Settings) -> int:
+    from adpipe.lakehouse import connect_server
+    from adpipe.spark import connect_address, connect_server_answers
+
+    if args.action == "serve":
+        return connect_server.serve(settings)
+    host, port = connect_address(settings)
+    if connect_server_answers(settings):
+        print(f"Spark Connect server: answers on sc://{host}:{port}")
+        return 0
+    print(f"Spark Connect server: none answers on sc://{host}:{port}")
+    return 3
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "load",
@@ -234,3 +248,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "ads.load_runs)",
     )
     p.set_defaults(func=cmd_maintain, needs_metastore=True, warm=True)
+
+    p = sub.add_parser(
+        "connect",
+        help="the load's Spark Connect server: one warm Spark session on the metastore for the load's verbs of "
+        "every host",
+        description="serve: build the session a load builds (the Hive metastore, Delta, the ads tables in place) and "
+        "serve it over Spark Connect on the address and port of ADPIPE_SPARK_CONNECT (default sc://127.0.0.1:15002) "
+        "until SIGTERM; run it under a supervisor (a compose service, systemd). A process with ADPIPE_SPARK_CONNECT "
+        "set (load, validate, maintain, verify --hour, the load DAG's steps on any worker) then sends its plans "
+        "there: no Spark start of its own. status: exit 0 when a server answers there, 3 otherwise.",
+    )
+    p.add_argument("action", choices=("serve", "status"))
+    p.set_defaults(func=cmd_connect, needs_metastore=True)

@@ -64,6 +64,7 @@ from pyspark.sql import SparkSession
 
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings
+from adpipe.spark import default_parallelism
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _listing_parallelism(spark: SparkSession) -> Iterator[None]:
     default 10,000 (see the module docstring); the session's value is
     restored afterwards."""
     saved = spark.conf.get(_LISTING_PARALLELISM, None)
-    spark.conf.set(_LISTING_PARALLELISM, str(max(1, spark.sparkContext.defaultParallelism)))
+    spark.conf.set(_LISTING_PARALLELISM, str(max(1, default_parallelism(spark))))
     try:
         yield
     finally:

@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from adpipe.lakehouse.errors import LoadError
 
@@ -38,9 +37,28 @@ _CONFLICT_JAVA_CLASSES = (
     "io.delta.exceptions.ConcurrentTransactionException",
 )
 
+# The same conflicts by Delta's error class (what a Spark Connect client sees).
+_CONFLICT_ERROR_CLASSES = (
+    "DELTA_CONCURRENT_APPEND",
+    "DELTA_CONCURRENT_DELETE_DELETE",
+    "DELTA_CONCURRENT_DELETE_READ",
+    "DELTA_CONCURRENT_TRANSACTION",
+    "DELTA_CONCURRENT_WRITE",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+)
+
 
 def is_write_conflict(exc: BaseException) -> bool:
     """Whether ``exc`` is one of Delta's concurrent-write conflicts (to retry)."""
+    return conflict_name(exc) is not None
+
+
+def conflict_name(exc: BaseException) -> str | None:
+    """The Delta conflict ``exc`` is (its class, Java class or error class),
+    or None when it is none. A MERGE run as SQL fails with py4j's or Spark
+    Connect's exception, not delta-spark's Python class: the conflict is
+    then told by its Java class or error class in the message."""
     from delta.exceptions import (
         ConcurrentAppendException,
         ConcurrentDeleteDeleteException,
@@ -63,9 +81,15 @@ def is_write_conflict(exc: BaseException) -> bool:
         ConcurrentTransactionException,
     )
     if isinstance(exc, conflicts):
-        return True
+        return type(exc).__name__
+    error_class = (getattr(exc, "getCondition", lambda: None)() or "").split(".")[0]
+    if error_class in _CONFLICT_ERROR_CLASSES:
+        return error_class
     text = str(exc)
-    return any(f"{name}:" in text or f"{name} " in text for name in _CONFLICT_JAVA_CLASSES)
+    for name in _CONFLICT_JAVA_CLASSES:
+        if f"{name}:" in text or f"{name} " in text:
+            return name.rsplit(".", 1)[-1]
+    return next((name for name in _CONFLICT_ERROR_CLASSES if f"[{name}]" in text or f"[{name}." in text), None)
 
 
 def _hours_condition(column: str, hours: list[datetime]) -> str:
@@ -92,10 +116,7 @@ def merge_new_rows(
     before each MERGE (the tests hold two loads at a barrier there). Returns
     the number of rows inserted."""
 
-    def insert_absent(merge: Any) -> Any:
-        return merge.whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in source.columns})
-
-    metrics = _merge(spark, table, source, keys, hours, insert_absent, before_merge)
+    metrics = _merge(spark, table, source, keys, hours, insert_absent(source.columns), before_merge)
     return int(metrics["num_inserted_rows"]) if metrics is not None else 0
 
 
@@ -114,15 +135,34 @@ def merge_latest_revisions(
     same rows. Conflicts are retried as by :func:`merge_new_rows`. Returns
     the rows inserted or replaced."""
     newer = "coalesce(s.revision, 0) > coalesce(t.revision, 0)"
-    values = {c: F.col(f"s.{c}") for c in source.columns}
-
-    def latest_wins(merge: Any) -> Any:
-        return merge.whenMatchedUpdate(condition=newer, set=values).whenNotMatchedInsert(values=values)
-
+    update = ", ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in source.columns)
+    latest_wins = f"WHEN MATCHED AND {newer} THEN UPDATE SET {update} {insert_absent(source.columns)}"
     metrics = _merge(spark, table, source, keys, hours, latest_wins)
     if metrics is None:
         return 0
     return int(metrics["num_inserted_rows"]) + int(metrics["num_updated_rows"])
+
+
+def _quoted(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+def insert_absent(columns: list[str]) -> str:
+    names = ", ".join(_quoted(c) for c in columns)
+    values = ", ".join(f"s.{_quoted(c)}" for c in columns)
+    return f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"  # noqa: S608 - our column names, quoted
+
+
+def merge_sql(table: str, condition: str, clauses: str) -> str:
+    """The MERGE statement of :func:`_merge`: its source is the query's
+    ``source`` DataFrame argument (SQL, not delta-spark's ``DeltaTable``:
+    a Spark Connect session runs it as a local one does)."""
+    return f"MERGE INTO {table} t USING {{source}} s ON {condition} {clauses}"
+
+
+def delete_rows(spark: SparkSession, table: str, condition: str) -> None:
+    """Delete the rows of ``table`` that ``condition`` (SQL) names."""
+    spark.sql(f"DELETE FROM {table} WHERE {condition}")  # noqa: S608 - our table names and conditions
 
 
 def _merge(
@@ -131,14 +171,12 @@ def _merge(
     source: DataFrame,
     keys: tuple[str, ...],
     hours: datetime | list[datetime],
-    clauses: Callable[[Any], Any],
+    clauses: str,
     before_merge: Callable[[], None] | None = None,
 ) -> Any:
     """A MERGE of ``source`` into ``table`` on ``keys`` within ``hours``
-    (``clauses`` adds its WHEN clauses), retried on Delta's write conflicts;
-    its metrics row, or None when there are no hours."""
-    from delta.tables import DeltaTable
-
+    (``clauses``: its WHEN clauses, SQL), retried on Delta's write
+    conflicts; its metrics row, or None when there are no hours."""
     hours = [hours] if isinstance(hours, datetime) else list(hours)
     if not hours:
         return None
@@ -155,8 +193,7 @@ def _merge(
                 before_merge()
             # The MERGE's own metrics row: the table's latest history entry
             # may already be another load's commit.
-            merge = DeltaTable.forName(spark, table).alias("t").merge(source.alias("s"), condition)
-            return clauses(merge).execute().first()
+            return spark.sql(merge_sql(table, condition, clauses), source=source).first()
         except Exception as exc:
             if not is_write_conflict(exc):
                 raise
@@ -166,7 +203,7 @@ def _merge(
             log.warning(
                 "%s: concurrent write conflict (%s); retry %d in %.1fs",
                 table,
-                type(exc).__name__,
+                conflict_name(exc),
                 attempt,
                 pause,
             )

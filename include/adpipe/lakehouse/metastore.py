@@ -30,9 +30,10 @@ from pyspark.sql.types import StructType
 from adpipe import class_archive
 from adpipe.jars import postgres_jdbc_jar, pyspark_jars
 from adpipe.lakehouse import tables as T
+from adpipe.lakehouse.merge import insert_absent, merge_sql
 from adpipe.pg import connect, ensure_databases
 from adpipe.settings import Settings
-from adpipe.spark import build_spark
+from adpipe.spark import build_spark, connect_session
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def _create_schema(settings: Settings) -> None:
 
 
 @contextmanager
-def _init_lock(settings: Settings) -> Iterator[Any]:
+def init_lock(settings: Settings) -> Iterator[Any]:
     """Serialise first-time set-up across processes: a PostgreSQL advisory
     lock (a no-op with Derby, which admits one JVM anyway). Yields a cursor
     on the metastore database, or None."""
@@ -164,7 +165,7 @@ def ensure_schema(settings: Settings) -> bool:
         _create_schema(settings)
         marker.write_text("created by adpipe.metastore\n")
         return True
-    with _init_lock(settings) as cur:
+    with init_lock(settings) as cur:
         if _schema_exists(cur):
             return False
         log.info("creating the Hive metastore schema in PostgreSQL database %s", settings.metastore_database)
@@ -185,8 +186,6 @@ def ensure_tables(spark: SparkSession) -> None:
     into the revisions table (insert-if-absent), and only then is the column
     added and set to 0, so a migration cut short is done again at the next
     start."""
-    from delta.tables import DeltaTable
-
     present: set[str] = set()
     for database in (T.DATABASE, T.STAGING_DATABASE):
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {database}")
@@ -206,16 +205,13 @@ def ensure_tables(spark: SparkSession) -> None:
     ]
     for name, schema, partition, properties in wanted:
         if name.lower() not in present:
-            builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
-            builder = builder.partitionedBy(partition) if partition else builder
-            for key, value in properties.items():
-                builder = builder.property(key, value)
+            create = create_table_sql(name, schema.toDDL(), partition, properties)
             try:
-                builder.execute()
+                spark.sql(create)
             except Exception as exc:
                 if "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" not in str(exc) or not _clear_unregistered(spark, name):
                     raise
-                builder.execute()
+                spark.sql(create)
         if name not in unrevised:
             _add_missing_columns(spark, name, schema)
     if T.AGGREGATES in unrevised:
@@ -229,20 +225,27 @@ def ensure_tables(spark: SparkSession) -> None:
         spark.sql(T.whole_view_sql(name))
 
 
+def create_table_sql(name: str, columns: str, partition: str | None, properties: dict[str, str]) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a Delta table: ``columns`` in DDL
+    (a schema's ``toDDL()``), partitioned by ``partition``, with table
+    ``properties``. SQL, not delta-spark's builder: a Spark Connect session
+    runs it as a local one does."""
+    sql = f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING delta"
+    if partition:
+        sql += f" PARTITIONED BY ({partition})"
+    if properties:
+        sql += " TBLPROPERTIES (" + ", ".join(f"'{k}' = '{v}'" for k, v in properties.items()) + ")"
+    return sql
+
+
 def _copy_into_revisions(spark: SparkSession) -> None:
     """The rows of an aggregates table of a version before revisions (each
     its window's revision 0) into the revisions table, if absent."""
-    from delta.tables import DeltaTable
-
     names = [f.name for f in T.REVISIONS_SCHEMA.fields if f.name != "revision"]
     rows = spark.table(T.AGGREGATES).select(*names, F.lit(0).cast("long").alias("revision"))
     log.info("%s: copying the rows of a version before revisions into %s", T.AGGREGATES, T.REVISIONS)
-    (
-        DeltaTable.forName(spark, T.REVISIONS).alias("t")
-        .merge(rows.alias("s"), "t.record_uuid = s.record_uuid AND t.event_hour = s.event_hour")
-        .whenNotMatchedInsert(values={c: F.col(f"s.{c}") for c in rows.columns})
-        .execute()
-    )
+    condition = "t.record_uuid = s.record_uuid AND t.event_hour = s.event_hour"
+    spark.sql(merge_sql(T.REVISIONS, condition, insert_absent(rows.columns)), source=rows)
 
 
 def _clear_unregistered(spark: SparkSession, name: str) -> bool:
@@ -307,9 +310,13 @@ def _add_missing_columns(spark: SparkSession, name: str, schema: StructType) -> 
 
 
 def metastore_session(settings: Settings, app_name: str) -> SparkSession:
-    """A Spark session on the metastore, with the ``ads`` tables in place."""
+    """A Spark session on the metastore, with the ``ads`` tables in place:
+    this process's own, or one of the Spark Connect server at
+    ``ADPIPE_SPARK_CONNECT`` (whose start put the tables in place)."""
+    if settings.spark_connect:
+        return connect_session(settings)
     ensure_schema(settings)
     spark = build_spark(settings, app_name, metastore_conf(settings))
-    with _init_lock(settings):
+    with init_lock(settings):
         ensure_tables(spark)
     return spark

@@ -56,7 +56,7 @@ from adpipe.lakehouse import quality
 from adpipe.lakehouse import tables as T
 from adpipe.lakehouse.errors import HourNotHeld
 from adpipe.lakehouse.ledger import _append_ledger, last_steps, ledger_state, load_lock
-from adpipe.lakehouse.merge import _hours_condition
+from adpipe.lakehouse.merge import _hours_condition, delete_rows
 from adpipe.lakehouse.metastore import metastore_session
 from adpipe.lakehouse.outcome import LoadResult, gate_failure, write_manifest
 from adpipe.lakehouse.ranges import hour_label, parse_hour, region_ranges
@@ -89,22 +89,20 @@ def require_held(spark: SparkSession, hour: datetime, action: str) -> None:
 
 def clear_staged(spark: SparkSession, hours: list[datetime], through_run: int) -> None:
     """Delete the staged rows of ``hours`` staged by runs up to ``through_run``."""
-    from delta.tables import DeltaTable
+    condition = f"{_hours_condition('event_hour', hours) if hours else 'false'} AND load_run <= {int(through_run)}"
 
     def clear(table: str) -> None:
-        DeltaTable.forName(spark, T.staged(table)).delete(_in_hours(hours) & (F.col("load_run") <= through_run))
+        delete_rows(spark, T.staged(table), condition)
 
     in_threads({table: functools.partial(clear, table) for table in T.TABLES})
 
 
 def _delete(spark: SparkSession, hour: datetime, rows: str) -> None:
     """Delete the rows of ``hour`` that ``rows`` (SQL) names from every published table."""
-    from delta.tables import DeltaTable
-
     condition = f"{_hours_condition('event_hour', [hour])} AND ({rows})"
 
     def delete(table: str) -> None:
-        DeltaTable.forName(spark, table).delete(condition)
+        delete_rows(spark, table, condition)
 
     in_threads({table: functools.partial(delete, table) for table in T.PUBLISHED})
 
@@ -213,8 +211,6 @@ def discard_staged(
     hour from Kafka if it should be published after all. ``held_only``:
     raise :class:`HourNotHeld`, deleting nothing, unless a failed gate holds
     the hour."""
-    from delta.tables import DeltaTable
-
     spark = spark or metastore_session(settings, f"adpipe-discard-{hour_label(hour)}")
     with load_lock(settings):
         if held_only:
@@ -225,7 +221,7 @@ def discard_staged(
             staged = spark.table(T.staged(table)).where(_in_hours([hour]))
             counts[table] = staged.count()
             if counts[table]:
-                DeltaTable.forName(spark, T.staged(table)).delete(_in_hours([hour]))
+                delete_rows(spark, T.staged(table), _hours_condition("event_hour", [hour]))
         _append_ledger(spark, run_id, "discarded", "discard", hour, rows=counts, hours=[hour_label(hour)])
     log.warning("run %d: discarded the staged rows of %s: %s", run_id, hour_label(hour), counts)
     return counts

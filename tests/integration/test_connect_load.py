@@ -1,0 +1,143 @@
+"""The load's verbs as clients of the load's Spark Connect server (``adpipe
+connect serve``), from a home of their own, as a worker on another host
+runs them: no JVM in the client, every Delta write (MERGE, DELETE, the
+tables' creation) done by the server's session. Real processes against the
+session's broker and PostgreSQL:
+
+1. A load, its validation and ``verify --hour`` through the server: the
+   hour's raw rows are the producer's on-time events, once each, read back
+   by a session of the test's own (not the server's).
+2. The server SIGKILLed mid-publication (one published table written, the
+   others and the ledger not; the client frozen there, holding the load
+   lock, then killed too): a new server, a new load, and the hour is
+   published whole, once.
+
+Expected rows come from the producer's own summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from adpipe.faults import wait_group_gone
+from adpipe.lakehouse import tables as T
+from adpipe.settings import Settings, load_settings
+from adpipe.spark import connect_server_answers
+
+from tests.conftest import PORT_BASE
+from tests.integration.helpers import (
+    NO_REVISIONS,
+    Pipeline,
+    dump,
+    ids,
+    load,
+    make_pipeline,
+    ok,
+    run,
+    start_adpipe,
+    verify_hour,
+)
+
+CONNECT = f"sc://127.0.0.1:{PORT_BASE + 87}"
+H1, H2 = datetime(2026, 11, 18, 9, tzinfo=UTC), datetime(2026, 11, 18, 11, tzinfo=UTC)
+L1, L2 = f"{H1:%Y-%m-%dT%H}", f"{H2:%Y-%m-%dT%H}"
+
+
+class Server:
+    """``adpipe connect serve`` in ``env``, as its own process group."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.proc, self.log_path = start_adpipe(workdir, "connect", ("serve",), env)
+        deadline = time.monotonic() + 240
+        while "Spark Connect server on" not in self.log_path.read_text():
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        wait_group_gone(self.proc.pid)
+
+
+@pytest.fixture(scope="module")
+def connected(broker: Settings, pg: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    work = tmp_path_factory.mktemp("connect")
+    shared = {
+        "ADPIPE_METASTORE_DATABASE": f"adpipe_ms_{uuid.uuid4().hex[:8]}",
+        "ADPIPE_WAREHOUSE_URI": f"file://{work / 'warehouse'}",
+        "ADPIPE_LOAD_WARM": "off",
+        **NO_REVISIONS,
+    }
+    p = make_pipeline(work, {"ADPIPE_HOME": str(work / "server"), **shared})
+    server_env = {**p.env, "ADPIPE_SPARK_CONNECT": CONNECT}
+    client_env = {**server_env, "ADPIPE_HOME": str(work / "client")}
+    state = {"p": p, "work": work, "server_env": server_env, "client": client_env}
+    state["server"] = Server(work, server_env)
+    try:
+        yield state
+    finally:
+        state["server"].kill()
+
+
+def _on_time(summary: dict, label: str) -> int:
+    return sum(c["events"] for c in summary["counts"] if c["window_start"].startswith(label))
+
+
+def _whole_and_once(p: Pipeline, label: str, events: int) -> dict:
+    data = dump(p.env, label)  # the test's own session, not the server's
+    raw = ids(data["rows"][T.RAW])
+    assert len(raw) == len(set(raw)) == events, (len(raw), len(set(raw)), events)
+    assert {r["event_hour"][:13] for r in data["rows"][T.RAW]} == {label}
+    assert data["whole"] == {t: rows for t, rows in data["rows"].items() if t in data["whole"]}
+    assert not any(data["staged"][t] for t in data["staged"]), "rows left staged"
+    return data
+
+
+def test_a_load_its_validation_and_verify_run_in_the_servers_session(connected: dict, tmp_path: Path) -> None:
+    p, client = connected["p"], connected["client"]
+    assert connect_server_answers(load_settings(client))
+    sent = p.produce(events=300, seed=8801, ads=3, ad_offset=970, minutes=65, start=H1)
+    assert p.stream(max_offsets=5000).returncode == 0
+    out = ok(load(client, "--hour", L1))
+    assert f"Spark Connect session on {CONNECT}" in out
+    assert "Spark application" not in out, "the client started a Spark session of its own"
+    data = _whole_and_once(p, L1, _on_time(sent, L1))
+    assert [r["step"] for r in data["load_runs"]].count("published") == 1
+    ok(run(client, "-m", "adpipe", "validate", "--hour", L1))
+    tables = verify_hour(client, L1, tmp_path)
+    assert tables["ok"], str(tables)[:3000]
+
+
+def test_a_server_killed_mid_publication_leaves_the_hour_to_the_next_load_whole_once(connected: dict) -> None:
+    p, client, work = connected["p"], connected["client"], connected["work"]
+    # An hour after the first test's last events (10:05): only this test's are in it.
+    sent = p.produce(events=200, seed=8802, ads=3, ad_offset=970, minutes=56, start=H2.replace(minute=6))
+    assert p.stream(max_offsets=5000).returncode == 0
+    frozen, frozen_log = start_adpipe(
+        work, "load", ("--hour", L2),
+        {**client, "ADPIPE_FAULT": "load_after_publish", "ADPIPE_FAULT_SIGNAL": "STOP", "ADPIPE_FAULT_BATCH": "1"},
+    )
+    deadline = time.monotonic() + 300
+    while "fault injection: SIGSTOP at load_after_publish" not in frozen_log.read_text():
+        assert frozen.poll() is None, frozen_log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the load never reached its publication"
+        time.sleep(0.5)
+    half = dump(p.env, L2)
+    assert sum(len(rows) for rows in half["rows"].values()) > 0, "no table written before the fault"
+    assert "published" not in {r["step"] for r in half["load_runs"] if (r["hour"] or "")[:13] == L2}
+    connected["server"].kill()
+    os.killpg(frozen.pid, signal.SIGKILL)
+    frozen.wait()
+    connected["server"] = Server(work, connected["server_env"])
+    ok(load(client, "--hour", L2))
+    data = _whole_and_once(p, L2, _on_time(sent, L2))
+    published = [r for r in data["load_runs"] if r["step"] == "published" and (r["hour"] or "")[:13] == L2]
+    assert len(published) == 1, data["load_runs"]
