@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -139,19 +140,33 @@ def uri(env: dict[str, str], name: str) -> str:
     return raw
 
 
-def connect_url(env: dict[str, str], name: str) -> str:
-    """A Spark Connect server's ``sc://host:port`` (empty: none)."""
+def connect_urls(env: dict[str, str], name: str) -> str:
+    """Spark Connect servers' ``sc://host:port``, comma-separated (empty: none)."""
     raw = (env.get(name) or "").strip()
-    if not raw:
-        return ""
-    parsed = urlparse(raw)
+    urls = [u.strip() for u in raw.split(",") if u.strip()]
+    for url in urls:
+        parsed = urlparse(url)
+        try:
+            has_port = parsed.port is not None
+        except ValueError:
+            has_port = False
+        if parsed.scheme != "sc" or not parsed.hostname or not has_port:
+            raise SettingsError(f"{name}={raw!r}: {url!r} is not a Spark Connect server's sc://host:port")
+    return ",".join(urls)
+
+
+def binds_here(host: str) -> bool:
+    """Whether ``host`` is an address of this host (loopback, or one of its
+    interfaces'): only such an address can be bound."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return True
     try:
-        has_port = parsed.port is not None
-    except ValueError:
-        has_port = False
-    if parsed.scheme != "sc" or not parsed.hostname or not has_port:
-        raise SettingsError(f"{name}={raw!r} is not a Spark Connect server's sc://host:port")
-    return raw
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+        return True
+    except OSError:
+        return False
 
 
 def local_folder(uri: str, what: str) -> Path:

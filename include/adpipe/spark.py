@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 
 from adpipe import class_archive, raw_events
 from adpipe.jars import adpipe_spark_jar, ensure_classpath, spark_home
+from adpipe.setting_values import binds_here
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -294,12 +295,29 @@ DEFAULT_CONNECT_PORT = 15002  # Spark's own
 CONNECT_WAIT_S = 60.0
 
 
+def connect_urls(settings: Settings) -> list[str]:
+    """The load's Spark Connect servers (``ADPIPE_SPARK_CONNECT``), in the
+    order clients try them; Spark's port 15002 on loopback when unset."""
+    return settings.spark_connect.split(",") if settings.spark_connect else [f"sc://127.0.0.1:{DEFAULT_CONNECT_PORT}"]
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parsed = urlparse(url)
+    return parsed.hostname or "127.0.0.1", parsed.port or DEFAULT_CONNECT_PORT
+
+
 def connect_address(settings: Settings) -> tuple[str, int]:
-    """Where the load's Spark Connect server listens and its clients
-    connect: ``ADPIPE_SPARK_CONNECT``'s host and port (default: loopback,
-    Spark's port 15002)."""
-    url = urlparse(settings.spark_connect or f"sc://127.0.0.1:{DEFAULT_CONNECT_PORT}")
-    return url.hostname or "127.0.0.1", url.port or DEFAULT_CONNECT_PORT
+    """Where this host's Spark Connect server listens: the first of
+    ``ADPIPE_SPARK_CONNECT``'s servers at an address of this host (each host
+    of several runs the one named by its own address)."""
+    for url in connect_urls(settings):
+        host, port = _host_port(url)
+        if binds_here(host):
+            return host, port
+    raise RuntimeError(
+        f"none of ADPIPE_SPARK_CONNECT's servers ({settings.spark_connect}) is at an address of this host: "
+        "name this host's there"
+    )
 
 
 def connect_server_conf(settings: Settings) -> dict[str, str]:
@@ -313,33 +331,44 @@ def connect_server_conf(settings: Settings) -> dict[str, str]:
     }
 
 
-def connect_server_answers(settings: Settings, wait_s: float = 0.0) -> bool:
-    """Whether the load's Spark Connect server accepts connections, trying
-    for up to ``wait_s`` (one its supervisor restarts)."""
+def answers(host: str, port: int) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=3.0):
+            return True
+    except OSError:
+        return False
+
+
+def answering_server(settings: Settings, wait_s: float = 0.0) -> str | None:
+    """The first of the load's Spark Connect servers that accepts
+    connections, trying them in turn for up to ``wait_s`` (one that its
+    supervisor restarts); None when none does."""
     deadline = time.monotonic() + wait_s
     while True:
-        try:
-            with socket.create_connection(connect_address(settings), timeout=3.0):
-                return True
-        except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.5)
+        for url in connect_urls(settings):
+            if answers(*_host_port(url)):
+                return url
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 def connect_session(settings: Settings) -> SparkSession:
-    """A session of the Spark Connect server at ``ADPIPE_SPARK_CONNECT``:
-    its JVM, Spark settings and metastore are the server's (adpipe connect
-    serve); this process only sends plans."""
+    """A session of the first of the load's Spark Connect servers that
+    answers (``ADPIPE_SPARK_CONNECT``): its JVM, Spark settings and
+    metastore are the server's (adpipe connect serve); this process only
+    sends plans."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    if not connect_server_answers(settings, CONNECT_WAIT_S):
+    url = answering_server(settings, CONNECT_WAIT_S)
+    if url is None:
         raise RuntimeError(
             f"no Spark Connect server answers at {settings.spark_connect} (waited {CONNECT_WAIT_S:.0f} s): "
             "start one there (adpipe connect serve), or unset ADPIPE_SPARK_CONNECT for a session of this process"
         )
-    log.info("Spark Connect session on %s", settings.spark_connect)
-    spark = SparkSession.builder.remote(settings.spark_connect).getOrCreate()
+    log.info("Spark Connect session on %s", url)
+    spark = SparkSession.builder.remote(url).getOrCreate()
     # pyspark's client retries an unreachable server for 10 minutes, silently;
     # a server gone mid-step fails the step within about a minute instead.
     spark.client.set_retry_policies([DefaultPolicy(max_retries=15, max_backoff=5000)])

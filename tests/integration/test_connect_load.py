@@ -28,7 +28,7 @@ import pytest
 from adpipe.faults import wait_group_gone
 from adpipe.lakehouse import tables as T
 from adpipe.settings import Settings, load_settings
-from adpipe.spark import connect_server_answers
+from adpipe.spark import answering_server
 
 from tests.conftest import PORT_BASE
 from tests.integration.helpers import (
@@ -103,7 +103,7 @@ def _whole_and_once(p: Pipeline, label: str, events: int) -> dict:
 
 def test_a_load_its_validation_and_verify_run_in_the_servers_session(connected: dict, tmp_path: Path) -> None:
     p, client = connected["p"], connected["client"]
-    assert connect_server_answers(load_settings(client))
+    assert answering_server(load_settings(client)) == CONNECT
     sent = p.produce(events=300, seed=8801, ads=3, ad_offset=970, minutes=65, start=H1)
     assert p.stream(max_offsets=5000).returncode == 0
     out = ok(load(client, "--hour", L1))

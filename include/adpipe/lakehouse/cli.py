@@ -135,15 +135,15 @@ def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_connect(args: argparse.Namespace, settings: Settings) -> int:
     from adpipe.lakehouse import connect_server
-    from adpipe.spark import connect_address, connect_server_answers
+    from adpipe.spark import answering_server, connect_urls
 
     if args.action == "serve":
         return connect_server.serve(settings)
-    host, port = connect_address(settings)
-    if connect_server_answers(settings):
-        print(f"Spark Connect server: answers on sc://{host}:{port}")
+    url = answering_server(settings)
+    if url is not None:
+        print(f"Spark Connect server: {url} answers")
         return 0
-    print(f"Spark Connect server: none answers on sc://{host}:{port}")
+    print(f"Spark Connect server: none of {', '.join(connect_urls(settings))} answers")
     return 3
 
 
@@ -254,10 +254,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="the load's Spark Connect server: one warm Spark session on the metastore for the load's verbs of "
         "every host",
         description="serve: build the session a load builds (the Hive metastore, Delta, the ads tables in place) and "
-        "serve it over Spark Connect on the address and port of ADPIPE_SPARK_CONNECT (default sc://127.0.0.1:15002) "
-        "until SIGTERM; run it under a supervisor (a compose service, systemd). A process with ADPIPE_SPARK_CONNECT "
-        "set (load, validate, maintain, verify --hour, the load DAG's steps on any worker) then sends its plans "
-        "there: no Spark start of its own. status: exit 0 when a server answers there, 3 otherwise.",
+        "serve it over Spark Connect until SIGTERM, at the first of ADPIPE_SPARK_CONNECT's servers (sc://host:port, "
+        "comma-separated; default sc://127.0.0.1:15002) whose address is this host's; run it under a service "
+        "manager, on two hosts or more for a spare. A process with ADPIPE_SPARK_CONNECT set (load, validate, "
+        "maintain, verify --hour, the load DAG's steps on any worker) sends its plans to the first server that "
+        "answers: no Spark start of its own. status: exit 0 when one answers, 3 otherwise.",
     )
     p.add_argument("action", choices=("serve", "status"))
     p.set_defaults(func=cmd_connect, needs_metastore=True)

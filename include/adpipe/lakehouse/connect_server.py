@@ -3,17 +3,21 @@ for the load's verbs of every host.
 
 ``adpipe connect serve`` builds the session a load would build for itself
 (adpipe.spark's settings, the Hive metastore, Delta), puts the ``ads``
-tables in place and serves it over Spark Connect on the address and port of
-``ADPIPE_SPARK_CONNECT`` until SIGTERM. A process with ``ADPIPE_SPARK_CONNECT``
-set (``adpipe load``, ``validate``, ``maintain``, ``verify --hour``, the
-load DAG's steps on any worker) sends its plans there instead of starting a
-JVM: no Spark start per step, and no file or port of one host between the
-steps. What coordinates two loads stays where it is: the load lock and the
-ledger in PostgreSQL and the Delta tables (adpipe.lakehouse.ledger).
+tables in place and serves it over Spark Connect until SIGTERM, at this
+host's address among ``ADPIPE_SPARK_CONNECT``'s servers. A process with
+``ADPIPE_SPARK_CONNECT`` set (``adpipe load``, ``validate``, ``maintain``,
+``verify --hour``, the load DAG's steps on any worker) sends its plans to
+the first of those servers that answers instead of starting a JVM: no
+Spark start per step, and no file or port of one host between the steps.
+What coordinates two loads stays where it is, whichever servers run them:
+the load lock and the ledger in PostgreSQL, and the Delta tables
+(adpipe.lakehouse.ledger).
 
-Its supervisor is whatever runs it in the foreground (a compose service, a
-systemd unit). A server that dies leaves nothing behind: the verbs it ran
-fail as a killed load does, and the next one recovers."""
+Each server is kept up by its host's service manager (a compose service,
+a systemd unit); two or more on different hosts keep the loads going when
+one host dies: its clients' next session is the next server's. A server
+that dies leaves nothing behind: the verbs it ran fail as a killed load
+does, and the next one recovers."""
 
 from __future__ import annotations
 
@@ -33,14 +37,14 @@ def serve(settings: Settings, stop: threading.Event | None = None) -> int:
     """Run the server until SIGTERM or SIGINT (or ``stop``); 1 when its
     Spark session ends under it."""
     from adpipe.lakehouse.metastore import ensure_schema, ensure_tables, init_lock, metastore_conf
-    from adpipe.spark import build_spark, connect_address, connect_server_answers, connect_server_conf
+    from adpipe.spark import answers, build_spark, connect_address, connect_server_conf
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
     host, port = connect_address(settings)
-    if connect_server_answers(settings):
+    if answers(host, port):
         log.error("something already listens on %s:%d: another Spark Connect server?", host, port)
         return 4
     ensure_schema(settings)

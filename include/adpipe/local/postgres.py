@@ -20,7 +20,6 @@ import logging
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adpipe import pg
+from adpipe.setting_values import binds_here
 from adpipe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -285,15 +285,7 @@ def is_local(settings: Settings) -> bool:
     """Whether ADPIPE_PG_HOST is this host's (loopback, or an address of
     one of its interfaces: our own cluster, serving the others) rather than
     a server run by someone else (docker-compose, a managed one)."""
-    if settings.pg_host in ("127.0.0.1", "localhost", "::1"):
-        return True
-    try:
-        family = socket.AF_INET6 if ":" in settings.pg_host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((settings.pg_host, 0))  # only an address of this host can be bound
-        return True
-    except OSError:
-        return False
+    return binds_here(settings.pg_host)
 
 
 def _allow_clients(data: Path, networks: tuple[str, ...]) -> None:

@@ -118,7 +118,8 @@ class HourActionOperator(WarmLoadOperator):
     """The form's action on its held hour (module doc), on the worker's
     host: in the home's warm load driver (``ADPIPE_LOAD_SUBMIT=warm``, killed
     with the task, :class:`WarmLoadOperator`) or in the task's own process
-    (``in-process``). Returns ``{"hour", "action", "result"}`` (XCom)."""
+    (``in-process``; with ``ADPIPE_SPARK_CONNECT``, as a client of the load's
+    Spark Connect server). Returns ``{"hour", "action", "result"}`` (XCom)."""
 
     def execute(self, context: Any) -> dict[str, str]:
         from adpipe.orchestration.connections import connection_env
@@ -127,7 +128,7 @@ class HourActionOperator(WarmLoadOperator):
         hour, action = hour_and_action(context.get("params"))
         env = {**os.environ, **connection_env()}
         settings = load_settings(env)
-        if settings.load_submit == "in-process":
+        if settings.load_submit == "in-process" or settings.spark_connect:
             said = self._here(settings, hour, action)
         elif settings.load_submit == "warm":
             said = self._in_warm_driver(env, settings, hour, action)

@@ -383,7 +383,8 @@ class LoadStepOperator(WarmLoadOperator):
     on the worker's host: in the home's warm load driver
     (``ADPIPE_LOAD_SUBMIT=warm``, the default; killed with the step,
     :class:`WarmLoadOperator`), or in the task's own process
-    (``in-process``). No spark-submit runs here, so this is no
+    (``in-process``, or with ``ADPIPE_SPARK_CONNECT`` as a client of the
+    load's Spark Connect server). No spark-submit runs here, so this is no
     ``SparkSubmitOperator``: with ``ADPIPE_LOAD_SUBMIT=spark-submit`` the DAG
     builds :class:`LoadStepSubmitOperator` instead (:func:`load_step`). The
     hour comes from the run's ``hour`` param or data interval. ``stage``
@@ -403,7 +404,9 @@ class LoadStepOperator(WarmLoadOperator):
         overlay, settings, hour = _run_of(context)
         if self.step != "stage":
             _staged(self.staged_run)  # refused before any Spark work
-        if settings.load_submit == "in-process":
+        # With the load's Spark Connect server the task's own process is a
+        # client of the warm session (any worker's), no warm driver of its host.
+        if settings.load_submit == "in-process" or settings.spark_connect:
             return _skip_after(self.step, hour, in_process(self.step, settings, hour, self.staged_run))
         if settings.load_submit != "warm":
             raise RuntimeError(

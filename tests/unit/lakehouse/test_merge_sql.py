@@ -9,6 +9,7 @@ import pytest
 from adpipe.lakehouse import merge
 from adpipe.lakehouse.metastore import create_table_sql
 from adpipe.settings import SettingsError, load_settings
+from adpipe.spark import connect_address, connect_urls
 from pyspark.errors import AnalysisException
 
 
@@ -49,7 +50,11 @@ def test_a_conflict_is_told_by_the_error_class_a_spark_connect_client_gets() -> 
 
 
 @pytest.mark.parametrize("url", ["http://host:15002", "sc://host", "sc://:15002", "host:15002", "sc://host:port"])
-def test_a_spark_connect_address_needs_sc_host_and_port(url: str) -> None:
+def test_spark_connect_servers_need_sc_host_and_port_and_one_serves_at_its_hosts(url: str) -> None:
     with pytest.raises(SettingsError, match="not a Spark Connect server's sc://host:port"):
         load_settings({"ADPIPE_HOME": "/tmp/x", "ADPIPE_SPARK_CONNECT": url})  # noqa: S108
-    assert load_settings({"ADPIPE_HOME": "/tmp/x", "ADPIPE_SPARK_CONNECT": "sc://10.1.2.3:15002"}).spark_connect  # noqa: S108
+    two = load_settings({"ADPIPE_HOME": "/tmp/x", "ADPIPE_SPARK_CONNECT": " sc://10.1.2.3:15002, sc://b:1 "})  # noqa: S108
+    assert connect_urls(two) == ["sc://10.1.2.3:15002", "sc://b:1"]
+    with pytest.raises(RuntimeError, match="none of ADPIPE_SPARK_CONNECT's servers"):
+        connect_address(two)  # neither is an address of this host
+    assert connect_address(load_settings({"ADPIPE_HOME": "/tmp/x"})) == ("127.0.0.1", 15002)  # noqa: S108
