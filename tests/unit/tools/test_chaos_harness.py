@@ -502,3 +502,41 @@ def test_with_a_standby_down_a_stream_pause_waits_for_it(standby_run: chaos.Chao
     planned = chaos.PlannedFault(1.0, chaos.STREAM_PAUSE, 0.0, 0.2)
     assert run.injector.inject(planned) is None and crew.pause is None and _state(active, "S") == "S"
     assert not list(run.ctx.home.glob("checkpoint-view-*"))  # no driver of its own started
+
+
+def test_a_fault_waiting_for_its_target_stays_planned_while_others_are_injected(
+    run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run extends until its planned faults ran: a stream fault waiting for
+    the standby (here: never ready) is dropped only once no fault at all
+    could be injected for FAULT_WAIT_S, not FAULT_WAIT_S after its planned
+    time while budget faults go on being injected."""
+    from adpipe.tools.chaos import harness
+
+    monkeypatch.setattr(harness, "FAULT_WAIT_S", 5.0)
+    now = [0.0]
+    run.clock.t0 = time.monotonic()
+    monkeypatch.setattr(run.clock, "elapsed", lambda: now[0])
+    injected: list[float] = []
+
+    def inject(planned: chaos.PlannedFault) -> object | None:
+        if planned.kind != chaos.BUDGET_KILL:
+            return None
+        injected.append(now[0])
+        return planned
+
+    monkeypatch.setattr(run.injector, "inject", inject)
+    waiting = chaos.PlannedFault(0.0, chaos.STREAM_KILL, 0.0, 1.0)
+    queue = [waiting, *(chaos.PlannedFault(float(at), chaos.BUDGET_KILL, 0.0, 1.0) for at in (1, 3, 5, 7, 9))]
+    producer = threading.Thread(target=lambda: None)
+    producer.start()
+    producer.join()
+    for second in range(14):
+        now[0] = float(second)
+        run._inject_due(queue, producer)  # noqa: SLF001 - the window's step, alone
+    assert injected == [1.0, 3.0, 5.0, 7.0, 9.0]
+    assert queue == [waiting] and run.faults.skipped == []  # 13 s after its plan, 4 s after the last injected
+    now[0] = 15.0
+    run._inject_due(queue, producer)  # noqa: SLF001
+    assert queue == [] and [s["kind"] for s in run.faults.skipped] == [chaos.STREAM_KILL]
+    assert "nor any other's" in run.faults.skipped[0]["why"]

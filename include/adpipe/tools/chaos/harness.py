@@ -22,7 +22,10 @@ log = logging.getLogger("adpipe.tools.chaos")
 # The fault clock waits this long at most for the stream job's first batch.
 WARM_UP_MAX_S = 300.0
 # How long a planned fault may wait for its target (a paused driver, a
-# broker catching up, an hour to load) before it is dropped.
+# broker catching up, an hour to load) while no other fault could be
+# injected either, before it is dropped: while faults go on being injected
+# the run extends until every planned one ran (a driver fault waits for the
+# standby to warm again, about 70 s, and those of a long run queue up).
 FAULT_WAIT_S = 600.0
 
 
@@ -126,24 +129,27 @@ class ChaosRun(Rig):
         """The due faults in order; one that cannot happen yet (a broker still
         catching up, the driver paused, no hour to load) waits, tried again
         every few seconds, without holding back the faults after it; past
-        FAULT_WAIT_S it is dropped (and the run is short of its target). A
-        load kill that found no closed hour is carried over to the drain."""
+        FAULT_WAIT_S after its planned time and the last fault injected, it
+        is dropped (and the run is short of its target). A load kill that
+        found no closed hour is carried over to the drain."""
         elapsed = self.clock.elapsed
         for planned in [f for f in queue if f.at_s <= elapsed()]:
             if self.injector.inject(planned) is not None:
                 queue.remove(planned)
+                self.last_injected_s = elapsed()
                 break  # one per turn: the next finds its target's state after this one
+            waited_since = max(planned.at_s, self.last_injected_s)
             window_over = elapsed() >= self.spec.duration_s and not producer.is_alive()
             if (
                 planned.kind == LOAD_KILL
                 and not self.monitor.closed_hours
-                and (window_over or elapsed() > planned.at_s + FAULT_WAIT_S)
+                and (window_over or elapsed() > waited_since + FAULT_WAIT_S)
             ):
                 queue.remove(planned)
                 self.faults.carried.append(planned)
-            elif elapsed() > planned.at_s + FAULT_WAIT_S:
+            elif elapsed() > waited_since + FAULT_WAIT_S:
                 queue.remove(planned)
-                self.faults.skip(planned, f"its target was not there for {FAULT_WAIT_S:.0f} s")
+                self.faults.skip(planned, f"its target was not there for {FAULT_WAIT_S:.0f} s, nor any other's")
 
 
 def run(settings: Settings, spec: ChaosSpec) -> int:

@@ -37,6 +37,7 @@ class Rig:
         self.injector = Injector(self.ctx, self.crew, self.loads, self.zombies, self.restarts, self.faults, self.clock)
         self.warm_up_s = 0.0
         self.producer_error: str | None = None
+        self.last_injected_s = 0.0  # the fault clock's time of the last fault injected
 
     def tick(self) -> None:
         """One turn of the run's loop: the actions due, a supervisor's round,
