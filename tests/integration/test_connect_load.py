@@ -2,17 +2,14 @@
 connect serve``), from a home of their own, as a worker on another host
 runs them: no JVM in the client, every Delta write (MERGE, DELETE, the
 tables' creation) done by the server's session. Real processes against the
-session's broker and PostgreSQL:
+session's broker and PostgreSQL: a load through the server, frozen
+mid-publication (one published table written, the others and the ledger
+not, the load lock held); the server SIGKILLed, then the client; a new
+server, and a new load publishes the hour whole, once (its raw rows the
+producer's on-time events, read back by the test's own Spark session, not
+the server's); its validation and ``verify --hour``, through the server,
+pass. Expected rows come from the producer's own summary."""
 
-1. A load, its validation and ``verify --hour`` through the server: the
-   hour's raw rows are the producer's on-time events, once each, read back
-   by a session of the test's own (not the server's).
-2. The server SIGKILLed mid-publication (one published table written, the
-   others and the ledger not; the client frozen there, holding the load
-   lock, then killed too): a new server, a new load, and the hour is
-   published whole, once.
-
-Expected rows come from the producer's own summary."""
 
 from __future__ import annotations
 
@@ -45,8 +42,8 @@ from tests.integration.helpers import (
 )
 
 CONNECT = f"sc://127.0.0.1:{PORT_BASE + 87}"
-H1, H2 = datetime(2026, 11, 18, 9, tzinfo=UTC), datetime(2026, 11, 18, 11, tzinfo=UTC)
-L1, L2 = f"{H1:%Y-%m-%dT%H}", f"{H2:%Y-%m-%dT%H}"
+HOUR = datetime(2026, 11, 18, 9, tzinfo=UTC)
+LABEL = f"{HOUR:%Y-%m-%dT%H}"
 
 
 class Server:
@@ -101,28 +98,15 @@ def _whole_and_once(p: Pipeline, label: str, events: int) -> dict:
     return data
 
 
-def test_a_load_its_validation_and_verify_run_in_the_servers_session(connected: dict, tmp_path: Path) -> None:
-    p, client = connected["p"], connected["client"]
-    assert answering_server(load_settings(client)) == CONNECT
-    sent = p.produce(events=300, seed=8801, ads=3, ad_offset=970, minutes=65, start=H1)
-    assert p.stream(max_offsets=5000).returncode == 0
-    out = ok(load(client, "--hour", L1))
-    assert f"Spark Connect session on {CONNECT}" in out
-    assert "Spark application" not in out, "the client started a Spark session of its own"
-    data = _whole_and_once(p, L1, _on_time(sent, L1))
-    assert [r["step"] for r in data["load_runs"]].count("published") == 1
-    ok(run(client, "-m", "adpipe", "validate", "--hour", L1))
-    tables = verify_hour(client, L1, tmp_path)
-    assert tables["ok"], str(tables)[:3000]
-
-
-def test_a_server_killed_mid_publication_leaves_the_hour_to_the_next_load_whole_once(connected: dict) -> None:
+def test_a_server_killed_mid_publication_leaves_the_hour_to_the_next_load_whole_once(
+    connected: dict, tmp_path: Path
+) -> None:
     p, client, work = connected["p"], connected["client"], connected["work"]
-    # An hour after the first test's last events (10:05): only this test's are in it.
-    sent = p.produce(events=200, seed=8802, ads=3, ad_offset=970, minutes=56, start=H2.replace(minute=6))
+    assert answering_server(load_settings(client)) == CONNECT
+    sent = p.produce(events=300, seed=8802, ads=3, ad_offset=970, minutes=62, start=HOUR)
     assert p.stream(max_offsets=5000).returncode == 0
     frozen, frozen_log = start_adpipe(
-        work, "load", ("--hour", L2),
+        work, "load", ("--hour", LABEL),
         {**client, "ADPIPE_FAULT": "load_after_publish", "ADPIPE_FAULT_SIGNAL": "STOP", "ADPIPE_FAULT_BATCH": "1"},
     )
     deadline = time.monotonic() + 300
@@ -130,14 +114,19 @@ def test_a_server_killed_mid_publication_leaves_the_hour_to_the_next_load_whole_
         assert frozen.poll() is None, frozen_log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the load never reached its publication"
         time.sleep(0.5)
-    half = dump(p.env, L2)
+    half = dump(p.env, LABEL)
     assert sum(len(rows) for rows in half["rows"].values()) > 0, "no table written before the fault"
-    assert "published" not in {r["step"] for r in half["load_runs"] if (r["hour"] or "")[:13] == L2}
+    assert "published" not in {r["step"] for r in half["load_runs"] if (r["hour"] or "")[:13] == LABEL}
     connected["server"].kill()
     os.killpg(frozen.pid, signal.SIGKILL)
     frozen.wait()
     connected["server"] = Server(work, connected["server_env"])
-    ok(load(client, "--hour", L2))
-    data = _whole_and_once(p, L2, _on_time(sent, L2))
-    published = [r for r in data["load_runs"] if r["step"] == "published" and (r["hour"] or "")[:13] == L2]
+    out = ok(load(client, "--hour", LABEL))
+    assert f"Spark Connect session on {CONNECT}" in out
+    assert "Spark application" not in out, "the client started a Spark session of its own"
+    data = _whole_and_once(p, LABEL, _on_time(sent, LABEL))
+    published = [r for r in data["load_runs"] if r["step"] == "published" and (r["hour"] or "")[:13] == LABEL]
     assert len(published) == 1, data["load_runs"]
+    ok(run(client, "-m", "adpipe", "validate", "--hour", LABEL))
+    tables = verify_hour(client, LABEL, tmp_path)
+    assert tables["ok"], str(tables)[:3000]
