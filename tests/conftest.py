@@ -43,18 +43,20 @@ LONGEST_FIRST = (
     "test_airflow_ui",  # 405 s
     "test_held_hours",  # 375 s
     "test_exactly_once",  # 330 s
-    "test_dags",  # 330 s in make test-long, 195 s in make test
+    "test_dags",  # 330 s in make test-long, 50 s in make test, 190 s (extended)
     "test_airflow_scheduler",  # 325 s (extended)
     "test_chaos",  # 290 s
     "test_union_and_load",  # 245 s
     "test_airflow_hosts",  # 240 s in make test-long
-    "test_two_homes_load",  # 225 s in make test-long
+    "test_two_homes_load",  # 300 s (extended)
     "test_restamped_retries",  # 205 s
+    "test_connect_hosts",  # 200 s in make test-long
+    "test_connect_load",  # 200 s
     "test_spark_cluster",  # 195 s (extended)
     "test_past_retention",  # 180 s
     "test_hdfs",  # 170 s (extended)
     "test_demo_secrets",  # 155 s (extended)
-    "test_hosts_leadership",  # 140 s in make test-long, 9 s in make test
+    "test_hosts_leadership",  # 70 s in make test-long, 70 s (extended), 9 s in make test
     "test_revisions",  # 130 s
     "test_metrics",  # 125 s (extended)
     "test_airflow_rails",  # 95 s in make test-long, 50 s in make test

@@ -1,14 +1,21 @@
 """The load's verbs as clients of the load's Spark Connect server (``adpipe
-connect serve``), from a home of their own, as a worker on another host
-runs them: no JVM in the client, every Delta write (MERGE, DELETE, the
+connect serve``), from two homes of their own, as workers on other hosts
+run them: no JVM in the clients, every Delta write (MERGE, DELETE, the
 tables' creation) done by the server's session. Real processes against the
-session's broker and PostgreSQL: a load through the server, frozen
-mid-publication (one published table written, the others and the ledger
-not, the load lock held); the server SIGKILLed, then the client; a new
-server, and a new load publishes the hour whole, once (its raw rows the
-producer's on-time events, read back by the test's own Spark session, not
-the server's); its validation and ``verify --hour``, through the server,
-pass. Expected rows come from the producer's own summary."""
+session's broker and PostgreSQL, the steps of three runs of one hour
+interleaved across the homes:
+
+1. run 1 staged from home A (a stage retried on one worker);
+2. run 2, a whole load from home B, frozen mid-publication (one published
+   table written, the others and the ledger not, the load lock held); the
+   server SIGKILLed, then the client;
+3. a new server; run 3 from home B publishes the hour whole, once (its raw
+   rows the producer's on-time events, read back by the test's own Spark
+   session, not the server's); its validation and ``verify --hour``,
+   through the server, pass;
+4. run 1's audit and publication, from home B, last: the hour unchanged.
+
+Expected rows come from the producer's own summary."""
 
 
 from __future__ import annotations
@@ -105,6 +112,10 @@ def test_a_server_killed_mid_publication_leaves_the_hour_to_the_next_load_whole_
     assert answering_server(load_settings(client)) == CONNECT
     sent = p.produce(events=300, seed=8802, ads=3, ad_offset=970, minutes=62, start=HOUR)
     assert p.stream(max_offsets=5000).returncode == 0
+    # A run staged from the other home first (a stage retried on one worker
+    # while another runs the hour): its audit and publication come last.
+    early_run = tmp_path / "early-run.json"
+    ok(load(connected["server_env"], "--hour", LABEL, "--step", "stage", "--run-file", str(early_run)))
     frozen, frozen_log = start_adpipe(
         work, "load", ("--hour", LABEL),
         {**client, "ADPIPE_FAULT": "load_after_publish", "ADPIPE_FAULT_SIGNAL": "STOP", "ADPIPE_FAULT_BATCH": "1"},
@@ -130,3 +141,7 @@ def test_a_server_killed_mid_publication_leaves_the_hour_to_the_next_load_whole_
     ok(run(client, "-m", "adpipe", "validate", "--hour", LABEL))
     tables = verify_hour(client, LABEL, tmp_path)
     assert tables["ok"], str(tables)[:3000]
+    ok(load(client, "--hour", LABEL, "--step", "audit", "--run-file", str(early_run)))
+    ok(load(client, "--hour", LABEL, "--step", "publish", "--run-file", str(early_run)))
+    late = _whole_and_once(p, LABEL, _on_time(sent, LABEL))
+    assert late["rows"] == data["rows"] and late["whole"] == data["whole"], "the early run's publication changed it"

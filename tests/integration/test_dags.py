@@ -273,8 +273,12 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-# In make test: about 2.5 minutes on two busy cores (two warm drivers' starts,
-# new tables, the three closed hours audited), after the stream's test.
+# About 2.5 minutes on two busy cores (two warm drivers' starts, new tables,
+# the three closed hours audited), after the stream's test: make test-extended,
+# since test_airflow_hosts (make test-long) hands an hour's staged run over
+# between Celery workers on two hosts through XCom.
+@pytest.mark.slow
+@pytest.mark.extended
 def test_an_hour_staged_on_one_worker_is_validated_and_published_once_on_another(flow: Flow) -> None:
     """Two workers that share nothing but Airflow's metadata database, the
     broker, the metastore's PostgreSQL and the warehouse: worker A (an

@@ -228,7 +228,8 @@ def _batches(log_text: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["services", "everything"])
+# The cut from the brokers only: make test-extended (the cut from everything is make test-long's).
+@pytest.mark.parametrize("what", [pytest.param("services", marks=pytest.mark.extended), "everything"])
 def test_a_standby_on_another_host_takes_over_from_a_driver_cut_off_mid_transaction(
     hosts_base: Path, what: str
 ) -> None:

@@ -36,7 +36,9 @@ H1, H2 = datetime(2026, 11, 17, 9, tzinfo=UTC), datetime(2026, 11, 17, 10, tzinf
 L1, L2 = f"{H1:%Y-%m-%dT%H}", f"{H2:%Y-%m-%dT%H}"
 # The first test's events: to 10:05, so that the stream closes 09 (some fall in 10).
 FIRST = {"events": 300, "seed": 7501, "ads": 3, "ad_offset": 950, "minutes": 65, "start": H1}
-pytestmark = pytest.mark.slow
+# make test-extended: test_load_lock (make test) shows the lock two whole loads take
+# turns on, and test_connect_load (make test) interleaves three runs' steps across two homes.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 @pytest.fixture(scope="module")
