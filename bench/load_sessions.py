@@ -89,7 +89,9 @@ def run(settings: Settings, events: int = 20_000, seed: int = 7, ads: int = 50, 
     kafka_io.ensure_pipeline_topics(settings, load_settings(env).topics)
     spec = produce.ProduceSpec(events=events, seed=seed, ads=ads, minutes=minutes)
     produce.send(settings.kafka, load_settings(env).topics.events, produce.plan(spec))
-    closing = produce.ProduceSpec(events=10, seed=seed + 1, minutes=1, start=spec.start + timedelta(hours=1, minutes=1))
+    # Past the hour's end plus the allowed lateness (300 s): the stream closes the hour.
+    closing = produce.ProduceSpec(events=10, seed=seed + 1, minutes=1,
+                                  start=spec.start + timedelta(hours=1, minutes=10))
     produce.send(settings.kafka, load_settings(env).topics.events, produce.plan(closing))
     timed_command(env, work / "stream.log", "stream", "--available-now")
     hour, before = load.hour_label(spec.start), load.hour_label(spec.start - timedelta(hours=1))
