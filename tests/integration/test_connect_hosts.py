@@ -1,11 +1,14 @@
-"""The load's Spark Connect servers across hosts (tests/hosts.py): one on
-host ``spark-a``, a spare on ``spark-b``; the load's steps run on host
-``worker`` as their clients (``ADPIPE_SPARK_CONNECT`` names both, a's
-first), with Kafka and PostgreSQL on the services host and the warehouse
-on a folder every host mounts. The hour is staged through a's server; then
-host a is killed whole (every process of its namespaces, the server's JVM
-included); the audit and publication, run again from the worker, go to b's
-server, and the hour is in the tables whole and once: its raw rows are the
+"""The load's Spark Connect servers across hosts (tests/hosts.py): one runs
+on host ``spark-a``; the load's steps run on host ``worker`` as its
+clients, ``ADPIPE_SPARK_CONNECT`` naming spark-a's server first and the
+worker's own second, ``ADPIPE_LOAD_WARM=on`` (a client starts its host's
+server when none answers, as it would a warm load driver). Kafka and
+PostgreSQL run on the services host, the warehouse is on a folder every
+host mounts. The hour is staged through spark-a's server; then host
+spark-a is killed whole (every process of its namespaces, the server's JVM
+included); the audit, run again from the worker, finds no server
+answering and starts the worker's own, and the audit and the publication
+run there: the hour is in the tables whole and once, its raw rows the
 producer's on-time events, read back by the test's own Spark session.
 
 Needs root (namespaces): elsewhere it skips, loudly."""
@@ -40,15 +43,15 @@ def _serve(host: Host, env: dict[str, str]) -> None:
         time.sleep(0.5)
 
 
-def test_a_load_s_steps_go_to_the_spare_server_when_the_first_one_s_host_dies(hosts_base: Path) -> None:
-    with made_hosts(hosts_base, ["spark-a", "spark-b", "worker"]) as net:
-        a, b, worker = net["spark-a"], net["spark-b"], net["worker"]
-        servers = f"sc://{a.ip}:{CONNECT_PORT},sc://{b.ip}:{CONNECT_PORT}"
+def test_a_load_s_steps_start_a_server_on_their_own_host_when_the_first_one_s_host_dies(hosts_base: Path) -> None:
+    with made_hosts(hosts_base, ["spark-a", "worker"]) as net:
+        a, worker = net["spark-a"], net["worker"]
+        servers = f"sc://{a.ip}:{CONNECT_PORT},sc://{worker.ip}:{CONNECT_PORT}"
         cluster = {
             **start_services(net),
             "ADPIPE_CHECKPOINT_URI": f"file://{hosts_base / 'shared' / 'checkpoints'}",
             "ADPIPE_WAREHOUSE_URI": f"file://{hosts_base / 'shared' / 'warehouse'}",
-            "ADPIPE_LOAD_WARM": "off",
+            "ADPIPE_LOAD_WARM": "on",
             **NO_REVISIONS,
         }
         # The test's own clients (producing, the stream run, the tables' dump) in the root namespace.
@@ -58,7 +61,6 @@ def test_a_load_s_steps_go_to_the_spare_server_when_the_first_one_s_host_dies(ho
         assert pipeline.stream(max_offsets=5000).returncode == 0
         connect = {**pipeline.env, "ADPIPE_SPARK_CONNECT": servers}
         _serve(a, connect)
-        _serve(b, connect)
 
         run_file = "/tmp/run.json"  # noqa: S108 - the worker's own /tmp
 
@@ -69,14 +71,19 @@ def test_a_load_s_steps_go_to_the_spare_server_when_the_first_one_s_host_dies(ho
             assert done.returncode == 0, f"{name}: exit {done.returncode}\n{out[-4000:]}"
             return out
 
-        assert f"Spark Connect session on sc://{a.ip}:{CONNECT_PORT}" in step("stage")
+        staged = step("stage")
+        assert f"Spark Connect session on sc://{a.ip}:{CONNECT_PORT}" in staged and "starting this host's" not in staged
         a.kill()
-        assert f"Spark Connect session on sc://{b.ip}:{CONNECT_PORT}" in step("audit")
-        assert f"Spark Connect session on sc://{b.ip}:{CONNECT_PORT}" in step("publish")
+        audited = step("audit")
+        assert f"no Spark Connect server answers: starting this host's on sc://{worker.ip}:{CONNECT_PORT}" in audited
+        assert f"Spark Connect session on sc://{worker.ip}:{CONNECT_PORT}" in audited
+        published = step("publish")
+        assert f"Spark Connect session on sc://{worker.ip}:{CONNECT_PORT}" in published
+        assert "starting this host's" not in published  # the one the audit started, still up
 
         tables = dump(pipeline.env, label)
         raw = ids(tables["rows"][T.RAW])
         on_time = sum(c["events"] for c in sent["counts"] if c["window_start"][:13] == label)
         assert len(raw) == len(set(raw)) == on_time > 0
-        published = [r for r in tables["load_runs"] if r["step"] == "published"]
-        assert len(published) == 1, tables["load_runs"]
+        ledger = [r for r in tables["load_runs"] if r["step"] == "published"]
+        assert len(ledger) == 1, tables["load_runs"]

@@ -14,10 +14,14 @@ the load lock and the ledger in PostgreSQL, and the Delta tables
 (adpipe.lakehouse.ledger).
 
 Each server is kept up by its host's service manager (a compose service,
-a systemd unit); two or more on different hosts keep the loads going when
-one host dies: its clients' next session is the next server's. A server
-that dies leaves nothing behind: the verbs it ran fail as a killed load
-does, and the next one recovers."""
+a systemd unit), or by its clients: with ``ADPIPE_LOAD_WARM=on`` a client
+that finds none answering starts its own host's
+(:func:`adpipe.lakehouse.connect_client.ensure_server`), as it would start
+a warm load driver. Two or more on different hosts keep
+the loads going when one host dies: its clients' next session is the next
+server's, or one they start on their own host. A server that dies leaves
+nothing behind: the verbs it ran fail as a killed load does, and the next
+one recovers."""
 
 from __future__ import annotations
 
@@ -31,8 +35,6 @@ from adpipe.settings import Settings
 log = logging.getLogger(__name__)
 
 APP_NAME = "adpipe-connect"
-
-
 def serve(settings: Settings, stop: threading.Event | None = None) -> int:
     """Run the server until SIGTERM or SIGINT (or ``stop``); 1 when its
     Spark session ends under it."""

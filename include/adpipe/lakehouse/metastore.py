@@ -311,9 +311,14 @@ def _add_missing_columns(spark: SparkSession, name: str, schema: StructType) -> 
 
 def metastore_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session on the metastore, with the ``ads`` tables in place:
-    this process's own, or one of the Spark Connect server at
-    ``ADPIPE_SPARK_CONNECT`` (whose start put the tables in place)."""
+    this process's own, or one of the load's Spark Connect servers
+    (``ADPIPE_SPARK_CONNECT``, whose start put the tables in place; with
+    ``ADPIPE_LOAD_WARM=on`` this host's is started when none answers)."""
     if settings.spark_connect:
+        if settings.load_warm == "on":
+            from adpipe.lakehouse.connect_client import ensure_server
+
+            ensure_server(settings)
         return connect_session(settings)
     ensure_schema(settings)
     spark = build_spark(settings, app_name, metastore_conf(settings))

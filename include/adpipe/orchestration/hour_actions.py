@@ -128,6 +128,10 @@ class HourActionOperator(WarmLoadOperator):
         hour, action = hour_and_action(context.get("params"))
         env = {**os.environ, **connection_env()}
         settings = load_settings(env)
+        if settings.spark_connect:
+            from adpipe.lakehouse.connect_client import ensure_server
+
+            ensure_server(settings)  # this host's, when none answers (as a warm driver would be)
         if settings.load_submit == "in-process" or settings.spark_connect:
             said = self._here(settings, hour, action)
         elif settings.load_submit == "warm":

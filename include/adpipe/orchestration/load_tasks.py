@@ -404,8 +404,13 @@ class LoadStepOperator(WarmLoadOperator):
         overlay, settings, hour = _run_of(context)
         if self.step != "stage":
             _staged(self.staged_run)  # refused before any Spark work
-        # With the load's Spark Connect server the task's own process is a
-        # client of the warm session (any worker's), no warm driver of its host.
+        # With the load's Spark Connect servers the task's own process is a
+        # client of a warm session (any host's; its own host's started when
+        # none answers, as a warm driver would be), no warm driver of its host.
+        if settings.spark_connect:
+            from adpipe.lakehouse.connect_client import ensure_server
+
+            ensure_server(settings)
         if settings.load_submit == "in-process" or settings.spark_connect:
             return _skip_after(self.step, hour, in_process(self.step, settings, hour, self.staged_run))
         if settings.load_submit != "warm":
