@@ -50,7 +50,6 @@ LONGEST_FIRST = (
     "test_airflow_hosts",  # 240 s in make test-long
     "test_two_homes_load",  # 300 s (extended)
     "test_restamped_retries",  # 205 s
-    "test_connect_hosts",  # 200 s in make test-long
     "test_connect_load",  # 200 s
     "test_spark_cluster",  # 195 s (extended)
     "test_past_retention",  # 180 s
@@ -58,6 +57,7 @@ LONGEST_FIRST = (
     "test_demo_secrets",  # 155 s (extended)
     "test_hosts_leadership",  # 70 s in make test-long, 70 s (extended), 9 s in make test
     "test_revisions",  # 130 s
+    "test_connect_hosts",  # 100 s in make test-long
     "test_metrics",  # 125 s (extended)
     "test_airflow_rails",  # 95 s in make test-long, 50 s in make test
     "test_budget_revisions",  # 90 s
