@@ -97,7 +97,10 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         delegated = _in_warm_driver(args, argv, settings)
         if delegated is not None:
             return delegated
-        if getattr(args, "needs_metastore", False):
+        needs_metastore = getattr(args, "needs_metastore", False)
+        if callable(needs_metastore):
+            needs_metastore = needs_metastore(args)
+        if needs_metastore:
             from adpipe.local import postgres
 
             postgres.serve_metastore(settings)

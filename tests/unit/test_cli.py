@@ -77,3 +77,31 @@ def test_a_verb_that_tells_a_story_logs_to_its_file_and_warns_on_the_console(ver
         assert "WARNING librdkafka: a library's warning line" in log_file.read_text()
         assert "INFO adpipe.tools.demo: an info line" in log_file.read_text()
         assert "a warning line" in log_file.read_text()
+
+
+def test_connect_status_asks_a_port_and_starts_no_postgresql(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]  # noqa: ANN001
+) -> None:
+    from adpipe.cli import main
+    from adpipe.local import postgres
+
+    started: list[str] = []
+    monkeypatch.setattr(postgres, "serve_metastore", lambda settings: started.append(str(settings.home)))
+    monkeypatch.setenv("ADPIPE_HOME", str(tmp_path))
+    # A port nothing listens on: the test's own socket, closed again.
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    monkeypatch.setenv("ADPIPE_SPARK_CONNECT", f"sc://127.0.0.1:{free}")
+    assert main(["connect", "status"]) == 3
+    assert f"none of sc://127.0.0.1:{free} answers" in capsys.readouterr().out
+    assert started == []
+    # Something listening there answers.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("ADPIPE_SPARK_CONNECT", f"sc://127.0.0.1:{server.getsockname()[1]}")
+        assert main(["connect", "status"]) == 0
+    assert started == []

@@ -261,4 +261,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "answers: no Spark start of its own. status: exit 0 when one answers, 3 otherwise.",
     )
     p.add_argument("action", choices=("serve", "status"))
-    p.set_defaults(func=cmd_connect, needs_metastore=True)
+    # The embedded default's PostgreSQL for a server; a status asks a port only.
+    p.set_defaults(func=cmd_connect, needs_metastore=lambda args: args.action == "serve")
