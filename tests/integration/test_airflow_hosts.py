@@ -28,6 +28,11 @@ The same with worker-1's host cut off instead of killed (make
 test-extended): publish's retry on worker-2 waits for the load lock until
 the server ends the silent holder's session; after the heal, the frozen
 publication is resumed, its lock lost, and the hour is still there once.
+And the kill with the load's steps as clients of the load's Spark Connect
+servers instead of warm load drivers (make test-extended):
+``ADPIPE_SPARK_CONNECT`` names one on each worker; worker-1's steps start
+worker-1's (``publish`` freezes in its own task process), and publish's
+retry on worker-2 finds it dead with its host and starts worker-2's.
 
 Needs root (namespaces): elsewhere it skips, loudly. A long scenario:
 make test-long."""
@@ -48,7 +53,7 @@ from pathlib import Path
 import pytest
 from adpipe import pg as pg_client
 from adpipe.faults import LOAD_AFTER_PUBLISH
-from adpipe.lakehouse import warm
+from adpipe.lakehouse import connect_client, warm
 from adpipe.local.airflow import airflow_env, migrate
 from adpipe.settings import load_settings
 from adpipe.stream import leadership
@@ -103,6 +108,10 @@ def _leader(settings) -> leadership.Driver | None:  # noqa: ANN001
     # The cut: the same retry, after the server ends the cut-off holder's
     # session; then the heal and the frozen publication resumed. Longer: make test-extended.
     pytest.param("cut", marks=pytest.mark.extended),
+    # The kill with the load's steps as clients of Spark Connect servers
+    # (ADPIPE_SPARK_CONNECT naming one on each worker): worker-1's steps start
+    # worker-1's, publish's retry on worker-2 starts worker-2's. make test-extended.
+    pytest.param("connect", marks=pytest.mark.extended),
 ])
 def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_publish_is_retried_on_the_other(
     hosts_base: Path, fault: str
@@ -124,6 +133,8 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_
             "ADPIPE_WAREHOUSE_URI": f"file://{shared / 'warehouse'}",
             "ADPIPE_LOAD_START": f"{hour:%Y-%m-%dT%H:%M:%SZ}",
             "ADPIPE_LOAD_SUBMIT": "warm",
+            **({"ADPIPE_SPARK_CONNECT": f"sc://{net['worker-1'].ip}:15002,sc://{net['worker-2'].ip}:15002"}
+               if fault == "connect" else {}),
             "ADPIPE_LOAD_RETRY_DELAY_S": "5",
             "ADPIPE_TRIGGER_INTERVAL_S": "2",
             **NO_REVISIONS,
@@ -199,13 +210,21 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_
         cli("dags", "unpause", LOAD_DAG)  # ADPIPE_LOAD_START: the scheduler runs the closed hour
         w1_settings = load_settings(w1_env)
         frozen = f"fault injection: SIGSTOP at {LOAD_AFTER_PUBLISH}"
-        _until("worker-1's publish frozen mid-way", lambda: warm.log_file(w1_settings).is_file()
-               and frozen in warm.log_file(w1_settings).read_text(errors="replace"), 900, *everything, interval_s=2)
+
+        def publish_frozen() -> bool:
+            if fault != "connect":  # in worker-1's warm load driver
+                path = warm.log_file(w1_settings)
+                return path.is_file() and frozen in path.read_text(errors="replace")
+            # in publish's own task process, a client of worker-1's Spark Connect server
+            tries = [path for path in net["worker-1"].home.rglob("attempt=1.log") if "task_id=publish" in str(path)]
+            return any(frozen in path.read_text(errors="replace") for path in tries)
+
+        _until("worker-1's publish frozen mid-way", publish_frozen, 900, *everything, interval_s=2)
 
         worker_2 = net["worker-2"].start([AIRFLOW, "celery", "worker", "--concurrency", "2"],
                                          net["worker-2"].directory / "celery-worker.log",
                                          airflow_on(net["worker-2"]))
-        if fault == "kill":
+        if fault in ("kill", "connect"):
             net["worker-1"].kill()  # the whole host: Celery worker, task, warm load driver, stream driver
         else:
             # Cut off, everything on it running on: the stream driver ends
@@ -258,6 +277,12 @@ def test_airflow_s_celery_workers_on_two_hosts_run_the_dags_and_a_lost_worker_s_
                 time.sleep(1)
             log.info("the resumed publication's log after SIGCONT:\n%s", zombie_log.read_text(errors="replace")
                      .split("resumed (SIGCONT)", 1)[-1][-3000:])
+
+        if fault == "connect":
+            # Each worker's steps ran on a Spark Connect server they started on their own host.
+            for name in ("worker-1", "worker-2"):
+                server_log = connect_client.log_file(load_settings(net[name].env(pipeline.env)))
+                assert f"Spark Connect server on sc://{net[name].ip}:15002" in server_log.read_text(), name
 
         # The hour whole and once: every distinct on-time event of it, as the producer counted them.
         tables = dump(pipeline.env, label)

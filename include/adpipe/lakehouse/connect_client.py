@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from adpipe.settings import Settings
@@ -22,11 +23,15 @@ def log_file(settings: Settings) -> Path:
     return settings.log_dir / "connect-server.log"
 
 
-def ensure_server(settings: Settings, timeout_s: float = START_TIMEOUT_S) -> str | None:
+def ensure_server(
+    settings: Settings, timeout_s: float = START_TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> str | None:
     """The first of ``ADPIPE_SPARK_CONNECT``'s servers that answers, or this
-    host's, started now (detached, its log in :func:`log_file`) when none
-    does and this host is one of them; None when none answers and this host
-    is none of them, or its server did not become ready within ``timeout_s``."""
+    host's, started now (detached, its log in :func:`log_file`; ``env``: its
+    environment, default this process's, as ``settings`` were read from)
+    when none does and this host is one of them; None when none answers and
+    this host is none of them, or its server did not become ready within
+    ``timeout_s``."""
     from adpipe.processes import start_detached
     from adpipe.spark import answering_server, connect_address
 
@@ -40,7 +45,8 @@ def ensure_server(settings: Settings, timeout_s: float = START_TIMEOUT_S) -> str
         return None
     path = log_file(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADPIPE_FAULT")}  # a request's, not the server's
+    # A fault plan is a request's, never the server's.
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("ADPIPE_FAULT")}
     proc = start_detached([sys.executable, "-m", "adpipe", "connect", "serve"], path, env=env)
     log.info("no Spark Connect server answers: starting this host's on sc://%s:%d (pid %d; its log: %s)",
              host, port, proc.pid, path)

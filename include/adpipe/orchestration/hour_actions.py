@@ -131,7 +131,7 @@ class HourActionOperator(WarmLoadOperator):
         if settings.spark_connect:
             from adpipe.lakehouse.connect_client import ensure_server
 
-            ensure_server(settings)  # this host's, when none answers (as a warm driver would be)
+            ensure_server(settings, env=env)  # this host's, when none answers (as a warm driver would be)
         if settings.load_submit == "in-process" or settings.spark_connect:
             said = self._here(settings, hour, action)
         elif settings.load_submit == "warm":

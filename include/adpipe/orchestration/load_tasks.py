@@ -410,7 +410,7 @@ class LoadStepOperator(WarmLoadOperator):
         if settings.spark_connect:
             from adpipe.lakehouse.connect_client import ensure_server
 
-            ensure_server(settings)
+            ensure_server(settings, env={**os.environ, **overlay})  # the Connections' values too
         if settings.load_submit == "in-process" or settings.spark_connect:
             return _skip_after(self.step, hour, in_process(self.step, settings, hour, self.staged_run))
         if settings.load_submit != "warm":
