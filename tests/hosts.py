@@ -83,12 +83,18 @@ _harnesses = itertools.count()
 
 # A host's PID 1: sets the hostname, binds its /tmp and /etc/hosts, then
 # reaps orphans until the harness's pipe closes or its lifetime ends (its
-# exit ends every process of the PID namespace).
+# exit ends every process of the PID namespace). The folders of its fifth
+# argument (the project and its Python, when they live under /tmp: a clone
+# in mktemp -d) stay where they are inside the host's own /tmp.
 INIT = r"""
 import os, select, socket, subprocess, sys, time
 name, tmp, hosts, lifetime = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 socket.sethostname(name)
-subprocess.run(["mount", "--bind", tmp, "/tmp"], check=True)
+for kept in filter(None, sys.argv[5].split(os.pathsep)):
+    inside = os.path.join(tmp, os.path.relpath(kept, "/tmp"))
+    os.makedirs(inside, exist_ok=True)
+    subprocess.run(["mount", "--bind", kept, inside], check=True)
+subprocess.run(["mount", "--rbind", tmp, "/tmp"], check=True)
 subprocess.run(["mount", "--bind", hosts, "/etc/hosts"], check=True)
 print("ready", flush=True)
 deadline = time.monotonic() + lifetime
@@ -316,6 +322,19 @@ class Host:
             proc.kill()
 
 
+def kept_under_tmp() -> list[Path]:
+    """The folders every host must see where they are although they live
+    under /tmp, which each host has of its own: the project (its code, its
+    venv, the test home in it) and this Python's installation."""
+    tmp = Path("/tmp")
+    found: list[Path] = []
+    for folder in sorted({Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+                          Path(sys.base_prefix).resolve()}, key=lambda f: len(f.parts)):
+        if tmp in folder.parents and not any(k == folder or k in folder.parents for k in found):
+            found.append(folder)
+    return found
+
+
 def _taken_networks() -> list[ipaddress.IPv4Network]:
     """Every IPv4 route and address of the root namespace, the default route aside."""
     taken = []
@@ -509,6 +528,7 @@ class Hosts:
             "ip", "netns", "exec", host.netns,
             "unshare", "--uts", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
             sys.executable, "-c", INIT, host.name, str(host.tmp), str(hosts_file), str(self.lifetime_s),
+            os.pathsep.join(str(folder) for folder in kept_under_tmp()),
         ]
         with (host.directory / "init.log").open("ab") as err:
             host.init = subprocess.Popen(  # noqa: S603
