@@ -45,7 +45,7 @@ LONGEST_FIRST = (
     "test_exactly_once",  # 330 s
     "test_dags",  # 330 s in make test-long, 50 s in make test, 190 s (extended)
     "test_airflow_scheduler",  # 325 s (extended)
-    "test_chaos",  # 290 s
+    "test_chaos",  # 290 s (extended)
     "test_union_and_load",  # 245 s
     "test_airflow_hosts",  # 240 s in make test-long
     "test_two_homes_load",  # 300 s (extended)

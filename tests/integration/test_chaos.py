@@ -46,6 +46,10 @@ def own_broker(pg: Settings) -> Iterator[Settings]:
         kafka_broker.down(settings)
 
 
+# About 290 s, the longest of make test's: make test-extended, beside `make chaos`
+# itself (the harness's fault accounting and verdict are unit-tested in make test).
+@pytest.mark.slow
+@pytest.mark.extended
 def test_short_chaos_run_loses_and_doubles_nothing(own_broker: Settings) -> None:
     log_path = own_broker.home / "chaos.log"
     with log_path.open("w") as log:
