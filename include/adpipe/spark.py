@@ -321,14 +321,18 @@ def connect_address(settings: Settings) -> tuple[str, int]:
 
 
 def connect_server_conf(settings: Settings) -> dict[str, str]:
-    """A session's conf that also makes it a Spark Connect server at
-    :func:`connect_address`."""
+    """A session's conf for a Spark Connect server at :func:`connect_address`
+    (:func:`start_connect_service` starts it on the session)."""
     host, port = connect_address(settings)
-    return {
-        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-        "spark.connect.grpc.binding.address": host,
-        "spark.connect.grpc.binding.port": str(port),
-    }
+    return {"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)}
+
+
+def start_connect_service(spark: SparkSession) -> None:
+    """Serve ``spark`` over Spark Connect, as Spark's own SparkConnectServer
+    does: started once the session is ready (not as a plugin at its start,
+    which opens the port to clients before the tables are in place)."""
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j gateway
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())  # noqa: SLF001
 
 
 def answers(host: str, port: int) -> bool:

@@ -39,7 +39,7 @@ def serve(settings: Settings, stop: threading.Event | None = None) -> int:
     """Run the server until SIGTERM or SIGINT (or ``stop``); 1 when its
     Spark session ends under it."""
     from adpipe.lakehouse.metastore import ensure_schema, ensure_tables, init_lock, metastore_conf
-    from adpipe.spark import answers, build_spark, connect_address, connect_server_conf
+    from adpipe.spark import answers, build_spark, connect_address, connect_server_conf, start_connect_service
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -54,6 +54,7 @@ def serve(settings: Settings, stop: threading.Event | None = None) -> int:
     spark = build_spark(settings, APP_NAME, {**metastore_conf(settings), **connect_server_conf(settings)})
     with init_lock(settings):
         ensure_tables(spark)
+    start_connect_service(spark)  # clients only once the tables are in place
     log.info("Spark Connect server on sc://%s:%d, ready in %.1f s (master %s, warehouse %s)",
              host, port, time.monotonic() - started, settings.spark_master, settings.warehouse_uri)
     jsc = spark.sparkContext._jsc  # noqa: SLF001 - the JVM's liveness
