@@ -12,7 +12,8 @@ settings the jobs read.
    (one slot) the table writers of the load and maintenance DAGs share.
 4. ``airflow standalone`` (api-server, scheduler, dag-processor, triggerer;
    LocalExecutor) with the Connections ``adpipe_spark``, ``adpipe_kafka``,
-   ``adpipe_metastore_db``, ``adpipe_budget_db`` given as ``AIRFLOW_CONN_*``
+   ``adpipe_metastore_db``, ``adpipe_budget_db`` (and ``adpipe_spark_connect``
+   when ``ADPIPE_SPARK_CONNECT`` names servers) given as ``AIRFLOW_CONN_*``
    variables built from :class:`adpipe.settings.Settings`: the tasks take
    their addresses and credentials from these (adpipe.orchestration.connections).
 5. Once the UI answers, print its address and where the login is (Airflow's
@@ -82,7 +83,7 @@ def connections_env(settings: Settings) -> dict[str, str]:
     """``AIRFLOW_CONN_*`` variables from the settings the jobs read: the
     Connections a task's settings come from (adpipe.orchestration.connections
     maps them back)."""
-    return {
+    env = {
         # The provider reads a master without "://" from the host field.
         "AIRFLOW_CONN_ADPIPE_SPARK": json.dumps({"conn_type": "spark", "host": settings.spark_master}),
         # librdkafka settings, credentials included on a secured cluster
@@ -94,6 +95,20 @@ def connections_env(settings: Settings) -> dict[str, str]:
         ),
         "AIRFLOW_CONN_ADPIPE_BUDGET_DB": json.dumps(_db_connection(settings.budget_db)),
     }
+    if settings.spark_connect:
+        # The load's Spark Connect servers, when the settings name any.
+        env["AIRFLOW_CONN_ADPIPE_SPARK_CONNECT"] = json.dumps(_spark_connect_connection(settings.spark_connect))
+    return env
+
+
+def _spark_connect_connection(urls: str) -> dict:
+    """An Airflow Spark Connect connection (JSON form) for
+    ``ADPIPE_SPARK_CONNECT``: the first server as host and port, the others
+    in the extra's ``urls``."""
+    first, *others = urls.split(",")
+    host, _, port = urlsplit(first).netloc.rpartition(":")  # an IPv6 host keeps its brackets
+    connection = {"conn_type": "spark_connect", "host": host, "port": int(port)}
+    return {**connection, "extra": {"urls": others}} if others else connection
 
 
 def airflow_env(settings: Settings, database_url: str, base: dict[str, str] | None = None) -> dict[str, str]:

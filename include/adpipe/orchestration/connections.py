@@ -3,25 +3,32 @@ Connections, read through the providers' own hooks, so that a secrets
 backend (or ``AIRFLOW_CONN_*`` variables) can supply them; the command line
 keeps its environment settings.
 
-=====================  =========  ==============================================
-Connection             type       adpipe settings it gives
-=====================  =========  ==============================================
-``adpipe_kafka``       kafka      its extra, librdkafka's settings:
-                                  ``bootstrap.servers`` -> ADPIPE_KAFKA_BOOTSTRAP;
-                                  ``security.protocol`` (PLAINTEXT or SASL_SSL)
-                                  -> ADPIPE_KAFKA_SECURITY; ``sasl.mechanisms``
-                                  (SCRAM-SHA-512 only); ``sasl.username``,
-                                  ``sasl.password``, ``ssl.ca.location`` ->
-                                  ADPIPE_KAFKA_USERNAME, _PASSWORD, _CA_FILE
-``adpipe_metastore_db``  postgres  host, port, login, password -> ADPIPE_PG_HOST,
-                                  _PORT, _USER, _PASSWORD (the PostgreSQL
-                                  server); schema -> ADPIPE_METASTORE_DATABASE
-``adpipe_budget_db``   postgres   the SQLAlchemy URL (``postgresql+psycopg2``)
-                       (sqlite)   -> ADPIPE_BUDGET_DB (sqlite: host is the file)
-``adpipe_spark``       spark      the master (host, or ``<type>://host:port``,
-                                  as the Spark provider reads it) ->
-                                  ADPIPE_SPARK_MASTER
-=====================  =========  ==============================================
+========================  =============  ==============================================
+Connection                type           adpipe settings it gives
+========================  =============  ==============================================
+``adpipe_kafka``          kafka          its extra, librdkafka's settings:
+                                         ``bootstrap.servers`` -> ADPIPE_KAFKA_BOOTSTRAP;
+                                         ``security.protocol`` (PLAINTEXT or SASL_SSL)
+                                         -> ADPIPE_KAFKA_SECURITY; ``sasl.mechanisms``
+                                         (SCRAM-SHA-512 only); ``sasl.username``,
+                                         ``sasl.password``, ``ssl.ca.location`` ->
+                                         ADPIPE_KAFKA_USERNAME, _PASSWORD, _CA_FILE
+``adpipe_metastore_db``   postgres       host, port, login, password -> ADPIPE_PG_HOST,
+                                         _PORT, _USER, _PASSWORD (the PostgreSQL
+                                         server); schema -> ADPIPE_METASTORE_DATABASE
+``adpipe_budget_db``      postgres       the SQLAlchemy URL (``postgresql+psycopg2``)
+                          (sqlite)       -> ADPIPE_BUDGET_DB (sqlite: host is the file)
+``adpipe_spark``          spark          the master (host, or ``<type>://host:port``,
+                                         as the Spark provider reads it) ->
+                                         ADPIPE_SPARK_MASTER
+``adpipe_spark_connect``  spark_connect  the load's Spark Connect servers ->
+                                         ADPIPE_SPARK_CONNECT: host and port
+                                         (``sc://host:port``; port 15002 when none),
+                                         then its extra's ``urls`` (a list, or
+                                         comma-separated ``sc://host:port``), in the
+                                         order clients try them; no user, token or TLS
+                                         (adpipe's servers take none)
+========================  =============  ==============================================
 
 A Connection that is not defined leaves those settings to the worker's
 environment (logged once per task). A Connection's values win over the
@@ -42,6 +49,7 @@ import logging
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlparse
 
 from adpipe.kafka_access import KAFKA_ENV, access_env
 from adpipe.settings import Settings, SettingsError, load_settings
@@ -52,10 +60,14 @@ KAFKA = "adpipe_kafka"
 METASTORE_DB = "adpipe_metastore_db"
 BUDGET_DB = "adpipe_budget_db"
 SPARK = "adpipe_spark"
-CONNECTION_IDS = (KAFKA, METASTORE_DB, BUDGET_DB, SPARK)
+SPARK_CONNECT = "adpipe_spark_connect"
+CONNECTION_IDS = (KAFKA, METASTORE_DB, BUDGET_DB, SPARK, SPARK_CONNECT)
 # The budget service and the metastore's set-up use psycopg2.
 SQLALCHEMY_SCHEME = "postgresql+psycopg2"
 POSTGRES = ("postgres", "postgresql")
+# Spark's own Spark Connect port (adpipe.spark.DEFAULT_CONNECT_PORT, not
+# imported here: that would import pyspark into every task).
+SPARK_CONNECT_PORT = 15002
 
 # What each Connection replaces, whole: these variables of the worker's
 # environment are never mixed with a Connection's values.
@@ -65,6 +77,7 @@ REPLACES = {
                    "ADPIPE_METASTORE_DATABASE"),
     BUDGET_DB: ("ADPIPE_BUDGET_DB",),
     SPARK: ("ADPIPE_SPARK_MASTER",),
+    SPARK_CONNECT: ("ADPIPE_SPARK_CONNECT",),
 }
 
 
@@ -151,9 +164,43 @@ def spark_master(conn: Any) -> str:
     return f"{master}:{conn.port}" if conn.port else master
 
 
+def spark_connect_urls(conn: Any) -> str:
+    """``adpipe_spark_connect`` as ``ADPIPE_SPARK_CONNECT``: the server at its
+    host and port (the host may hold its ``sc://``; Spark's port 15002 when
+    there is none), then those of its extra's ``urls`` (a list, or one
+    comma-separated string), each once, in the order clients try them."""
+    from adpipe.setting_values import connect_urls
+
+    where = f"Connection {SPARK_CONNECT!r}"
+    if conn.conn_type != "spark_connect":
+        raise UnusableConnection(f"{where} is of type {conn.conn_type!r}, not spark_connect")
+    extra = conn.extra_dejson
+    if conn.login or conn.password or str(extra.get("use_ssl", "")).lower() not in ("", "false", "0"):
+        raise UnusableConnection(f"{where} has a user, a token or use_ssl: adpipe's Spark Connect servers take none")
+    urls = []
+    try:
+        if conn.host:
+            host = conn.host if "://" in conn.host else f"sc://{conn.host}"
+            if conn.port or urlparse(host).port is None:
+                host = f"{host}:{conn.port or SPARK_CONNECT_PORT}"
+            urls.append(host)
+        more = extra.get("urls") or []
+        urls += [str(u).strip() for u in (more.split(",") if isinstance(more, str) else more)]
+        if not any(urls):
+            raise UnusableConnection(f"{where} names no server: a host, or sc://host:port in its extra's urls")
+        return connect_urls(
+            {"ADPIPE_SPARK_CONNECT": ",".join(dict.fromkeys(u for u in urls if u))}, "ADPIPE_SPARK_CONNECT"
+        )
+    except UnusableConnection:
+        raise
+    except (SettingsError, ValueError) as exc:
+        raise UnusableConnection(f"{where}: {exc}") from None
+
+
 def connection_env() -> dict[str, str]:
     """The ``ADPIPE_*`` values of every adpipe Connection that is defined."""
     from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
@@ -175,6 +222,11 @@ def connection_env() -> dict[str, str]:
         missing.append(SPARK)
     else:
         env["ADPIPE_SPARK_MASTER"] = spark_master(spark)
+    spark_connect = _get(SparkConnectHook, SPARK_CONNECT)
+    if spark_connect is None:
+        missing.append(SPARK_CONNECT)
+    else:
+        env["ADPIPE_SPARK_CONNECT"] = spark_connect_urls(spark_connect)
     if missing:
         log.info("no Airflow Connection %s: those settings come from the environment", ", ".join(missing))
     return env

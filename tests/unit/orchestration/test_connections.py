@@ -17,7 +17,7 @@ import pytest
 from adpipe.settings import Settings, SettingsError, load_settings
 
 CONN_VARS = ("AIRFLOW_CONN_ADPIPE_KAFKA", "AIRFLOW_CONN_ADPIPE_METASTORE_DB", "AIRFLOW_CONN_ADPIPE_BUDGET_DB",
-             "AIRFLOW_CONN_ADPIPE_SPARK")
+             "AIRFLOW_CONN_ADPIPE_SPARK", "AIRFLOW_CONN_ADPIPE_SPARK_CONNECT")
 
 
 @pytest.fixture(autouse=True)
@@ -51,9 +51,12 @@ def test_every_connection_maps_to_its_settings_over_the_workers_environment(monk
         adpipe_metastore_db=_pg("hive", "m%tastore:pw", "ms_prod"),
         adpipe_budget_db=_pg("budget", "b@d/get pw", "budget_prod", port=6544),
         adpipe_spark={"conn_type": "spark", "host": "spark://master.internal", "port": 7077},
+        adpipe_spark_connect={"conn_type": "spark_connect", "host": "connect-a.internal", "port": 15010,
+                              "extra": {"urls": ["sc://connect-b.internal:15011"]}},
     )
     worker = {"ADPIPE_KAFKA_BOOTSTRAP": "127.0.0.1:1", "ADPIPE_KAFKA_PASSWORD_FILE": "/nowhere", "ADPIPE_PG_PORT": "1",
-              "ADPIPE_BUDGET_DB": "sqlite:////tmp/x.db", "ADPIPE_SPARK_MASTER": "local[1]", "ADPIPE_JOB_ID": "r1"}
+              "ADPIPE_BUDGET_DB": "sqlite:////tmp/x.db", "ADPIPE_SPARK_MASTER": "local[1]", "ADPIPE_JOB_ID": "r1",
+              "ADPIPE_SPARK_CONNECT": "sc://127.0.0.1:1"}
     s = task_settings({**worker})
     assert s.kafka.bootstrap == "k1:9093,k2:9093"
     c = s.kafka_credentials
@@ -71,6 +74,7 @@ def test_every_connection_maps_to_its_settings_over_the_workers_environment(monk
     assert (url.host, url.port, url.username, url.password, url.database) == (
         "db.internal", 6544, "budget", "b@d/get pw", "budget_prod")
     assert s.spark_master == "spark://master.internal:7077"
+    assert s.spark_connect == "sc://connect-a.internal:15010,sc://connect-b.internal:15011"
     assert s.job_id == "r1"  # what no Connection gives stays the environment's
 
 
@@ -94,9 +98,14 @@ def test_without_connections_the_environment_decides_and_says_so(
     env = {"ADPIPE_KAFKA_BOOTSTRAP": "127.0.0.1:29092", "ADPIPE_PG_PORT": "29094", "ADPIPE_SPARK_MASTER": "local[1]"}
     with caplog.at_level(logging.INFO, logger="adpipe.orchestration.connections"):
         assert connection_env() == {}
-    assert "no Airflow Connection adpipe_kafka, adpipe_metastore_db, adpipe_budget_db, adpipe_spark" in caplog.text
+    assert (
+        "no Airflow Connection adpipe_kafka, adpipe_metastore_db, adpipe_budget_db, adpipe_spark, adpipe_spark_connect"
+        in caplog.text
+    )
+    env["ADPIPE_SPARK_CONNECT"] = "sc://10.0.0.5:15002"
     s = task_settings(env)
     assert (s.kafka_bootstrap, s.pg_port, s.spark_master) == ("127.0.0.1:29092", 29094, "local[1]")
+    assert s.spark_connect == "sc://10.0.0.5:15002"
     # One defined, the others not: only its settings change.
     _set(monkeypatch, adpipe_spark={"conn_type": "spark", "host": "local[2]"})
     s = task_settings(env)
@@ -122,16 +131,56 @@ def test_the_spark_master_is_read_as_the_spark_provider_reads_it(
     assert connection_env()["ADPIPE_SPARK_MASTER"] == master
 
 
+@pytest.mark.parametrize(
+    ("body", "servers"),
+    [
+        ({"conn_type": "spark_connect", "host": "connect.internal", "port": 15010}, "sc://connect.internal:15010"),
+        # No port: Spark's own, 15002.
+        ({"conn_type": "spark_connect", "host": "connect.internal"}, "sc://connect.internal:15002"),
+        # The host with its scheme, as the Spark provider takes it.
+        ({"conn_type": "spark_connect", "host": "sc://connect.internal", "port": 15010}, "sc://connect.internal:15010"),
+        ({"conn_type": "spark_connect", "host": "sc://connect.internal:15010"}, "sc://connect.internal:15010"),
+        # More servers in the extra's urls, after the host's, each once, in order.
+        ({"conn_type": "spark_connect", "host": "10.0.0.5", "port": 15002,
+          "extra": {"urls": ["sc://10.0.0.6:15002", "sc://10.0.0.5:15002", "sc://10.0.0.7:15003"]}},
+         "sc://10.0.0.5:15002,sc://10.0.0.6:15002,sc://10.0.0.7:15003"),
+        ({"conn_type": "spark_connect", "extra": {"urls": "sc://10.0.0.6:15002, sc://10.0.0.5:15002"}},
+         "sc://10.0.0.6:15002,sc://10.0.0.5:15002"),
+        ({"conn_type": "spark_connect", "host": "[fd00::5]", "port": 15002}, "sc://[fd00::5]:15002"),
+        # use_ssl off is no TLS asked for.
+        ({"conn_type": "spark_connect", "host": "c", "port": 1, "extra": {"use_ssl": False}}, "sc://c:1"),
+    ],
+)
+def test_the_spark_connect_servers_are_read_from_their_connection(
+    monkeypatch: pytest.MonkeyPatch, body: dict, servers: str
+) -> None:
+    from adpipe.orchestration.connections import connection_env, task_settings
+
+    _set(monkeypatch, adpipe_spark_connect=body)
+    assert connection_env() == {"ADPIPE_SPARK_CONNECT": servers}
+    assert task_settings({"ADPIPE_SPARK_CONNECT": "sc://127.0.0.1:1"}).spark_connect == servers
+
+
+def test_the_default_spark_connect_port_is_the_one_the_servers_use() -> None:
+    from adpipe.orchestration.connections import SPARK_CONNECT_PORT
+    from adpipe.spark import DEFAULT_CONNECT_PORT
+
+    assert SPARK_CONNECT_PORT == DEFAULT_CONNECT_PORT == 15002
+
+
 def test_a_uri_connection_is_read_alike(monkeypatch: pytest.MonkeyPatch) -> None:
     """A secrets backend often holds URIs: the same fields, the same settings."""
     from adpipe.orchestration.connections import task_settings
 
     monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_METASTORE_DB", "postgresql://hive:s3cr%2Ft@db.internal:6543/ms_prod")
     monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_SPARK", "spark://master.internal:7077")
+    # Airflow reads the scheme spark-connect as the type spark_connect.
+    monkeypatch.setenv("AIRFLOW_CONN_ADPIPE_SPARK_CONNECT", "spark-connect://connect.internal:15010")
     s = task_settings({})
     assert (s.pg_host, s.pg_port, s.pg_user, s.pg_password, s.metastore_database) == (
         "db.internal", 6543, "hive", "s3cr/t", "ms_prod")
     assert s.spark_master == "spark://master.internal:7077"
+    assert s.spark_connect == "sc://connect.internal:15010"
 
 
 @pytest.mark.parametrize(
@@ -143,6 +192,14 @@ def test_a_uri_connection_is_read_alike(monkeypatch: pytest.MonkeyPatch) -> None
          "security.protocol=SSL"),
         ("adpipe_metastore_db", {"conn_type": "mysql", "host": "db"}, "type 'mysql', not postgres"),
         ("adpipe_budget_db", {"conn_type": "mysql", "host": "db"}, "type 'mysql', not postgres or sqlite"),
+        ("adpipe_spark_connect", {"conn_type": "spark", "host": "c", "port": 15002}, "type 'spark', not spark_connect"),
+        ("adpipe_spark_connect", {"conn_type": "spark_connect"}, "names no server"),
+        ("adpipe_spark_connect", {"conn_type": "spark_connect", "host": "c", "password": "tok-123"}, "a token"),
+        ("adpipe_spark_connect", {"conn_type": "spark_connect", "host": "c", "login": "u"}, "a user"),
+        ("adpipe_spark_connect", {"conn_type": "spark_connect", "host": "c", "extra": {"use_ssl": True}}, "use_ssl"),
+        ("adpipe_spark_connect", {"conn_type": "spark_connect", "extra": {"urls": ["grpc://c:15002"]}},
+         "'grpc://c:15002' is not a Spark Connect server's sc://host:port"),
+        ("adpipe_spark_connect", {"conn_type": "spark_connect", "host": "sc://c:port"}, "port"),
     ],
 )
 def test_a_connection_adpipe_cannot_use_is_refused_by_name(
@@ -184,6 +241,7 @@ def _same_addresses(a: Settings, b: Settings) -> None:
     assert a.kafka.spark_options() == b.kafka.spark_options()
     assert (a.pg_host, a.pg_port, a.pg_user, a.pg_password) == (b.pg_host, b.pg_port, b.pg_user, b.pg_password)
     assert (a.metastore_database, a.budget_db, a.spark_master) == (b.metastore_database, b.budget_db, b.spark_master)
+    assert a.spark_connect == b.spark_connect
 
 
 def test_the_connections_make_airflow_gives_map_back_to_its_settings(
@@ -204,6 +262,22 @@ def test_the_connections_make_airflow_gives_map_back_to_its_settings(
     from_connections = _round_trip(monkeypatch, connections_env(settings), {"ADPIPE_HOME": str(tmp_path)})
     _same_addresses(from_connections, settings)
     assert from_connections.kafka_credentials.password == "from-a-file-6c1e"  # inline now, from the Connection
+
+
+@pytest.mark.parametrize(
+    "servers", ["", "sc://10.0.0.5:15002", "sc://10.0.0.5:15002,sc://10.0.0.6:15003,sc://[fd00::7]:15002"]
+)
+def test_the_spark_connect_connection_make_airflow_gives_maps_back_to_its_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: str
+) -> None:
+    from adpipe.local.airflow import connections_env
+
+    settings = load_settings({"ADPIPE_HOME": str(tmp_path), "ADPIPE_SPARK_CONNECT": servers})
+    made = connections_env(settings)
+    # Only a deployment with servers has the Connection: without, the steps use warm load drivers.
+    assert ("AIRFLOW_CONN_ADPIPE_SPARK_CONNECT" in made) == bool(servers)
+    from_connections = _round_trip(monkeypatch, made, {"ADPIPE_HOME": str(tmp_path)})
+    assert from_connections.spark_connect == servers
 
 
 def test_docker_composes_airflow_reaches_what_the_other_services_reach(monkeypatch: pytest.MonkeyPatch) -> None:
