@@ -24,10 +24,13 @@ HOST_SPECIFIC = {
 AIRFLOW_COMPONENTS = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
 AIRFLOW_WORKERS = {"airflow-worker-1", "airflow-worker-2"}
 AIRFLOW_SERVICES = AIRFLOW_COMPONENTS | AIRFLOW_WORKERS
-ADPIPE_SERVICES = {"stream", "stream-standby", "budget", "producer"}
+# The load's Spark Connect server (adpipe connect serve): the load's steps run there.
+SPARK_CONNECT = "spark-connect"
+ADPIPE_SERVICES = {"stream", "stream-standby", "budget", "producer", SPARK_CONNECT}
 SPARK_SERVICES = {"spark-master", "spark-worker"}
-# The services that run Spark drivers: the stream job's, and every task's on a worker.
-SPARK_DRIVERS = {"stream", "stream-standby", *AIRFLOW_WORKERS}
+# The services that run Spark drivers: the stream job's, the Spark Connect
+# server's, and every task's on a worker.
+SPARK_DRIVERS = {"stream", "stream-standby", SPARK_CONNECT, *AIRFLOW_WORKERS}
 # The checkpoint and warehouse every Spark driver and executor shares (HDFS or an object store in production).
 SHARED_VOLUME, SHARED_MOUNT = "adpipe-shared", "/opt/adpipe-shared"
 HARNESS = PROJECT_ROOT / "tests" / "integration" / "test_airflow_hosts.py"

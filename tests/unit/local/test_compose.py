@@ -42,6 +42,7 @@ from tests.unit.local.compose_file import (
     MAKEFILE,
     ONE_SHOT,
     SHARED_MOUNT,
+    SPARK_CONNECT,
     SPARK_SERVICES,
     load_compose,
     service_env,
@@ -197,7 +198,8 @@ def test_every_airflow_variable_set_is_an_airflow_option() -> None:
 # What Airflow's components take from their Connections, never from their
 # environment (adpipe.orchestration.connections.REPLACES).
 CONNECTION_SETTINGS = (
-    "ADPIPE_KAFKA_", "ADPIPE_PG_", "ADPIPE_BUDGET_DB", "ADPIPE_METASTORE_DATABASE", "ADPIPE_SPARK_MASTER"
+    "ADPIPE_KAFKA_", "ADPIPE_PG_", "ADPIPE_BUDGET_DB", "ADPIPE_METASTORE_DATABASE", "ADPIPE_SPARK_MASTER",
+    "ADPIPE_SPARK_CONNECT",
 )
 
 
@@ -208,7 +210,7 @@ def test_airflow_connections_are_built_from_the_other_services_settings() -> Non
     expected = {k: json.loads(v) for k, v in connections_env(service_settings(services["stream"])).items()}
     assert set(expected) == {
         "AIRFLOW_CONN_ADPIPE_SPARK", "AIRFLOW_CONN_ADPIPE_KAFKA", "AIRFLOW_CONN_ADPIPE_METASTORE_DB",
-        "AIRFLOW_CONN_ADPIPE_BUDGET_DB",
+        "AIRFLOW_CONN_ADPIPE_BUDGET_DB", "AIRFLOW_CONN_ADPIPE_SPARK_CONNECT",
     }
     for name, service in services.items():
         env = service_env(service)
@@ -471,6 +473,8 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
             assert service["restart"] in ("always", "unless-stopped"), name
     for name in ("stream", "budget"):
         assert services[name]["healthcheck"]["test"][1:] == ["python", "-m", "adpipe.tools.container_health", name]
+    # The Spark Connect server: healthy once a server answers at its settings' address (its own).
+    assert services[SPARK_CONNECT]["healthcheck"]["test"] == ["CMD", "adpipe", "connect", "status"]
     # Whatever waits on a service waits for its health, or for a one-shot's success.
     for name, service in services.items():
         for target, condition in service.get("depends_on", {}).items():
@@ -493,6 +497,7 @@ def test_adpipe_services_run_adpipe_commands() -> None:
     assert service_env(standby) == {**stream_env, "ADPIPE_SPARK_DRIVER_HOST": "stream-standby"}
     assert standby["depends_on"]["stream"] == {"condition": "service_healthy"}
     assert services["budget"]["command"] == ["adpipe", "budget"]
+    assert services[SPARK_CONNECT]["command"] == ["adpipe", "connect", "serve"]
     # The producer's hour is the one the load DAG starts from.
     produce = parser.parse_args(services["producer"]["command"][1:])
     start = parse_start(produce.start) if getattr(produce, "start", None) else ProduceSpec.start

@@ -2,8 +2,9 @@
 (tests/integration/test_airflow_hosts.py): Airflow's options as the harness
 sets them, the CeleryExecutor on Redis, two workers each with its own
 ADPIPE_HOME, the checkpoint and warehouse every Spark driver and executor
-shares, and a Spark standalone cluster started as ``adpipe spark up``
-starts one."""
+shares, a Spark standalone cluster started as ``adpipe spark up`` starts
+one, and the load's Spark Connect server the workers' load steps are
+clients of (the harness's Spark Connect variant)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.unit.local.compose_file import (
     HARNESS,
     SHARED_MOUNT,
     SHARED_VOLUME,
+    SPARK_CONNECT,
     SPARK_DRIVERS,
     load_compose,
     service_env,
@@ -191,3 +193,40 @@ def test_spark_runs_on_a_standalone_cluster_as_adpipe_spark_up_starts_it() -> No
     assert worker["healthcheck"]["test"] == ["CMD", "curl", "--fail", "http://localhost:8082/json/"]
     for name in SPARK_DRIVERS | {"spark-worker"}:
         assert services[name]["depends_on"]["spark-master"] == {"condition": "service_healthy"}, name
+
+
+def test_the_load_s_spark_connect_server_is_a_service_the_workers_reach_through_their_connection() -> None:
+    services = load_compose()["services"]
+    server = services[SPARK_CONNECT]
+    assert server["command"] == ["adpipe", "connect", "serve"]
+    env = service_env(server)
+    # Its address, Spark's own port on its service's name (where it binds,
+    # and where its executors reach its driver).
+    address = "sc://spark-connect:15002"
+    assert env["ADPIPE_SPARK_CONNECT"] == address and env["ADPIPE_SPARK_DRIVER_HOST"] == SPARK_CONNECT
+    assert service_settings(server).spark_connect == address
+    # The metastore's database is made by airflow-init; the executors are the Spark cluster's.
+    assert server["depends_on"] == {
+        "postgres": {"condition": "service_healthy"},
+        "spark-master": {"condition": "service_healthy"},
+        "airflow-init": {"condition": "service_completed_successfully"},
+    }
+    # The settings a load builds its session from: the other adpipe services' own, this driver's address apart.
+    own = ("ADPIPE_SPARK_DRIVER_HOST", "ADPIPE_METRICS_HOST")
+    stream = {k: v for k, v in service_env(services["stream"]).items() if k not in own}
+    assert {k: v for k, v in env.items() if k != "ADPIPE_SPARK_DRIVER_HOST"} == stream
+    # Every adpipe process outside Airflow names this server; every Airflow
+    # component (the workers, whose load steps are its clients, included)
+    # has it only as the Connection adpipe_spark_connect, never as a setting.
+    for name, service in services.items():
+        service_vars = service_env(service)
+        if name in AIRFLOW_SERVICES | {"airflow-init"}:
+            assert "ADPIPE_SPARK_CONNECT" not in service_vars, name
+            connection = json.loads(service_vars["AIRFLOW_CONN_ADPIPE_SPARK_CONNECT"])
+            assert connection == {"conn_type": "spark_connect", "host": SPARK_CONNECT, "port": 15002}, name
+        elif "ADPIPE_HOME" in service_vars:
+            assert service_vars["ADPIPE_SPARK_CONNECT"] == address, name
+    for name in AIRFLOW_WORKERS:
+        assert "AIRFLOW_CONN_ADPIPE_SPARK_CONNECT" in service_env(services[name]), name
+    # Inside the stack only, as Redis and Spark.
+    assert "ports" not in server
