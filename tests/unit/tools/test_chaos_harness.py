@@ -447,7 +447,7 @@ def test_with_a_standby_the_roles_follow_the_leadership_group(
     run, crew = standby_run, standby_run.crew
     active, standby = _start_drivers(run)
     group: list[leadership.Driver] = []
-    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0, describe=None: list(group))
 
     def lead(part: chaos.Part) -> None:  # the brokers' answer: this part leads, the other waits
         other = standby if part is active else active
@@ -472,7 +472,7 @@ def test_a_standby_is_warm_once_warmed_up_and_waiting_in_the_leadership_group(
 
     crew = standby_run.crew
     group: list[leadership.Driver] = []
-    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0, describe=None: list(group))
     crew.standby_argv = ["sleep", "60"]
     standby = crew.standby
     assert standby is not None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adpipe.faults import wait_group_gone
+from adpipe.kafka_io.group_probe import GroupProbe
 from adpipe.processes import start_detached
 from adpipe.settings import Settings
 from adpipe.stream import leadership
@@ -177,6 +178,8 @@ class Crew:
             for member in group:
                 member.peers = [other for other in group if other is not member]
         self.pause: ZombiePause | None = None
+        # The leadership group asked from a child process: this one outlives the broker kills.
+        self.probe = GroupProbe(ctx.env)
 
     def drivers(self) -> list[Part]:
         """The stream drivers the run keeps: the active one and the standby."""
@@ -202,7 +205,7 @@ class Crew:
         standby = self.standby
         if standby is None or not standby.alive:
             return False
-        lead = _leader(self.settings)
+        lead = _leader(self.settings, self.probe)
         if lead is None or not standby.runs(lead):
             return False
         self._swap()
@@ -233,13 +236,15 @@ class Crew:
             warm = leadership.STANDBY_WARM_LINE in standby.log_path.read_text(errors="replace")
         except OSError:
             warm = False
-        waiting = any(standby.runs(d) for d in _drivers(self.settings) if not d.leads)
+        waiting = any(standby.runs(d) for d in _drivers(self.settings, self.probe) if not d.leads)
         if not waiting:
             return "warming"
         return "warm" if warm else "waiting"
 
     def kill(self, *others: Part | None) -> None:
-        """Kill every part, a paused driver's successor and ``others`` too."""
+        """Kill every part, a paused driver's successor and ``others`` too
+        (and end the group probe)."""
+        self.probe.close()
         successor = self.pause.successor if self.pause is not None else None
         for part in [*self.drivers(), successor, *self.budgets, *others]:
             if part is not None:
@@ -275,14 +280,14 @@ class Restarts:
         return [f"{part} ({why})" for part, why in sorted(self.down.items())]
 
 
-def _drivers(settings: Settings) -> list[leadership.Driver]:
+def _drivers(settings: Settings, probe: GroupProbe) -> list[leadership.Driver]:
     """The job's drivers in its leadership group (none when the brokers do not answer)."""
     try:
-        return leadership.drivers(settings, timeout_s=5)
+        return leadership.drivers(settings, timeout_s=5, describe=probe.group_members)
     except Exception as exc:  # noqa: BLE001 - asked again at the next tick
         log.debug("the stream's leadership group: %s", exc)
         return []
 
 
-def _leader(settings: Settings) -> leadership.Driver | None:
-    return next((d for d in _drivers(settings) if d.leads), None)
+def _leader(settings: Settings, probe: GroupProbe) -> leadership.Driver | None:
+    return next((d for d in _drivers(settings, probe) if d.leads), None)
