@@ -117,13 +117,19 @@ CHAOS_ENV := ADPIPE_HOME=$(CURDIR)/.adpipe-chaos ADPIPE_KAFKA_BOOTSTRAP=127.0.0.
   ADPIPE_SPARK_MASTER_UI_PORT=39096 ADPIPE_SPARK_MASTER=spark://127.0.0.1:39095 \
   ADPIPE_SPARK_WORKER_CORES=3 ADPIPE_SPARK_WORKER_MEMORY=3g ADPIPE_SPARK_CORES_MAX=2 ADPIPE_STREAM_STANDBY=on
 
-chaos: jars ## the pipeline under random faults on three brokers and a 2-worker Spark cluster, then the check (ARGS="--events N --duration S --seed S")
+# With ARGS="--hosts N" the run makes its own hosts (Linux namespaces, root)
+# and starts three brokers and PostgreSQL on a services host among them.
+chaos: jars ## the pipeline under random faults on three brokers and a 2-worker Spark cluster, then the check (ARGS="--events N --duration S --seed S [--hosts N]")
+ifneq ($(findstring --hosts,$(ARGS)),)
+	env $(CHAOS_ENV) $(BIN)/adpipe chaos $(ARGS)
+else
 	env $(CHAOS_ENV) $(BIN)/adpipe kafka up --brokers 3
 	env $(CHAOS_ENV) $(BIN)/adpipe pg up
 	env $(CHAOS_ENV) $(BIN)/adpipe spark up --workers 2
 	env $(CHAOS_ENV) $(BIN)/adpipe chaos $(ARGS); rc=$$?; \
 	  env $(CHAOS_ENV) $(BIN)/adpipe spark down; env $(CHAOS_ENV) $(BIN)/adpipe kafka down; \
 	  env $(CHAOS_ENV) $(BIN)/adpipe pg down; exit $$rc
+endif
 
 test-unit: jars ## unit tests only
 	$(BIN)/pytest tests/unit

@@ -1,4 +1,4 @@
-"""The hosts harness (tests/hosts.py) in pytest: a skip that says loudly why
+"""The hosts harness (adpipe.tools.hosts) in pytest: a skip that says loudly why
 the hosts cannot be made here, and the hosts of a test, removed after it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from adpipe.tools import hosts
 
-from tests import hosts
 from tests.conftest import TEST_HOME
 from tests.integration.helpers import BROKER_ENV
 
@@ -37,10 +37,7 @@ def hosts_root() -> Path:
     """Where the tests' hosts keep their folders: ``TEST_HOME/hosts``, or,
     with the test home under /tmp (a clone in ``mktemp -d``), a folder of
     /var/tmp named after it: each host binds a /tmp of its own."""
-    root = (TEST_HOME / "hosts").resolve()
-    if Path("/tmp") in root.parents:
-        root = Path("/var/tmp") / f"adpipe-hosts-{os.getuid()}" / re.sub(r"[^A-Za-z0-9_.-]", "_", str(root))
-    return root
+    return hosts.outside_tmp(TEST_HOME / "hosts")
 
 
 def base_for(node_name: str) -> Path:

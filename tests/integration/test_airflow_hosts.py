@@ -1,4 +1,4 @@
-"""Airflow across hosts (tests/hosts.py): the CeleryExecutor with Redis as
+"""Airflow across hosts (adpipe.tools.hosts): the CeleryExecutor with Redis as
 its broker, the scheduler, API server, dag-processor and triggerer on one
 host, a Celery worker on each of two others, Kafka, PostgreSQL (Airflow's
 metadata, the metastore) and Redis on the services host; the checkpoint
@@ -57,9 +57,9 @@ from adpipe.lakehouse import connect_client, warm
 from adpipe.local.airflow import airflow_env, migrate
 from adpipe.settings import load_settings
 from adpipe.stream import leadership
+from adpipe.tools import hosts
 from confluent_kafka import KafkaException
 
-from tests import hosts
 from tests.integration.helpers import NO_REVISIONS, assert_exactly_once, dump, make_pipeline
 from tests.integration.on_hosts import made_hosts, skip, start_services
 

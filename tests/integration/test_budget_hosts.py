@@ -1,4 +1,4 @@
-"""The budget service across hosts (tests/hosts.py): two instances, one on
+"""The budget service across hosts (adpipe.tools.hosts): two instances, one on
 each of two hosts, share the aggregates' partitions through their consumer
 group on the services host's broker and write spend into the services
 host's PostgreSQL. Host A is cut off from everything while records flow:

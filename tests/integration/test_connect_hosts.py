@@ -1,4 +1,4 @@
-"""The load's Spark Connect servers across hosts (tests/hosts.py): one runs
+"""The load's Spark Connect servers across hosts (adpipe.tools.hosts): one runs
 on host ``spark-a``; the load's steps run on host ``worker`` as its
 clients, ``ADPIPE_SPARK_CONNECT`` naming spark-a's server first and the
 worker's own second, ``ADPIPE_LOAD_WARM=on`` (a client starts its host's
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 from adpipe.lakehouse import tables as T
+from adpipe.tools.hosts import Host
 
-from tests.hosts import Host
 from tests.integration.helpers import NO_REVISIONS, dump, ids, make_pipeline
 from tests.integration.on_hosts import made_hosts, start_services
 

@@ -1,4 +1,4 @@
-"""Many hosts, one pipeline, on one machine (tests/hosts.py): each host a
+"""Many hosts, one pipeline, on one machine (adpipe.tools.hosts): each host a
 set of namespaces with its own address, hostname, /tmp and ADPIPE_HOME, the
 broker on a services host the others reach over the network only, the
 checkpoint on the file system they share (as a cluster shares HDFS).
@@ -34,9 +34,9 @@ from adpipe import kafka_io
 from adpipe import schemas as S
 from adpipe.faults import AFTER_PRODUCE
 from adpipe.stream import leadership
+from adpipe.tools import hosts
 from confluent_kafka import KafkaException
 
-from tests import hosts
 from tests.integration import on_hosts
 from tests.integration.helpers import BROKER_ENV, assert_exactly_once, make_pipeline
 from tests.integration.on_hosts import made_hosts

@@ -33,6 +33,7 @@ SHARED = {
     "adpipe.kafka_io",
     "adpipe.kafka_io.clients",
     "adpipe.kafka_io.coordinator",
+    "adpipe.kafka_io.group_probe",
     "adpipe.kafka_io.groups",
     "adpipe.kafka_io.ledger",
     "adpipe.kafka_io.offsets",

@@ -22,31 +22,22 @@ log = logging.getLogger(__name__)
 MERGE_ATTEMPTS = 8
 
 
-# Delta's conflicts of optimistic concurrency, by Java class. delta-spark's
-# Python classes for them are siblings (none is a subclass of
-# DeltaConcurrentModificationException), so they are matched one by one,
-# and by the Java name for a conflict that reaches Python under another class.
-_CONFLICT_JAVA_CLASSES = (
-    "io.delta.exceptions.DeltaConcurrentModificationException",
-    "io.delta.exceptions.ConcurrentWriteException",
-    "io.delta.exceptions.MetadataChangedException",
-    "io.delta.exceptions.ProtocolChangedException",
-    "io.delta.exceptions.ConcurrentAppendException",
-    "io.delta.exceptions.ConcurrentDeleteReadException",
-    "io.delta.exceptions.ConcurrentDeleteDeleteException",
-    "io.delta.exceptions.ConcurrentTransactionException",
+# Delta's conflicts of optimistic concurrency: the class's name (delta-spark's
+# Python class and io.delta.exceptions' Java class share it; the Python
+# classes are siblings, none a subclass of DeltaConcurrentModificationException,
+# so each is matched) and Delta's error class, what a Spark Connect client
+# sees (None: the base class has none of its own).
+_CONFLICTS = (
+    ("DeltaConcurrentModificationException", None),
+    ("ConcurrentWriteException", "DELTA_CONCURRENT_WRITE"),
+    ("MetadataChangedException", "DELTA_METADATA_CHANGED"),
+    ("ProtocolChangedException", "DELTA_PROTOCOL_CHANGED"),
+    ("ConcurrentAppendException", "DELTA_CONCURRENT_APPEND"),
+    ("ConcurrentDeleteReadException", "DELTA_CONCURRENT_DELETE_READ"),
+    ("ConcurrentDeleteDeleteException", "DELTA_CONCURRENT_DELETE_DELETE"),
+    ("ConcurrentTransactionException", "DELTA_CONCURRENT_TRANSACTION"),
 )
-
-# The same conflicts by Delta's error class (what a Spark Connect client sees).
-_CONFLICT_ERROR_CLASSES = (
-    "DELTA_CONCURRENT_APPEND",
-    "DELTA_CONCURRENT_DELETE_DELETE",
-    "DELTA_CONCURRENT_DELETE_READ",
-    "DELTA_CONCURRENT_TRANSACTION",
-    "DELTA_CONCURRENT_WRITE",
-    "DELTA_METADATA_CHANGED",
-    "DELTA_PROTOCOL_CHANGED",
-)
+_ERROR_CLASSES = tuple(error_class for _, error_class in _CONFLICTS if error_class)
 
 
 def is_write_conflict(exc: BaseException) -> bool:
@@ -59,37 +50,19 @@ def conflict_name(exc: BaseException) -> str | None:
     or None when it is none. A MERGE run as SQL fails with py4j's or Spark
     Connect's exception, not delta-spark's Python class: the conflict is
     then told by its Java class or error class in the message."""
-    from delta.exceptions import (
-        ConcurrentAppendException,
-        ConcurrentDeleteDeleteException,
-        ConcurrentDeleteReadException,
-        ConcurrentTransactionException,
-        ConcurrentWriteException,
-        DeltaConcurrentModificationException,
-        MetadataChangedException,
-        ProtocolChangedException,
-    )
+    import delta.exceptions
 
-    conflicts = (
-        DeltaConcurrentModificationException,
-        ConcurrentWriteException,
-        MetadataChangedException,
-        ProtocolChangedException,
-        ConcurrentAppendException,
-        ConcurrentDeleteReadException,
-        ConcurrentDeleteDeleteException,
-        ConcurrentTransactionException,
-    )
-    if isinstance(exc, conflicts):
+    if isinstance(exc, tuple(getattr(delta.exceptions, name) for name, _ in _CONFLICTS)):
         return type(exc).__name__
     error_class = (getattr(exc, "getCondition", lambda: None)() or "").split(".")[0]
-    if error_class in _CONFLICT_ERROR_CLASSES:
+    if error_class in _ERROR_CLASSES:
         return error_class
     text = str(exc)
-    for name in _CONFLICT_JAVA_CLASSES:
-        if f"{name}:" in text or f"{name} " in text:
-            return name.rsplit(".", 1)[-1]
-    return next((name for name in _CONFLICT_ERROR_CLASSES if f"[{name}]" in text or f"[{name}." in text), None)
+    for name, _ in _CONFLICTS:
+        java = f"io.delta.exceptions.{name}"
+        if f"{java}:" in text or f"{java} " in text:
+            return name
+    return next((name for name in _ERROR_CLASSES if f"[{name}]" in text or f"[{name}." in text), None)
 
 
 def _hours_condition(column: str, hours: list[datetime]) -> str:

@@ -157,7 +157,7 @@ def _mount_namespace_alive(namespace: str) -> bool:
 def _judged_here(folder: Path) -> bool:
     """Whether this process sees the file system the cluster's home was
     made in: the same mount namespace, or a gone one (a host of
-    tests/hosts.py, a container, a service with a private /tmp: a home under
+    adpipe.tools.hosts, a container, a service with a private /tmp: a home under
     its /tmp is not this process's to judge while it lives), or a cluster
     made before the namespace was recorded."""
     try:

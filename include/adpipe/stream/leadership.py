@@ -36,7 +36,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -62,6 +62,10 @@ class CheckpointInUseError(RuntimeError):
 leadership_group = kafka_io.leadership_group
 
 
+# How a consumer group is described: (Kafka, group, timeout s) -> (state, members).
+Describe = Callable[[object, str, float], tuple[str, list[kafka_io.GroupMember]]]
+
+
 @dataclass(frozen=True)
 class Driver:
     """A driver in the job's leadership group, from its client id."""
@@ -85,11 +89,14 @@ def _driver(member: kafka_io.GroupMember, topic: str) -> Driver | None:
     return Driver(parts[1], int(parts[2]), topic in member.topics)
 
 
-def drivers(settings: Settings, timeout_s: float = 10.0) -> list[Driver]:
+def drivers(settings: Settings, timeout_s: float = 10.0, describe: Describe | None = None) -> list[Driver]:
     """The job's live drivers, the leader first (none when the group is
-    empty or the brokers do not answer)."""
+    empty or the brokers do not answer). ``describe``: how the group is
+    described (default :func:`adpipe.kafka_io.group_members`; a
+    :class:`adpipe.kafka_io.group_probe.GroupProbe`'s in a process that
+    kills brokers)."""
     group = leadership_group(settings.job_id)
-    _state, members = kafka_io.group_members(settings.kafka, group, timeout_s)
+    _state, members = (describe or kafka_io.group_members)(settings.kafka, group, timeout_s)
     found = [d for d in (_driver(m, group) for m in members) if d is not None]
     return sorted(found, key=lambda d: not d.leads)
 

@@ -133,6 +133,7 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
             fault_interval_s=args.fault_interval,
             ads=args.ads,
             load_interval_s=args.load_interval,
+            hosts=args.hosts,
         )
     except ValueError as exc:
         raise SystemExit(f"adpipe chaos: {exc}") from exc
@@ -194,6 +195,14 @@ def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault-interval", type=float, default=12.0, help="mean seconds between faults (default 12)")
     p.add_argument("--ads", type=int, default=50, help="distinct ads (default 50)")
     p.add_argument("--load-interval", type=float, default=60.0, help="seconds between hourly loads (default 60)")
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="spread the drivers, budget instances and loads over N hosts made on this machine (Linux namespaces, "
+        "needs root), beside a services host that runs three brokers and PostgreSQL; adds host cut-offs and host "
+        "kills to the faults (default 0: every part on this machine's own network)",
+    )
     p.set_defaults(func=cmd_chaos)
 
 

@@ -63,7 +63,7 @@ def test_a_kill_of_a_part_that_is_not_running_is_not_a_fault(run: chaos.ChaosRun
 
 def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun) -> None:
     run.monitor.closed_hours = {"2026-11-22T12"}
-    run.loads.part = lambda name, _hour: _sleeper(run, name, "0", start=False)  # type: ignore[method-assign]
+    run.loads.part = lambda name, *_args: _sleeper(run, name, "0", start=False)  # type: ignore[method-assign]
     # No load runs: one is started and its kill deferred; it finishes first.
     planned = chaos.PlannedFault(1.0, chaos.LOAD_KILL, 0.0, 3.0)
     assert run.injector.inject(planned) is not None
@@ -73,7 +73,7 @@ def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun
     assert run.faults.records == [] and [s["kind"] for s in run.faults.skipped] == [chaos.LOAD_KILL]
     assert "finished first" in run.faults.skipped[0]["why"]
     # A load that still runs when the kill comes: a fault.
-    run.loads.part = lambda name, _hour: _sleeper(run, name, "30", start=False)  # type: ignore[method-assign]
+    run.loads.part = lambda name, *_args: _sleeper(run, name, "30", start=False)  # type: ignore[method-assign]
     run.loads.load = None
     assert run.injector.inject(planned) is not None
     run.clock.pending = [(0.0, action, arg) for _, action, arg in run.clock.pending]
@@ -83,19 +83,14 @@ def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun
     assert run.loads.load.proc.returncode == -signal.SIGKILL  # type: ignore[union-attr]
 
 
-def test_load_kills_carried_to_the_drain_count_only_when_they_hit_a_running_load(
-    run: chaos.ChaosRun, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_load_kills_carried_to_the_drain_count_only_when_they_hit_a_running_load(run: chaos.ChaosRun) -> None:
     run.loads.hours = ["2026-11-22T12", "2026-11-22T13"]
     # pick 0.0: killed 3 s into the load; the first load ends after 1 s, the
     # second runs 30 s.
     run.faults.carried = [chaos.PlannedFault(at, chaos.LOAD_KILL, 0.0, 3.0) for at in (1.0, 2.0)]
     lengths = iter(["1", "30"])
-    real_part = chaos.Part
-    monkeypatch.setattr(
-        drain, "Part", lambda name, _argv, env, logs: real_part(name, ["sleep", next(lengths)], env, logs)
-    )
-    drain.load_kills(run, ["adpipe", "load"])
+    run.loads.part = lambda name, *_args: chaos.Part(name, ["sleep", next(lengths)], run.ctx.env, run.ctx.logs)
+    drain.load_kills(run, ("--hour", "2026-11-22T12", "--to-hour", "2026-11-22T13"))
     assert [(f.kind, f.phase) for f in run.faults.records] == [(chaos.LOAD_KILL, "drain")]
     assert "2026-11-22T12..2026-11-22T13" in run.faults.records[0].target
     assert len(run.faults.skipped) == 1 and "finished first" in run.faults.skipped[0]["why"]
@@ -452,7 +447,7 @@ def test_with_a_standby_the_roles_follow_the_leadership_group(
     run, crew = standby_run, standby_run.crew
     active, standby = _start_drivers(run)
     group: list[leadership.Driver] = []
-    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0, describe=None: list(group))
 
     def lead(part: chaos.Part) -> None:  # the brokers' answer: this part leads, the other waits
         other = standby if part is active else active
@@ -477,7 +472,7 @@ def test_a_standby_is_warm_once_warmed_up_and_waiting_in_the_leadership_group(
 
     crew = standby_run.crew
     group: list[leadership.Driver] = []
-    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0, describe=None: list(group))
     crew.standby_argv = ["sleep", "60"]
     standby = crew.standby
     assert standby is not None

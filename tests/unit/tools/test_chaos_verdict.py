@@ -265,10 +265,10 @@ def test_the_tables_read_with_delta_rs_are_compared_with_kafka() -> None:
     raw = C.RawTopic([C.RawRecord(0, o, BROKER_TIME, v) for o, v in enumerate(RAW_VALUES)], RULES)
     hour = {"2026-11-22T12"}
     at = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    first = {"record_uuid": "u-ad-1-" + M12, "ad_id": "ad-1", "window_start": at, "impressions": 3, "clicks": 0}
     rows = {
-        "ad_minute_aggregates": [
-            {"record_uuid": "u-ad-1-" + M12, "ad_id": "ad-1", "window_start": at, "impressions": 3, "clicks": 0}
-        ],
+        "ad_minute_aggregates": [first],
+        "ad_minute_aggregate_revisions": [first],
         # g1 (12:03) is in the hour too: its window is only not judged by the events check.
         "ad_events_raw": [{"event_id": e} for e in ("e1", "e2", "e3", "f1", "f2", "l1", "g1")],
         "ad_events_quarantine": [{"source": "late", "event_key": "l1"}, {"source": "dlq", "event_key": "events/0/8"}],
@@ -283,6 +283,18 @@ def test_the_tables_read_with_delta_rs_are_compared_with_kafka() -> None:
     assert not C.compare_tables(wrong_count, GOOD_AGGREGATES[:1], raw, GOOD_LATE, DLQ, hour)["ok"]
     no_late = {**rows, "ad_events_quarantine": rows["ad_events_quarantine"][1:]}
     assert not C.compare_tables(no_late, GOOD_AGGREGATES[:1], raw, GOOD_LATE, DLQ, hour)["ok"]
+    # A revision of the window: the aggregates table holds the latest, the revisions table both.
+    revised = [GOOD_AGGREGATES[0], _revision("ad-1", M12, 3, 1, 1)]
+    latest = {**first, "record_uuid": f"u-ad-1-{M12}-r1", "clicks": 1}
+    both = {**rows, "ad_minute_aggregates": [latest], "ad_minute_aggregate_revisions": [first, latest]}
+    assert C.compare_tables(both, revised, raw, GOOD_LATE, DLQ, hour)["wrong"] == []
+    stale = {**both, "ad_minute_aggregates": [first]}
+    assert C.compare_tables(stale, revised, raw, GOOD_LATE, DLQ, hour)["wrong"] == [
+        f"ad_minute_aggregates ('u-ad-1-{M12}', 'ad-1', '{M12}', 3, 0): expected 0, found 1",
+        f"ad_minute_aggregates ('u-ad-1-{M12}-r1', 'ad-1', '{M12}', 3, 1): expected 1, found 0",
+    ]
+    one_revision = {**both, "ad_minute_aggregate_revisions": [latest]}
+    assert not C.compare_tables(one_revision, revised, raw, GOOD_LATE, DLQ, hour)["ok"]
 
 
 def test_without_deltalake_the_reader_says_why(tmp_path: Path) -> None:

@@ -31,6 +31,12 @@ class RunContext:
         env = run_env(base, run_id, home)
         return cls(base, run_id, home, logs, env, load_settings(env))
 
+    def on_cluster(self, base: Settings, extra: dict[str, str]) -> RunContext:
+        """The same run on another cluster (``--hosts``: the services
+        host's), ``extra`` over its children's environment."""
+        env = {**run_env(base, self.run_id, self.home), **extra}
+        return RunContext(base, self.run_id, self.home, self.logs, env, load_settings(env))
+
     def databases(self) -> tuple[str, str]:
         """The run's budget and metastore databases."""
         return db_name(self.run_id, "budget"), db_name(self.run_id, "ms")
@@ -46,7 +52,9 @@ def run_env(settings: Settings, run_id: str, run_home: Path) -> dict[str, str]:
         "ADPIPE_HOME": str(run_home),
         "ADPIPE_KAFKA_BOOTSTRAP": kafka_broker.cluster_bootstrap(settings),
         **isolated_env(prefix),
+        # Named, not left to ADPIPE_HOME: on hosts each part has a home of its own.
         "ADPIPE_CHECKPOINT_URI": f"file://{run_home / 'checkpoints'}",
+        "ADPIPE_WAREHOUSE_URI": f"file://{run_home / 'warehouse'}",
         "ADPIPE_BUDGET_DB": settings.pg_url(db_name(run_id, "budget")),
         "ADPIPE_BUDGET_GROUP": f"{prefix}-budget",
         "ADPIPE_METASTORE_DATABASE": db_name(run_id, "ms"),

@@ -5,13 +5,11 @@ over landed, every hour loaded once more, and every aggregate charged."""
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
 from adpipe import kafka_io
 
 from .monitor import budget_offsets
-from .parts import Part
 from .plan import LOAD_KILL, load_kill_delay
 from .rig import Rig
 from .timeline import FaultRecord
@@ -49,12 +47,14 @@ def run(rig: Rig, started: float, timeout_s: float = 1800) -> None:
         time.sleep(1)
     # Every hour once more, in one run (a backfill: one Spark start-up).
     first, last = loads.hours[0], loads.hours[-1]
-    argv = [sys.executable, "-m", "adpipe", "load", "--hour", first, "--to-hour", last]
-    load_kills(rig, argv)
+    every_hour = ("--hour", first, "--to-hour", last)
+    hosts_back(rig, deadline)
+    load_kills(rig, every_hour)
     for attempt in range(1, 6):
-        part = Part(f"final-load{attempt}", argv, rig.ctx.env, rig.ctx.logs)
+        part = loads.part(f"final-load{attempt}", *every_hour)
         loads.load = part  # killed with the rest if the run is stopped
-        part.start()
+        if not part.start():
+            raise RuntimeError("no host of the run is usable for the final load")
         rc = part.proc.wait()  # type: ignore[union-attr]
         part.reap()
         loads.load = None
@@ -79,16 +79,27 @@ def run(rig: Rig, started: float, timeout_s: float = 1800) -> None:
     log.error("the budget service did not charge every aggregate within %.0f s of the drain", timeout_s)
 
 
-def load_kills(rig: Rig, argv: list[str]) -> None:
+def hosts_back(rig: Rig, deadline: float) -> None:
+    """On hosts: until every host cut off is healed and every host killed
+    runs again (the clock's pending actions), so the drain's loads find
+    them."""
+    spread = rig.spread
+    while spread is not None and len(spread.usable()) < len(spread.names) and time.monotonic() < deadline:
+        rig.tick()
+        time.sleep(1)
+
+
+def load_kills(rig: Rig, args: tuple[str, ...]) -> None:
     """The carried-over load kills, each on a load of every hour (closed
     now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one that had
     finished first is skipped, as in the window. The final load then
     recovers from all of them."""
     loads = rig.loads
     for n, planned in enumerate(rig.faults.carried, start=1):
-        load = Part(f"drain-load{n}", argv, rig.ctx.env, rig.ctx.logs)
+        load = loads.part(f"drain-load{n}", *args)
         loads.load = load  # killed with the rest if the run is stopped
-        load.start()
+        if not load.start():
+            raise RuntimeError("no host of the run is usable for the drain's load")
         delay = load_kill_delay(planned)
         target = f"load {loads.hours[0]}..{loads.hours[-1]} (killed {delay:.0f} s into it, drain)"
         record = FaultRecord(LOAD_KILL, target, round(rig.clock.elapsed(), 1), round(planned.down_s, 1), phase="drain")

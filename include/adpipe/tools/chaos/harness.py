@@ -11,9 +11,9 @@ from datetime import datetime
 
 from adpipe import kafka_io, pg
 from adpipe.settings import Settings
-from adpipe.tools import produce
+from adpipe.tools import hosts, produce
 
-from . import check, drain, report
+from . import check, drain, report, spread
 from .plan import LOAD_KILL, ChaosSpec, PlannedFault, event_plans, fault_schedule, run_hours
 from .rig import Rig
 
@@ -40,7 +40,8 @@ class ChaosRun(Rig):
             f"chaos run {ctx.run_id}, seed {self.seed} (replay: --seed {self.seed}); {len(schedule)} faults "
             f"planned over {spec.duration_s:.0f} s of kinds {', '.join(kinds)}; {spec.events} events at "
             f"{spec.events_per_second:.0f}/s on {ctx.settings.kafka_bootstrap}, Spark {ctx.settings.spark_master}"
-            f"{', a warm standby driver' if self.crew.with_standby else ''}; logs in {ctx.logs}",
+            f"{', a warm standby driver' if self.crew.with_standby else ''}"
+            f"{f'; parts spread over {spec.hosts} hosts' if spec.hosts else ''}; logs in {ctx.logs}",
             flush=True,
         )
         pg.ensure_databases(ctx.base, ctx.databases())
@@ -57,6 +58,8 @@ class ChaosRun(Rig):
             # Whatever happened (an error here, Ctrl-C): no part outlives the run.
             self.crew.kill(self.loads.load)
             self.monitor.stop.set()
+            if self.spread is not None:
+                self.spread.down()
 
     def _run(
         self, schedule: list[PlannedFault], main: produce.Plan, closer: produce.Plan, closer_start: datetime
@@ -154,7 +157,14 @@ class ChaosRun(Rig):
 
 def run(settings: Settings, spec: ChaosSpec) -> int:
     """``adpipe chaos``: one run; prints the table and keeps the JSON."""
-    chaos = ChaosRun(settings, spec)
+    if spec.hosts:
+        reason = spread.unavailable_reason()
+        if reason is not None:
+            raise SystemExit(f"adpipe chaos --hosts {spec.hosts}: {reason}")
+    try:
+        chaos = ChaosRun(settings, spec)
+    except (spread.SpreadError, hosts.HostsError) as exc:
+        raise SystemExit(f"adpipe chaos --hosts {spec.hosts}: {exc}") from exc
 
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(f"adpipe chaos: stopped by signal {signum}; every part of the run was killed")

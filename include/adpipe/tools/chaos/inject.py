@@ -6,6 +6,7 @@ workers and brokers a fault took down."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from adpipe import kafka_io
 from adpipe.local import kafka_broker
 
 from .context import RunContext
+from .hostfaults import HostFaults
 from .loads import Loads
 from .parts import Crew, Part, Restarts
 from .plan import (
@@ -21,6 +23,7 @@ from .plan import (
     BROKER_TERM,
     BUDGET_KILL,
     COORDINATOR_KILL,
+    HOST_KINDS,
     LOAD_KILL,
     STREAM_KILL,
     STREAM_PAUSE,
@@ -28,6 +31,7 @@ from .plan import (
     PlannedFault,
     load_kill_delay,
 )
+from .spread import Spread
 from .timeline import Clock, FaultLog, FaultRecord
 from .zombie import Zombies, has_fenced
 
@@ -57,15 +61,17 @@ class Injector:
         restarts: Restarts,
         faults: FaultLog,
         clock: Clock,
+        spread: Spread | None = None,
     ) -> None:
         self.ctx, self.crew, self.loads, self.zombies = ctx, crew, loads, zombies
-        self.restarts, self.faults, self.clock = restarts, faults, clock
+        self.restarts, self.faults, self.clock, self.spread = restarts, faults, clock, spread
         self.broker_stops: dict[int, threading.Thread] = {}
         self.broker_down: int | None = None
         self.worker_down: int | None = None
+        self.hosts = HostFaults(ctx, crew, loads, restarts, faults, clock, spread) if spread is not None else None
 
     def spark_cluster(self):  # noqa: ANN201 - the module, when a local standalone cluster serves us
-        if not self.ctx.settings.spark_master.startswith("spark://"):
+        if self.spread is not None or not self.ctx.settings.spark_master.startswith("spark://"):
             return None
         try:
             from adpipe.local import spark_cluster
@@ -78,8 +84,12 @@ class Injector:
         kinds = [STREAM_KILL, STREAM_PAUSE, BUDGET_KILL, LOAD_KILL]
         if self.spark_cluster() is not None:
             kinds.append(WORKER_KILL)
-        if kafka_broker.status(self.ctx.base).running:
+        # On hosts, the services host's brokers run by construction (their
+        # pids are that host's: not to be read from here).
+        if self.spread is not None or kafka_broker.status(self.ctx.base).running:
             kinds += list(BROKER_KINDS)
+        if self.spread is not None:
+            kinds += list(HOST_KINDS)
         return tuple(kinds)
 
     def inject(self, planned: PlannedFault) -> FaultRecord | None:
@@ -100,17 +110,19 @@ class Injector:
                 # start as a new instance and fence its successor. With a
                 # standby, a fault hits the active driver, not one taking over.
                 return None
-            # Read once (its log and the kernel's lock table): the gate and the note.
-            standby = crew.standby_state() if crew.with_standby else None
-            standing_by = standby in (None, "warm", "waiting")
-            if not standing_by and time.monotonic() - crew.stream.active_since < STANDBY_WAIT_S:
+            # Read once (its log and the leadership group): the gate and the note.
+            standby = self._standby_ready()
+            if standby is None:
                 return None
+            standby = standby or None
+            record.failover = kind == STREAM_KILL
             if kind == STREAM_PAUSE and crew.with_standby and (crew.standby is None or not crew.standby.alive):
                 # With a standby, the standby is the paused driver's successor
                 # (a driver started beside it on another lock would be a
                 # second job on the checkpoint once the standby came back).
                 return None
-            record.target = f"stream pid {crew.stream.proc.pid}"  # type: ignore[union-attr]
+            on_host = f" on {crew.stream.host}" if crew.stream.host else ""
+            record.target = f"stream pid {crew.stream.proc.pid}{on_host}"  # type: ignore[union-attr]
             if standby is not None:
                 record.note = f"standby {standby}"
             if not crew.stream.signal(signal.SIGKILL if kind == STREAM_KILL else signal.SIGSTOP):
@@ -119,7 +131,7 @@ class Injector:
                 self.zombies.start(record)
         elif kind == BUDGET_KILL:
             part = crew.budgets[int(pick * len(crew.budgets))]
-            record.target = part.name
+            record.target = part.name + (f" on {part.host}" if part.host else "")
             if not part.signal(signal.SIGKILL):
                 return None
             part.hold_until = time.monotonic() + planned.down_s
@@ -140,10 +152,25 @@ class Injector:
         elif kind == WORKER_KILL:
             if not self._worker_fault(record, planned):
                 return None
+        elif kind in HOST_KINDS:
+            if self.hosts is None or not self.hosts.inject(record, planned, self._standby_ready):
+                return None
         elif not self._broker_fault(record, planned):
             return None
         self.faults.add(record)
         return record
+
+    def _standby_ready(self) -> str | None:
+        """Whether a fault may take the active driver now: its standby's state
+        ("" without a standby), or None while the standby is not standing by
+        again and the active driver took over less than STANDBY_WAIT_S ago."""
+        crew = self.crew
+        if not crew.with_standby:
+            return ""
+        standby = crew.standby_state()
+        if standby not in ("warm", "waiting") and time.monotonic() - crew.stream.active_since < STANDBY_WAIT_S:
+            return None
+        return standby
 
     def _worker_fault(self, record: FaultRecord, planned: PlannedFault) -> bool:
         """SIGKILL a Spark worker, restarted ``down_s`` later; False: none to
@@ -211,6 +238,10 @@ class Injector:
                 self.start_worker(*arg)  # type: ignore[misc]
             elif action == "start_broker":
                 threading.Thread(target=self.start_broker, args=arg, daemon=True).start()
+            elif action == "heal_host" and self.hosts is not None:
+                self.hosts.heal(arg)  # type: ignore[arg-type]
+            elif action == "restart_host" and self.hosts is not None:
+                self.hosts.restart(*arg)  # type: ignore[misc]
 
     # -- restarts of what a fault took down -----------------------------------
 
@@ -227,11 +258,22 @@ class Injector:
         self.restarts.counts["spark_worker"] += 1
         self.faults.restored(WORKER_KILL)
 
+    def _stop_node(self, node: int, sig: int) -> bool:
+        if self.spread is None:
+            return kafka_broker.stop_node(self.ctx.base, node, sig)
+        return self.spread.broker(dict(os.environ), "stop", node, signal.Signals(sig).name) == "stopped"
+
+    def _start_node(self, node: int) -> None:
+        if self.spread is None:
+            kafka_broker.start_node(self.ctx.base, node)
+        else:
+            self.spread.broker(dict(os.environ), "start", node)
+
     def stop_broker(self, node: int, sig: int, record: FaultRecord) -> None:
         """Signal the broker and wait until its process has exited (its
         restart waits for this thread)."""
         try:
-            ran = kafka_broker.stop_node(self.ctx.base, node, sig)
+            ran = self._stop_node(node, sig)
         except Exception as exc:  # noqa: BLE001 - then it was not injected
             ran, record.note = False, f"stopping it failed: {exc}"
         if not ran:
@@ -245,7 +287,7 @@ class Injector:
         if stopper is not None:
             stopper.join()
         try:
-            kafka_broker.start_node(self.ctx.base, node)
+            self._start_node(node)
         except Exception as exc:  # noqa: BLE001 - BrokerError, OSError: retried, then reported
             self.restarts.failed(f"broker {node}", exc, attempt, "start_broker", node)
             return

@@ -9,6 +9,7 @@ from collections import Counter
 from .context import RunContext
 from .monitor import Monitor
 from .parts import Part
+from .spread import Spread
 from .timeline import FaultLog
 
 
@@ -16,8 +17,8 @@ class Loads:
     """The load running now (the window's, or one of the drain's), the
     loads that finished per hour and every load's exit code."""
 
-    def __init__(self, ctx: RunContext, monitor: Monitor, faults: FaultLog) -> None:
-        self.ctx, self.monitor, self.faults = ctx, monitor, faults
+    def __init__(self, ctx: RunContext, monitor: Monitor, faults: FaultLog, spread: Spread | None = None) -> None:
+        self.ctx, self.monitor, self.faults, self.spread = ctx, monitor, faults, spread
         self.hours: list[str] = []  # the run's, in order (plan.run_hours)
         self.load: Part | None = None
         self.load_hour: str | None = None
@@ -32,15 +33,18 @@ class Loads:
         closed = sorted(self.monitor.closed_hours)
         if not closed:
             return
+        hour = closed[(self.starts + 1) % len(closed)]
+        load = self.part(f"load{self.starts + 1}-{hour}", "--hour", hour)
+        if not load.start():  # no host usable now: at the next turn
+            return
         self.starts += 1
-        hour = closed[self.starts % len(closed)]
-        self.load = self.part(f"load{self.starts}", hour)
-        self.load.start()
-        self.load_hour = hour
+        self.load, self.load_hour = load, hour
 
-    def part(self, name: str, hour: str) -> Part:
-        argv = [sys.executable, "-m", "adpipe", "load", "--hour", hour]
-        return Part(f"{name}-{hour}", argv, self.ctx.env, self.ctx.logs)
+    def part(self, name: str, *args: str) -> Part:
+        """``adpipe load <args>`` as a part of the run (on hosts: the next
+        usable host in turn, as a worker of a pool would take it)."""
+        argv = [sys.executable, "-m", "adpipe", "load", *args]
+        return Part(name, argv, self.ctx.env, self.ctx.logs, self.spread)
 
     def reap(self) -> None:
         """Note a load that finished: its hour loaded once more if it

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adpipe.faults import wait_group_gone
+from adpipe.kafka_io.group_probe import GroupProbe
 from adpipe.processes import start_detached
 from adpipe.settings import Settings
 from adpipe.stream import leadership
 from adpipe.stream.liveness import descends_from
 
 from .context import RunContext
+from .spread import Spread
 from .timeline import Clock, FaultRecord
 
 log = logging.getLogger("adpipe.tools.chaos")
@@ -42,10 +44,26 @@ def restart_backoff(attempt: int) -> float | None:
 
 class Part:
     """A supervised process of the run (its own process group, so a kill
-    takes its JVM with it), restarted after it dies."""
+    takes its JVM with it), restarted after it dies. On the run's hosts
+    (``spread``) it starts on its home host while that one is usable, else
+    on another (away from the hosts ``peers`` names: a standby away from
+    the active driver); ``proc`` is then the nsenter that entered the host
+    and waits for it, in the same process group."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        spread: Spread | None = None,
+        home_host: str | None = None,
+    ) -> None:
         self.name, self.argv, self.env, self.log_dir = name, argv, env, log_dir
+        self.spread, self.home_host = spread, home_host
+        self.peers: list[Part] = []
+        self.host: str | None = None  # the host of the current start (None: this machine's own)
+        self.ns_pid: int | None = None  # its pid on that host
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.exits: Counter[int] = Counter()
@@ -60,10 +78,28 @@ class Part:
         """The log of the current start (each start has its own)."""
         return self.log_dir / f"{self.name}-{self.starts}.log"
 
-    def start(self) -> None:
-        self.starts += 1
+    def start(self) -> bool:
+        """Start it; False: no host of the run is usable now (asked again later)."""
+        if self.spread is None:
+            self.starts += 1
+            self.proc = start_detached(self.argv, self.log_path, env=self.env, append=False)
+        else:
+            host = self.spread.host_for(self.home_host, [p.host for p in self.peers if p.alive and p.host])
+            if host is None:
+                return False
+            self.starts += 1
+            started = host.start(self.argv, self.log_path, env=host.env(self.env))
+            self.proc, self.host, self.ns_pid = started.popen, host.name, started.ns_pid
         self.started_at = self.active_since = time.monotonic()
-        self.proc = start_detached(self.argv, self.log_path, env=self.env, append=False)
+        return True
+
+    def runs(self, driver: leadership.Driver) -> bool:
+        """Whether ``driver`` (a member of the job's leadership group) is this part."""
+        if not self.alive:
+            return False
+        if self.spread is None:
+            return driver.host == socket.gethostname() and descends_from(driver.pid, self.proc.pid)  # type: ignore[union-attr]
+        return (driver.host, driver.pid) == (self.host, self.ns_pid)
 
     @property
     def alive(self) -> bool:
@@ -122,19 +158,28 @@ class Crew:
     standby is the job's driver (it takes the checkpoint's lock the instant
     the other ends), and the dead one comes back as the standby."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, spread: Spread | None = None) -> None:
         adpipe = [sys.executable, "-m", "adpipe"]
         self.stream_argv = [*adpipe, "stream"]
         self.standby_argv = [*self.stream_argv, "--standby"]
         self.settings = ctx.settings
         self.with_standby = ctx.settings.stream_standby
-        self.stream = Part("stream-a" if self.with_standby else "stream", self.stream_argv, ctx.env, ctx.logs)
+        homes = spread.home_hosts(2 + BUDGET_INSTANCES) if spread is not None else [None] * (2 + BUDGET_INSTANCES)
+
+        def part(name: str, argv: list[str], home: str | None) -> Part:
+            return Part(name, argv, ctx.env, ctx.logs, spread, home)
+
+        self.stream = part("stream-a" if self.with_standby else "stream", self.stream_argv, homes[0])
         # None while a stream_pause has made it the paused driver's successor.
-        self.standby = Part("stream-b", self.standby_argv, ctx.env, ctx.logs) if self.with_standby else None
-        self.budgets = [
-            Part(f"budget-{i + 1}", [*adpipe, "budget"], ctx.env, ctx.logs) for i in range(BUDGET_INSTANCES)
-        ]
+        self.standby = part("stream-b", self.standby_argv, homes[1]) if self.with_standby else None
+        self.budgets = [part(f"budget-{i + 1}", [*adpipe, "budget"], homes[2 + i]) for i in range(BUDGET_INSTANCES)]
+        # On hosts: the drivers keep apart, and so do the budget instances.
+        for group in (self.drivers(), self.budgets):
+            for member in group:
+                member.peers = [other for other in group if other is not member]
         self.pause: ZombiePause | None = None
+        # The leadership group asked from a child process: this one outlives the broker kills.
+        self.probe = GroupProbe(ctx.env)
 
     def drivers(self) -> list[Part]:
         """The stream drivers the run keeps: the active one and the standby."""
@@ -160,8 +205,8 @@ class Crew:
         standby = self.standby
         if standby is None or not standby.alive:
             return False
-        lead = _leader(self.settings)
-        if lead is None or not descends_from(lead.pid, standby.proc.pid):  # type: ignore[union-attr]
+        lead = _leader(self.settings, self.probe)
+        if lead is None or not standby.runs(lead):
             return False
         self._swap()
         return True
@@ -191,17 +236,15 @@ class Crew:
             warm = leadership.STANDBY_WARM_LINE in standby.log_path.read_text(errors="replace")
         except OSError:
             warm = False
-        waiting = any(
-            descends_from(d.pid, standby.proc.pid)  # type: ignore[union-attr]
-            for d in _drivers(self.settings)
-            if not d.leads
-        )
+        waiting = any(standby.runs(d) for d in _drivers(self.settings, self.probe) if not d.leads)
         if not waiting:
             return "warming"
         return "warm" if warm else "waiting"
 
     def kill(self, *others: Part | None) -> None:
-        """Kill every part, a paused driver's successor and ``others`` too."""
+        """Kill every part, a paused driver's successor and ``others`` too
+        (and end the group probe)."""
+        self.probe.close()
         successor = self.pause.successor if self.pause is not None else None
         for part in [*self.drivers(), successor, *self.budgets, *others]:
             if part is not None:
@@ -237,14 +280,14 @@ class Restarts:
         return [f"{part} ({why})" for part, why in sorted(self.down.items())]
 
 
-def _drivers(settings: Settings) -> list[leadership.Driver]:
-    """The job's drivers in its leadership group, on this host (none when the brokers do not answer)."""
+def _drivers(settings: Settings, probe: GroupProbe) -> list[leadership.Driver]:
+    """The job's drivers in its leadership group (none when the brokers do not answer)."""
     try:
-        return [d for d in leadership.drivers(settings, timeout_s=5) if d.host == socket.gethostname()]
+        return leadership.drivers(settings, timeout_s=5, describe=probe.group_members)
     except Exception as exc:  # noqa: BLE001 - asked again at the next tick
         log.debug("the stream's leadership group: %s", exc)
         return []
 
 
-def _leader(settings: Settings) -> leadership.Driver | None:
-    return next((d for d in _drivers(settings) if d.leads), None)
+def _leader(settings: Settings, probe: GroupProbe) -> leadership.Driver | None:
+    return next((d for d in _drivers(settings, probe) if d.leads), None)

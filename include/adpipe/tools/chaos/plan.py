@@ -18,6 +18,8 @@ LOAD_KILL = "load_kill"
 BROKER_TERM = "broker_sigterm"
 BROKER_KILL = "broker_sigkill"
 COORDINATOR_KILL = "txn_coordinator_kill"
+HOST_CUT = "host_cut"
+HOST_KILL = "host_kill"
 # Weights: the stream job is what exactly-once is about; brokers next.
 KIND_WEIGHTS = {
     STREAM_KILL: 3,
@@ -28,8 +30,13 @@ KIND_WEIGHTS = {
     BROKER_TERM: 1,
     BROKER_KILL: 2,
     COORDINATOR_KILL: 1,
+    HOST_CUT: 3,
+    HOST_KILL: 2,
 }
 BROKER_KINDS = (BROKER_TERM, BROKER_KILL, COORDINATOR_KILL)
+MAX_HOSTS = 8
+# Faults on a whole host of ``--hosts``: every part on it cut off or killed.
+HOST_KINDS = (HOST_CUT, HOST_KILL)
 # Faults that take down a part the pipeline waits for (restarted by the run).
 PART_KINDS = (STREAM_KILL, STREAM_PAUSE, BUDGET_KILL, WORKER_KILL)
 
@@ -48,10 +55,15 @@ class ChaosSpec:
     # (a broker, a worker, the stopped driver): drawn in this range.
     down_s: tuple[float, float] = (2.0, 20.0)
     load_interval_s: float = 60.0
+    # 0: every part on this machine's own network; N: spread over N hosts
+    # (namespaces) beside a services host for the brokers and PostgreSQL.
+    hosts: int = 0
 
     def __post_init__(self) -> None:
         if self.events < 1 or self.duration_s <= 0 or self.fault_interval_s <= 0 or self.ads < 1:
             raise ValueError("events, duration, fault interval and ads must be positive")
+        if self.hosts and not 2 <= self.hosts <= MAX_HOSTS:
+            raise ValueError(f"--hosts {self.hosts}: 2 to {MAX_HOSTS} (a standby driver runs on a host of its own)")
 
     @property
     def events_per_second(self) -> float:
@@ -130,5 +142,7 @@ def run_hours(main: produce.Plan) -> list[str]:
 def replay_command(spec: ChaosSpec, seed: int) -> list[str]:
     return [
         "adpipe", "chaos", "--events", str(spec.events), "--duration", f"{spec.duration_s:g}",
-        "--rate", f"{spec.events_per_second:g}", "--seed", str(seed),
+        "--rate", f"{spec.events_per_second:g}", "--fault-interval", f"{spec.fault_interval_s:g}",
+        "--seed", str(seed),
+        *(["--hosts", str(spec.hosts)] if spec.hosts else []),
     ]  # fmt: skip

@@ -60,6 +60,7 @@ def write(rig: Rig, main: produce.Plan, closer_minute: str, drain_s: float, sche
         "command": " ".join(replay_command(rig.spec, rig.seed)),
         "brokers": len(kafka_broker.nodes(rig.ctx.base)),
         "spark_master": s.spark_master,
+        "hosts": rig.spec.hosts,
         "stream_standby": rig.crew.with_standby,
         "duration_s": rig.clock.elapsed(),
         "events": {
@@ -73,6 +74,7 @@ def write(rig: Rig, main: produce.Plan, closer_minute: str, drain_s: float, sche
         "faults_injected": sum(row["injected"] for row in faults.values()),
         "faults_skipped": rig.faults.skipped,
         "faults": faults,
+        "failover": check.summarize_failover([asdict(f) for f in rig.faults.records]),
         "fault_log": [asdict(f) for f in rig.faults.records],
         "restarts": rig.restart_counts(),
         "restart_failures": rig.restarts.failures,

@@ -11,7 +11,7 @@ import time
 from .loads import Loads
 from .monitor import Monitor
 from .parts import Crew, Restarts
-from .plan import BUDGET_KILL, LOAD_KILL, PART_KINDS, STREAM_KILL
+from .plan import BUDGET_KILL, HOST_KINDS, LOAD_KILL, PART_KINDS, STREAM_KILL
 from .timeline import Clock, FaultLog
 
 log = logging.getLogger("adpipe.tools.chaos")
@@ -71,7 +71,8 @@ class Supervisor:
                 if part is crew.standby and not self.standby_due(now):
                     continue
                 crew.prepare_start(part)
-                part.start()
+                if not part.start():  # on hosts: none usable now
+                    continue
                 if part is crew.standby:
                     self.restarts.counts["standby"] += 1
                     continue
@@ -94,22 +95,33 @@ class Supervisor:
         killed or stopped stream job, budget instance or worker; a broker is
         not waited for: the others carry on) and, after the fault, what that
         part feeds moved on (the stream job's ledger, the budget service's
-        offsets) or had nothing waiting."""
+        offsets) or had nothing waiting. A host fault is recovered from when
+        both moved on after it, whether or not the host is back: what ran
+        there runs elsewhere."""
         m, now, t0 = self.monitor, time.monotonic(), self.clock.t0
+        stream_idle = m.stream_lag == 0 and self.crew.stream.alive
+        budget_idle = m.budget_lag == 0 and self.crew.budgets_alive()
         for record in self.faults.records:
             if record.recovery_s is not None or record.kind == LOAD_KILL:
                 continue
             if record.kind in PART_KINDS and record.restored_at_s is None:
                 continue
             since = t0 + max(record.at_s, record.restored_at_s or 0.0)
-            budget = record.kind == BUDGET_KILL
-            progress_at = m.budget_progress_at if budget else m.stream_progress_at
-            idle = (
-                (m.budget_lag == 0 and self.crew.budgets_alive())
-                if budget
-                else (m.stream_lag == 0 and self.crew.stream.alive)
-            )
-            if progress_at > since:
-                record.recovery_s = round(progress_at - t0 - record.at_s, 1)
-            elif idle and m.sampled_at > since:
-                record.recovery_s = round(now - t0 - record.at_s, 1)
+            if record.kind in HOST_KINDS:
+                moved = [
+                    self._moved(m.stream_progress_at, stream_idle, since, now),
+                    self._moved(m.budget_progress_at, budget_idle, since, now),
+                ]
+            elif record.kind == BUDGET_KILL:
+                moved = [self._moved(m.budget_progress_at, budget_idle, since, now)]
+            else:
+                moved = [self._moved(m.stream_progress_at, stream_idle, since, now)]
+            if all(at is not None for at in moved):
+                record.recovery_s = round(max(moved) - t0 - record.at_s, 1)  # type: ignore[type-var]
+
+    def _moved(self, progress_at: float, idle: bool, since: float, now: float) -> float | None:
+        """When what a part feeds moved on after ``since`` (now, if it had
+        nothing waiting), or None."""
+        if progress_at > since:
+            return progress_at
+        return now if idle and self.monitor.sampled_at > since else None

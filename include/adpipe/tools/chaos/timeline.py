@@ -56,6 +56,9 @@ class FaultRecord:
     # closed during the window (the stream job behind), landed on the
     # drain's load of the closed hours.
     phase: str = "window"
+    # It took the active stream driver (a stream_kill, or a host fault on
+    # its host): its recovery is a failover to the standby.
+    failover: bool = False
 
 
 class FaultLog:

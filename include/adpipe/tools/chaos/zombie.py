@@ -82,8 +82,11 @@ class Zombies:
         would (where the transactional.id's fencing and Spark's own
         offset-log checks stand between them too)."""
         self.successors += 1
-        successor = Part(f"stream-successor{self.successors}", self.crew.standby_argv, self.crew.stream.env,
-                         self.ctx.logs)
+        stream = self.crew.stream
+        successor = Part(
+            f"stream-successor{self.successors}", self.crew.standby_argv, stream.env, self.ctx.logs, stream.spread
+        )
+        successor.peers = [stream]
         successor.start()
         return successor
 

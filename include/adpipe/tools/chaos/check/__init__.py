@@ -49,7 +49,7 @@ from .raw import (
 )
 from .spend import charge_micros, check_spend
 from .stream import check_stream_output
-from .summary import percentile, render_table, run_verdict, summarize_faults
+from .summary import percentile, render_table, run_verdict, summarize_failover, summarize_faults
 from .tables import DELTA_TABLES, compare_tables, read_delta_tables
 
 __all__ = [
@@ -79,5 +79,6 @@ __all__ = [
     "read_delta_tables",
     "render_table",
     "run_verdict",
+    "summarize_failover",
     "summarize_faults",
 ]

@@ -34,6 +34,21 @@ def summarize_faults(faults: list[dict], planned: dict[str, int] | None = None) 
     return kinds
 
 
+def summarize_failover(faults: list[dict]) -> dict:
+    """The faults that took the active stream driver (``failover``: a
+    stream_kill, a host fault on its host): how many, how many recovered,
+    and the seconds to the job's next commit p50/p99/max."""
+    taken = [f for f in faults if f.get("failover") and f.get("injected", True)]
+    times = [f["recovery_s"] for f in taken if f.get("recovery_s") is not None]
+    return {
+        "faults": len(taken),
+        "recovered": len(times),
+        "recovery_p50_s": percentile(times, 0.5),
+        "recovery_p99_s": percentile(times, 0.99),
+        "recovery_max_s": max(times) if times else None,
+    }
+
+
 def run_verdict(
     data_ok: dict[str, bool], faults: dict[str, dict], parts_down: list[str], stalls: int
 ) -> tuple[str, list[str]]:
@@ -63,7 +78,8 @@ def render_table(report: dict) -> str:
     lines = [
         f"chaos run {report['run_id']} (seed {report['seed']}): {report['events']['sent_messages']} messages "
         f"({report['events']['distinct_events']} distinct valid events, {report['events']['malformed']} malformed) "
-        f"on {report['brokers']} broker(s), Spark {report['spark_master']}, {report['duration_s']:.0f} s",
+        f"on {report['brokers']} broker(s), Spark {report['spark_master']}"
+        f"{', ' + str(report['hosts']) + ' hosts' if report.get('hosts') else ''}, {report['duration_s']:.0f} s",
         "",
         f"{'fault':<22}{'planned':>8}{'injected':>9}{'recovered':>10}{'p50 s':>8}{'p99 s':>8}{'max s':>8}",
     ]
@@ -77,6 +93,15 @@ def render_table(report: dict) -> str:
     in_drain = sum(f.get("phase") == "drain" and f.get("injected", True) for f in report.get("fault_log", []))
     lines += [
         f"{'total':<22}{planned:>8}{total:>9}",
+        *(
+            [
+                f"{'stream failover':<22}{'':>8}{failover['faults']:>9}{failover['recovered']:>10}"
+                f"{secs(failover['recovery_p50_s']):>8}{secs(failover['recovery_p99_s']):>8}"
+                f"{secs(failover['recovery_max_s']):>8}  (the faults that took the active driver)"
+            ]
+            if (failover := report.get("failover"))
+            else []
+        ),
         *([f"(of which {in_drain} load kill(s) in the drain: no hour closed in the window)"] if in_drain else []),
         "",
         "restarts: " + ", ".join(f"{k} {v}" for k, v in sorted(report["restarts"].items())),

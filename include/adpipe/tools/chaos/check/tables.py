@@ -13,18 +13,20 @@ from .raw import LateListing, RawTopic, minute_label
 # The Delta tables read with delta-rs, not the loader's Spark code. Pin:
 # ``deltalake==1.6.6`` (installs beside pyarrow 26 with arro3-core only).
 # delta-rs cannot read deletion vectors (delta-rs#1094): the tables keep them off.
-DELTA_TABLES = ("ad_minute_aggregates", "ad_events_raw", "ad_events_quarantine")
+DELTA_TABLES = ("ad_minute_aggregates", "ad_minute_aggregate_revisions", "ad_events_raw", "ad_events_quarantine")
+AGGREGATE_COLUMNS = ["record_uuid", "ad_id", "window_start", "impressions", "clicks"]
 
 
 def read_delta_tables(database_dir: Path) -> dict[str, list[dict]] | str:
-    """The rows of the three tables under ``database_dir`` (the warehouse's
+    """The rows of the four tables under ``database_dir`` (the warehouse's
     ``ads.db``), or why they cannot be read this way."""
     try:
         from deltalake import DeltaTable
     except ImportError:
         return "deltalake is not installed (pin deltalake==1.6.6)"
     columns = {
-        "ad_minute_aggregates": ["record_uuid", "ad_id", "window_start", "impressions", "clicks"],
+        "ad_minute_aggregates": AGGREGATE_COLUMNS,
+        "ad_minute_aggregate_revisions": AGGREGATE_COLUMNS,
         "ad_events_raw": ["event_id"],
         "ad_events_quarantine": ["source", "event_key"],
     }
@@ -46,8 +48,9 @@ def compare_tables(
     hours: set[str],
 ) -> dict:
     """The tables of ``hours`` (``YYYY-MM-DDTHH``) against Kafka: each
-    aggregate once with its counts, each valid raw event once, each late
-    listing and DLQ record once in the quarantine."""
+    aggregate once with its counts in the revisions table, each window's
+    latest revision once in the aggregates table, each valid raw event once,
+    each late listing and DLQ record once in the quarantine."""
     wrong: list[str] = []
 
     def compare(table: str, want: Counter, got: Counter) -> None:
@@ -55,20 +58,28 @@ def compare_tables(
             if want[key] != got[key]:
                 wrong.append(f"{table} {key}: expected {want[key]}, found {got[key]}")
 
-    want_aggregates: Counter = Counter()
+    every: Counter = Counter()
+    latest: dict[tuple[str, str], tuple[int, tuple]] = {}  # (ad, window) -> (revision, row)
     seen_uuids: set[str] = set()
     for value in aggregates:
         body = json.loads(value)
         if body["window_start"][:13] in hours and body["record_uuid"] not in seen_uuids:
             seen_uuids.add(body["record_uuid"])
-            want_aggregates[
-                (body["record_uuid"], body["ad_id"], body["window_start"], body["impressions"], body["clicks"])
-            ] += 1
-    got_aggregates = Counter(
-        (r["record_uuid"], r["ad_id"], _utc_minute(r["window_start"]), r["impressions"], r["clicks"])
-        for r in rows["ad_minute_aggregates"]
-    )
-    compare("ad_minute_aggregates", want_aggregates, got_aggregates)
+            row = (body["record_uuid"], body["ad_id"], body["window_start"], body["impressions"], body["clicks"])
+            every[row] += 1
+            revision = body.get("revision") or 0
+            window = (body["ad_id"], body["window_start"])
+            if window not in latest or revision > latest[window][0]:
+                latest[window] = (revision, row)
+
+    def aggregate_rows(table: str) -> Counter:
+        return Counter(
+            (r["record_uuid"], r["ad_id"], _utc_minute(r["window_start"]), r["impressions"], r["clicks"])
+            for r in rows[table]
+        )
+
+    compare("ad_minute_aggregates", Counter(row for _, row in latest.values()), aggregate_rows("ad_minute_aggregates"))
+    compare("ad_minute_aggregate_revisions", every, aggregate_rows("ad_minute_aggregate_revisions"))
     want_raw = Counter(e.event_id for e in raw.events.values() if minute_label(e.event_ms)[:13] in hours)
     compare("ad_events_raw", want_raw, Counter(r["event_id"] for r in rows["ad_events_raw"]))
     want_late = {
