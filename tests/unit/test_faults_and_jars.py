@@ -90,10 +90,14 @@ def test_wait_group_gone_waits_for_a_killed_group_and_kills_a_lingering_one() ->
 
     # A group whose leader ignores SIGTERM: "gone" only after the SIGKILL.
     stubborn = subprocess.Popen(
-        ["python3", "-c", "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.pause()"],
+        ["python3", "-c", "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+         "signal.pause()"],
         start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    time.sleep(0.5)
+    # Once it ignores SIGTERM (a fixed sleep lost the race on a loaded machine).
+    assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "ready"
     os.killpg(stubborn.pid, signal.SIGTERM)
     started = time.monotonic()
     wait_group_gone(stubborn.pid, timeout_s=1.0)
