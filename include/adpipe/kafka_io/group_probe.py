@@ -2,7 +2,8 @@
 its own for a caller that must outlive its brokers' deaths.
 
 librdkafka aborts the whole process (``rd_kafka_enq_once_del_source_return:
-Assertion `eonce->refcnt > 0' failed``, librdkafka issue 4605, 2.16 here)
+Assertion `eonce->refcnt > 0' failed``, open in librdkafka 2.16:
+https://github.com/confluentinc/librdkafka/issues/4605)
 when a group's coordinator cannot be reached during DescribeConsumerGroups:
 what a killed broker does to the request in flight. ``adpipe chaos`` kills
 brokers and asks the stream's leadership group several times a second; it
