@@ -70,8 +70,20 @@ def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun
     run.loads.load.proc.wait()  # type: ignore[union-attr]
     run.clock.pending = [(0.0, action, arg) for _, action, arg in run.clock.pending]
     _run_pending(run)
-    assert run.faults.records == [] and [s["kind"] for s in run.faults.skipped] == [chaos.LOAD_KILL]
-    assert "finished first" in run.faults.skipped[0]["why"]
+    # Not a fault, nor dropped: tried again on the next load, sooner into it.
+    assert run.faults.records == [] and run.faults.skipped == []
+    [again] = run.injector.requeued
+    assert (again.kind, again.tries, again.pick) == (chaos.LOAD_KILL, 1, 0.0)
+    run.injector.requeued.clear()
+    # Its last try finishing first too: dropped, and the run says why.
+    run.loads.load = None
+    last = chaos.PlannedFault(1.0, chaos.LOAD_KILL, 0.0, 3.0, tries=chaos.LOAD_KILL_TRIES - 1)
+    assert run.injector.inject(last) is not None
+    run.loads.load.proc.wait()  # type: ignore[union-attr]
+    run.clock.pending = [(0.0, action, arg) for _, action, arg in run.clock.pending]
+    _run_pending(run)
+    assert run.injector.requeued == [] and [s["kind"] for s in run.faults.skipped] == [chaos.LOAD_KILL]
+    assert f"finished first, {chaos.LOAD_KILL_TRIES} times" in run.faults.skipped[0]["why"]
     # A load that still runs when the kill comes: a fault.
     run.loads.part = lambda name, *_args: _sleeper(run, name, "30", start=False)  # type: ignore[method-assign]
     run.loads.load = None
@@ -85,16 +97,16 @@ def test_a_load_kill_counts_only_when_it_hits_a_running_load(run: chaos.ChaosRun
 
 def test_load_kills_carried_to_the_drain_count_only_when_they_hit_a_running_load(run: chaos.ChaosRun) -> None:
     run.loads.hours = ["2026-11-22T12", "2026-11-22T13"]
-    # pick 0.0: killed 3 s into the load; the first load ends after 1 s, the
-    # second runs 30 s.
+    # pick 0.0: killed 3 s into the load; the first load ends after 1 s (the
+    # kill is tried again on another), the others run 30 s.
     run.faults.carried = [chaos.PlannedFault(at, chaos.LOAD_KILL, 0.0, 3.0) for at in (1.0, 2.0)]
-    lengths = iter(["1", "30"])
+    lengths = iter(["1", "30", "30"])
     run.loads.part = lambda name, *_args: chaos.Part(name, ["sleep", next(lengths)], run.ctx.env, run.ctx.logs)
     drain.load_kills(run, ("--hour", "2026-11-22T12", "--to-hour", "2026-11-22T13"))
-    assert [(f.kind, f.phase) for f in run.faults.records] == [(chaos.LOAD_KILL, "drain")]
+    assert [(f.kind, f.phase) for f in run.faults.records] == [(chaos.LOAD_KILL, "drain")] * 2
     assert "2026-11-22T12..2026-11-22T13" in run.faults.records[0].target
-    assert len(run.faults.skipped) == 1 and "finished first" in run.faults.skipped[0]["why"]
-    assert run.loads.rcs == {0: 1, -signal.SIGKILL: 1}
+    assert run.faults.skipped == [] and run.injector.requeued == []
+    assert run.loads.rcs == {0: 1, -signal.SIGKILL: 2}
 
 
 def test_a_worker_that_will_not_start_is_retried_then_reported_down(

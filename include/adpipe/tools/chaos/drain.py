@@ -91,11 +91,15 @@ def hosts_back(rig: Rig, deadline: float) -> None:
 
 def load_kills(rig: Rig, args: tuple[str, ...]) -> None:
     """The carried-over load kills, each on a load of every hour (closed
-    now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one that had
-    finished first is skipped, as in the window. The final load then
-    recovers from all of them."""
+    now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one whose load
+    had finished first is tried again, sooner, as in the window. The final
+    load then recovers from all of them."""
     loads = rig.loads
-    for n, planned in enumerate(rig.faults.carried, start=1):
+    pending = list(rig.faults.carried)
+    n = 0
+    while pending:
+        planned = pending.pop(0)
+        n += 1
         load = loads.part(f"drain-load{n}", *args)
         loads.load = load  # killed with the rest if the run is stopped
         if not load.start():
@@ -110,3 +114,5 @@ def load_kills(rig: Rig, args: tuple[str, ...]) -> None:
         loads.rcs[load.proc.wait()] += 1  # type: ignore[union-attr]
         load.reap()
         loads.load = None
+        pending += rig.injector.requeued
+        rig.injector.requeued.clear()

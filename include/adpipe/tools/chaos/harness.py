@@ -112,6 +112,9 @@ class ChaosRun(Rig):
         queue = list(schedule)
         last_note = retry_at = 0.0
         while queue or clock.elapsed() < spec.duration_s or producer.is_alive() or clock.pending:
+            if self.injector.requeued:  # load kills whose load finished first: again, on the next load
+                queue = sorted([*queue, *self.injector.requeued], key=lambda f: f.at_s)
+                self.injector.requeued.clear()
             if queue and clock.elapsed() >= max(queue[0].at_s, retry_at):
                 self._inject_due(queue, producer)
                 retry_at = clock.elapsed() + 3

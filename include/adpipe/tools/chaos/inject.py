@@ -25,11 +25,13 @@ from .plan import (
     COORDINATOR_KILL,
     HOST_KINDS,
     LOAD_KILL,
+    LOAD_KILL_TRIES,
     STREAM_KILL,
     STREAM_PAUSE,
     WORKER_KILL,
     PlannedFault,
     load_kill_delay,
+    sooner,
 )
 from .spread import Spread
 from .timeline import Clock, FaultLog, FaultRecord
@@ -68,6 +70,8 @@ class Injector:
         self.broker_stops: dict[int, threading.Thread] = {}
         self.broker_down: int | None = None
         self.worker_down: int | None = None
+        # Load kills whose load finished first, to try again (the run's queue takes them).
+        self.requeued: list[PlannedFault] = []
         self.hosts = HostFaults(ctx, crew, loads, restarts, faults, clock, spread) if spread is not None else None
 
     def spark_cluster(self):  # noqa: ANN201 - the module, when a local standalone cluster serves us
@@ -218,12 +222,16 @@ class Injector:
 
     def land_load_kill(self, load: Part, record: FaultRecord, planned: PlannedFault) -> None:
         """A deferred load kill (of the window's load, or of the drain's): a
-        fault only if that load is still the run's and still runs."""
+        fault only if that load is still the run's and still runs. If it had
+        finished first, the kill is tried again on a later load, sooner into
+        it (:attr:`requeued`), LOAD_KILL_TRIES times at most."""
         if load is self.loads.load and load.signal(signal.SIGKILL):
             record.at_s = round(self.clock.elapsed(), 1)
             self.faults.add(record)
+        elif planned.tries + 1 < LOAD_KILL_TRIES:
+            self.requeued.append(sooner(planned, time.monotonic() - load.started_at))
         else:
-            self.faults.skip(planned, f"{record.target}: the load had finished first")
+            self.faults.skip(planned, f"{record.target}: the load had finished first, {LOAD_KILL_TRIES} times")
 
     def due(self) -> None:
         """Carry out the actions the clock has due."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from adpipe.tools import produce
@@ -79,6 +79,19 @@ class PlannedFault:
     kind: str
     pick: float
     down_s: float
+    tries: int = 0  # a load kill's earlier tries, whose load finished first
+
+
+# A load kill whose load finished before it came is tried again on a later
+# load, sooner into it, this many times at most.
+LOAD_KILL_TRIES = 4
+
+
+def sooner(planned: PlannedFault, load_ran_s: float) -> PlannedFault:
+    """``planned`` (a load kill whose load finished after ``load_ran_s``)
+    for another load: killed halfway through that time at the latest."""
+    pick = min(planned.pick, max(0.0, (load_ran_s / 2 - 3) / 30))
+    return replace(planned, pick=pick, tries=planned.tries + 1)
 
 
 def fault_schedule(seed: int, spec: ChaosSpec, kinds: tuple[str, ...]) -> list[PlannedFault]:
