@@ -421,24 +421,22 @@ class Hosts:
         or from the ``services`` host only (each drops the other's packets)."""
         if name in self.cuts or name == SERVICES or what not in ("everything", SERVICES):
             raise HostsError(f"cannot cut {name} off from {what} (cut: {self.cuts})")
-        host = self.hosts[name]
-        if what == SERVICES:
-            services = self.services
-            _ip("-n", host.netns, "rule", "add", "pref", str(CUT_PREF), "from", services.ip, "blackhole")
-            _ip("-n", services.netns, "rule", "add", "pref", str(CUT_PREF), "from", host.ip, "blackhole")
-        else:
-            _ip("-n", self.switch, "link", "set", name, "down")
+        self._links(name, what, cut=True)
         self.cuts[name] = what
         log.info("host %s cut off from %s", name, what)
 
     def heal(self, name: str) -> None:
         what = self.cuts.pop(name)
+        self._links(name, what, cut=False)
+        log.info("host %s healed (was cut off from %s)", name, what)
+
+    def _links(self, name: str, what: str, cut: bool) -> None:
+        """The cut of :meth:`cut_off` made (``cut``) or undone."""
         host = self.hosts[name]
         if what == SERVICES:
             services = self.services
-            _ip("-n", host.netns, "rule", "del", "pref", str(CUT_PREF), "from", services.ip, "blackhole")
-            _ip("-n", services.netns, "rule", "del", "pref", str(CUT_PREF), "from", host.ip, "blackhole")
+            for netns, peer in ((host.netns, services.ip), (services.netns, host.ip)):
+                _ip("-n", netns, "rule", "add" if cut else "del", "pref", str(CUT_PREF), "from", peer, "blackhole")
         else:
-            _ip("-n", self.switch, "link", "set", name, "up")
-        log.info("host %s healed (was cut off from %s)", name, what)
+            _ip("-n", self.switch, "link", "set", name, "down" if cut else "up")
 
