@@ -547,3 +547,42 @@ def test_a_fault_waiting_for_its_target_stays_planned_while_others_are_injected(
     run._inject_due(queue, producer)  # noqa: SLF001
     assert queue == [] and [s["kind"] for s in run.faults.skipped] == [chaos.STREAM_KILL]
     assert "nor any other's" in run.faults.skipped[0]["why"]
+
+
+class _Hosts:
+    """The run's hosts as a host fault sees them: three usable, what it cut or killed."""
+
+    def __init__(self) -> None:
+        self.killed: list[str] = []
+
+    def usable(self) -> list[str]:
+        return ["host-1", "host-2", "host-3"]
+
+    def kill(self, name: str) -> None:
+        self.killed.append(name)
+
+
+def test_a_host_fault_on_the_active_driver_s_host_waits_for_the_standby_then_follows_the_driver(
+    standby_run: chaos.ChaosRun,
+) -> None:
+    from adpipe.tools.chaos.hostfaults import HostFaults
+
+    run = standby_run
+    active, standby = _start_drivers(run)
+    active.host, standby.host = "host-1", "host-2"
+    spread = _Hosts()
+    faults = HostFaults(run.ctx, run.crew, run.loads, run.restarts, run.faults, run.clock, spread)  # type: ignore[arg-type]
+    planned = chaos.PlannedFault(1.0, chaos.HOST_KILL, 0.1, 3.0)  # picks host-1 of three: the active driver's
+
+    def record() -> chaos.FaultRecord:
+        return chaos.FaultRecord(chaos.HOST_KILL, "", 0.0, 3.0)
+
+    # Its standby not standing by yet: the fault waits.
+    assert not faults.inject(record(), planned, lambda: None) and spread.killed == []
+    # Meanwhile a driver fault's takeover moved the active driver to host-3:
+    # the fault still takes the active driver's host, not the one it picked.
+    active.host = "host-3"
+    landed = record()
+    assert faults.inject(landed, planned, lambda: "warm")
+    assert spread.killed == ["host-3"] and landed.failover and landed.note == "on it: stream-a (active)"
+    assert faults.host_down == "host-3" and faults.at_active == set()

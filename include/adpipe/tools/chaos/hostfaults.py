@@ -32,6 +32,11 @@ class HostFaults:
         self.ctx, self.crew, self.loads, self.spread = ctx, crew, loads, spread
         self.restarts, self.faults, self.clock = restarts, faults, clock
         self.host_down: str | None = None  # the host cut off or killed, until it is back
+        # Host faults that picked the active driver's host and wait for its
+        # standby: they stay aimed at the active driver wherever it runs when
+        # they land (re-picked, they would find it moved by a driver fault
+        # injected meanwhile, and seldom hit it).
+        self.at_active: set[PlannedFault] = set()
 
     def inject(self, record: FaultRecord, planned: PlannedFault, standby_ready: Callable[[], str | None]) -> bool:
         """Cut a host off (from everything, or from the services host only)
@@ -44,17 +49,20 @@ class HostFaults:
             return False
         scaled = planned.pick * len(hosts)
         name = hosts[int(scaled)]
+        if planned in self.at_active and crew.stream.alive and crew.stream.host in hosts:
+            name = crew.stream.host
         on_it = [
             p for p in [*crew.drivers(), *crew.budgets, self.loads.load] if p is not None and p.alive and p.host == name
         ]
         active = crew.stream in on_it
         if active:
-            if not has_fenced(crew.stream):
-                return False  # a driver still taking over: the fault would be on the takeover
-            standby = standby_ready()
-            if standby is None:
+            # A driver still taking over (the fault would be on the takeover),
+            # or its standby not standing by yet: wait, aimed at the active driver.
+            if not has_fenced(crew.stream) or standby_ready() is None:
+                self.at_active.add(planned)
                 return False
             record.failover = True
+        self.at_active.discard(planned)
         names = [f"{p.name}{' (active)' if p is crew.stream else ''}" for p in on_it]
         record.note = "on it: " + (", ".join(names) or "nothing")
         if planned.kind == HOST_CUT:
