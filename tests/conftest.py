@@ -76,6 +76,33 @@ LONGEST_FIRST = (
 )
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_overlap(base: int, ports: int = 300, range_file: Path = EPHEMERAL_RANGE) -> str | None:
+    """Why a suite's ports ``base .. base + ports`` are unsafe, or None: the
+    kernel hands ports of its ephemeral range to outgoing connections, so a
+    broker or PostgreSQL of the suite may find its port taken ("Address
+    already in use")."""
+    try:
+        low, high = (int(n) for n in range_file.read_text().split())
+    except (OSError, ValueError):
+        return None
+    if base < high and base + ports > low:
+        return (
+            f"ADPIPE_TEST_PORT_BASE={base - 1000 * _WORKER}: this suite's ports {base}-{base + ports - 1} fall in "
+            f"the kernel's ephemeral range {low}-{high}, where outgoing connections take ports; pick a base below "
+            f"{low - 2000} (the default is 19092)"
+        )
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    why = ephemeral_overlap(PORT_BASE)
+    if why is not None:
+        raise pytest.UsageError(why)
+
+
 def pytest_report_header() -> str:
     """The free disk under the test home, first in the run's output: a
     nearly full disk fails tests far from its cause (a CI run's HDFS test

@@ -266,22 +266,11 @@ class Injector:
         self.restarts.counts["spark_worker"] += 1
         self.faults.restored(WORKER_KILL)
 
-    def _stop_node(self, node: int, sig: int) -> bool:
-        if self.spread is None:
-            return kafka_broker.stop_node(self.ctx.base, node, sig)
-        return self.spread.broker(dict(os.environ), "stop", node, signal.Signals(sig).name) == "stopped"
-
-    def _start_node(self, node: int) -> None:
-        if self.spread is None:
-            kafka_broker.start_node(self.ctx.base, node)
-        else:
-            self.spread.broker(dict(os.environ), "start", node)
-
     def stop_broker(self, node: int, sig: int, record: FaultRecord) -> None:
         """Signal the broker and wait until its process has exited (its
         restart waits for this thread)."""
         try:
-            ran = self._stop_node(node, sig)
+            ran = stop_node(self.ctx, self.spread, node, sig)
         except Exception as exc:  # noqa: BLE001 - then it was not injected
             ran, record.note = False, f"stopping it failed: {exc}"
         if not ran:
@@ -295,10 +284,25 @@ class Injector:
         if stopper is not None:
             stopper.join()
         try:
-            self._start_node(node)
+            start_node(self.ctx, self.spread, node)
         except Exception as exc:  # noqa: BLE001 - BrokerError, OSError: retried, then reported
             self.restarts.failed(f"broker {node}", exc, attempt, "start_broker", node)
             return
         self.restarts.counts["broker"] += 1
         self.faults.restored(*BROKER_KINDS)
         self.broker_down = None
+
+
+def stop_node(ctx: RunContext, spread: Spread | None, node: int, sig: int) -> bool:
+    """Signal one broker of the run's cluster (on hosts: on the services
+    host, where its pid is); whether one ran."""
+    if spread is None:
+        return kafka_broker.stop_node(ctx.base, node, sig)
+    return spread.broker(dict(os.environ), "stop", node, signal.Signals(sig).name) == "stopped"
+
+
+def start_node(ctx: RunContext, spread: Spread | None, node: int) -> None:
+    if spread is None:
+        kafka_broker.start_node(ctx.base, node)
+    else:
+        spread.broker(dict(os.environ), "start", node)
