@@ -161,7 +161,7 @@ class ChaosRun(Rig):
 def run(settings: Settings, spec: ChaosSpec) -> int:
     """``adpipe chaos``: one run; prints the table and keeps the JSON."""
     if spec.hosts:
-        reason = spread.unavailable_reason()
+        reason = hosts.unavailable_reason()
         if reason is not None:
             raise SystemExit(f"adpipe chaos --hosts {spec.hosts}: {reason}")
     try:

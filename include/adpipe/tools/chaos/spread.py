@@ -11,7 +11,6 @@ and warehouse live there, as a cluster's live on HDFS or an object store."""
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -72,7 +71,7 @@ def place(preferred: str | None, usable: Iterable[str], avoid: Iterable[str] = (
 
 
 class Spread:
-    """N hosts and a services host for one run (a context manager)."""
+    """N hosts and a services host for one run."""
 
     def __init__(self, base: Path, count: int) -> None:
         if count < 2:
@@ -80,12 +79,6 @@ class Spread:
         self.net = hosts.Hosts(base, host_names(count))
         self.names = host_names(count)
         self.turns = 0
-
-    def __enter__(self) -> Spread:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.down()
 
     # ---- making and removing
 
@@ -185,10 +178,3 @@ class Spread:
             raise SpreadError(f"broker {node} {action}: exit {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
         return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
-
-def unavailable_reason() -> str | None:
-    """Why this machine cannot make the run's hosts (root, iproute2, util-linux), or None."""
-    reason = hosts.unavailable_reason()
-    if reason is None and shutil.which("nsenter") is None:
-        return "needs nsenter (util-linux)"
-    return reason
