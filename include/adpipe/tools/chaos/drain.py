@@ -9,7 +9,9 @@ import time
 
 from adpipe import kafka_io
 
+from .airflow import DagRunLoad
 from .monitor import budget_offsets
+from .parts import Part
 from .plan import LOAD_KILL, load_kill_delay
 from .rig import Rig
 from .timeline import FaultRecord
@@ -45,19 +47,18 @@ def run(rig: Rig, started: float, timeout_s: float = 1800) -> None:
         rig.injector.due()
         rig.supervisor.supervise()
         time.sleep(1)
-    # Every hour once more, in one run (a backfill: one Spark start-up).
+    # Every hour once more, in one load (adpipe load: a backfill, one Spark
+    # start-up; with Airflow: a DAG run per hour).
     first, last = loads.hours[0], loads.hours[-1]
-    every_hour = ("--hour", first, "--to-hour", last)
     hosts_back(rig, deadline)
-    load_kills(rig, every_hour)
+    load_kills(rig)
     for attempt in range(1, 6):
-        part = loads.part(f"final-load{attempt}", *every_hour)
-        loads.load = part  # killed with the rest if the run is stopped
+        part = loads.part(f"final-load{attempt}", loads.hours)
+        loads.own(part)  # killed with the rest if the run is stopped
         if not part.start():
             raise RuntimeError("no host of the run is usable for the final load")
-        rc = part.proc.wait()  # type: ignore[union-attr]
-        part.reap()
-        loads.load = None
+        rc = finish(rig, part)
+        loads.own(None)
         if rc == 0:
             for hour in loads.hours:
                 loads.done[hour] = loads.done.get(hour, 0) + 1
@@ -89,7 +90,18 @@ def hosts_back(rig: Rig, deadline: float) -> None:
         time.sleep(1)
 
 
-def load_kills(rig: Rig, args: tuple[str, ...]) -> None:
+def finish(rig: Rig, load: Part | DagRunLoad) -> int:
+    """``load``'s exit code once it ended, the parts supervised meanwhile
+    (with Airflow, a worker killed under it comes back)."""
+    while (rc := load.proc.poll()) is None:  # type: ignore[union-attr]
+        rig.injector.due()
+        rig.supervisor.supervise()
+        time.sleep(1)
+    load.reap()
+    return rc
+
+
+def load_kills(rig: Rig) -> None:
     """The carried-over load kills, each on a load of every hour (closed
     now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one whose load
     had finished first is tried again, sooner, as in the window. The final
@@ -100,8 +112,8 @@ def load_kills(rig: Rig, args: tuple[str, ...]) -> None:
     while pending:
         planned = pending.pop(0)
         n += 1
-        load = loads.part(f"drain-load{n}", *args)
-        loads.load = load  # killed with the rest if the run is stopped
+        load = loads.part(f"drain-load{n}", loads.hours)
+        loads.own(load)  # killed with the rest if the run is stopped
         if not load.start():
             raise RuntimeError("no host of the run is usable for the drain's load")
         delay = load_kill_delay(planned)
@@ -111,8 +123,7 @@ def load_kills(rig: Rig, args: tuple[str, ...]) -> None:
         while time.monotonic() < deadline and load.alive:
             time.sleep(0.2)
         rig.injector.land_load_kill(load, record, planned)
-        loads.rcs[load.proc.wait()] += 1  # type: ignore[union-attr]
-        load.reap()
-        loads.load = None
+        loads.rcs[finish(rig, load)] += 1
+        loads.own(None)
         pending += rig.injector.requeued
         rig.injector.requeued.clear()

@@ -14,6 +14,7 @@ from adpipe.settings import Settings
 from adpipe.tools import hosts, produce
 
 from . import check, drain, report, spread
+from .airflow import AirflowError
 from .plan import LOAD_KILL, ChaosSpec, PlannedFault, event_plans, fault_schedule, run_hours
 from .rig import Rig
 
@@ -46,6 +47,13 @@ class ChaosRun(Rig):
         )
         pg.ensure_databases(ctx.base, ctx.databases())
         kafka_io.ensure_pipeline_topics(ctx.settings)
+        if self.airflow is not None:
+            print(
+                "Airflow: Redis, the API server, scheduler, DAG processor and triggerer on the services host, "
+                "a Celery worker on each host; the loads are runs of the load DAG",
+                flush=True,
+            )
+            self.airflow.up()
         main, closer, closer_start = event_plans(spec, self.seed, ctx.settings.lateness_ms)
         produce.write_summary(main.summary, ctx.home / "produced.json")
         self.loads.hours = run_hours(main)
@@ -58,6 +66,8 @@ class ChaosRun(Rig):
             # Whatever happened (an error here, Ctrl-C): no part outlives the run.
             self.crew.kill(self.loads.load)
             self.monitor.stop.set()
+            if self.airflow is not None:
+                self.airflow.close()
             if self.spread is not None:
                 self.spread.down()
 
@@ -177,7 +187,10 @@ def run(settings: Settings, spec: ChaosSpec) -> int:
     # The monitor asks every few seconds whether an hour closed: "not yet"
     # is no news here.
     logging.getLogger("adpipe.lakehouse.ranges").setLevel(logging.WARNING)
-    result = chaos.run()
+    try:
+        result = chaos.run()
+    except AirflowError as exc:
+        raise SystemExit(f"adpipe chaos --hosts {spec.hosts}: {exc}") from exc
     print(check.render_table(result))
     print(f"report: {chaos.ctx.home / 'report.json'}")
     return 0 if result["ok"] else 1

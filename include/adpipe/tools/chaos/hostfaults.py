@@ -51,8 +51,11 @@ class HostFaults:
         name = hosts[int(scaled)]
         if planned in self.at_active and crew.stream.alive and crew.stream.host in hosts:
             name = crew.stream.host
+        workers = self.loads.airflow.workers if self.loads.airflow is not None else []
         on_it = [
-            p for p in [*crew.drivers(), *crew.budgets, self.loads.load] if p is not None and p.alive and p.host == name
+            p
+            for p in [*crew.drivers(), *crew.budgets, *workers, self.loads.load]
+            if p is not None and p.alive and p.host == name
         ]
         active = crew.stream in on_it
         if active:

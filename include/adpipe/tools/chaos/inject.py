@@ -14,6 +14,7 @@ import time
 from adpipe import kafka_io
 from adpipe.local import kafka_broker
 
+from .airflow import DagRunLoad
 from .context import RunContext
 from .hostfaults import HostFaults
 from .loads import Loads
@@ -220,7 +221,7 @@ class Injector:
         self.clock.later(planned.down_s, "start_broker", (node, 1))
         return True
 
-    def land_load_kill(self, load: Part, record: FaultRecord, planned: PlannedFault) -> None:
+    def land_load_kill(self, load: Part | DagRunLoad, record: FaultRecord, planned: PlannedFault) -> None:
         """A deferred load kill (of the window's load, or of the drain's): a
         fault only if that load is still the run's and still runs. If it had
         finished first, the kill is tried again on a later load, sooner into
@@ -228,6 +229,10 @@ class Injector:
         if load is self.loads.load and load.signal(signal.SIGKILL):
             record.at_s = round(self.clock.elapsed(), 1)
             self.faults.add(record)
+        elif load is self.loads.load and load.alive:
+            # Running, but nothing of it to kill now (a DAG run between its
+            # tasks, or still triggered): when its next task runs.
+            self.clock.later(2.0, "kill_load", (load, record, planned))
         elif planned.tries + 1 < LOAD_KILL_TRIES:
             self.requeued.append(sooner(planned, time.monotonic() - load.started_at))
         else:

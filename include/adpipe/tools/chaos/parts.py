@@ -48,7 +48,8 @@ class Part:
     (``spread``) it starts on its home host while that one is usable, else
     on another (away from the hosts ``peers`` names: a standby away from
     the active driver); ``proc`` is then the nsenter that entered the host
-    and waits for it, in the same process group."""
+    and waits for it, in the same process group. A ``pinned`` part (a
+    host's Airflow worker) starts on its home host only."""
 
     def __init__(
         self,
@@ -58,9 +59,10 @@ class Part:
         log_dir: Path,
         spread: Spread | None = None,
         home_host: str | None = None,
+        pinned: bool = False,
     ) -> None:
         self.name, self.argv, self.env, self.log_dir = name, argv, env, log_dir
-        self.spread, self.home_host = spread, home_host
+        self.spread, self.home_host, self.pinned = spread, home_host, pinned
         self.peers: list[Part] = []
         self.host: str | None = None  # the host of the current start (None: this machine's own)
         self.ns_pid: int | None = None  # its pid on that host
@@ -84,7 +86,10 @@ class Part:
             self.starts += 1
             self.proc = start_detached(self.argv, self.log_path, env=self.env, append=False)
         else:
-            host = self.spread.host_for(self.home_host, [p.host for p in self.peers if p.alive and p.host])
+            if self.pinned:
+                host = self.spread.net[self.home_host] if self.home_host in self.spread.usable() else None
+            else:
+                host = self.spread.host_for(self.home_host, [p.host for p in self.peers if p.alive and p.host])
             if host is None:
                 return False
             self.starts += 1

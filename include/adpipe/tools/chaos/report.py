@@ -84,6 +84,7 @@ def write(rig: Rig, main: produce.Plan, closer_minute: str, drain_s: float, sche
             "budget": dict(sum((p.exits for p in rig.crew.budgets), Counter())),
             "load": dict(rig.loads.rcs),
         },
+        "airflow": rig.airflow.summary() if rig.airflow is not None else None,
         "max_stream_lag": rig.monitor.max_stream_lag,
         "stream_stalls_killed": rig.supervisor.stalls,
         "warm_up_s": rig.warm_up_s,

@@ -8,6 +8,7 @@ import random
 
 from adpipe.settings import Settings, load_settings
 
+from .airflow import Airflow
 from .context import RunContext
 from .inject import Injector
 from .loads import Loads
@@ -36,7 +37,9 @@ class Rig:
         self.restarts = Restarts(self.clock)
         self.monitor = Monitor(self.ctx.settings)
         self.crew = Crew(self.ctx, self.spread)
-        self.loads = Loads(self.ctx, self.monitor, self.faults, self.spread)
+        # On hosts the loads are the load DAG's runs on Airflow's workers there.
+        self.airflow = Airflow(self.ctx, self.spread) if self.spread is not None else None
+        self.loads = Loads(self.ctx, self.monitor, self.faults, self.spread, self.airflow)
         self.zombies = Zombies(self.ctx, self.crew, self.monitor, self.restarts, self.faults, self.clock)
         self.supervisor = Supervisor(self.crew, self.loads, self.monitor, self.restarts, self.faults, self.clock)
         self.injector = Injector(

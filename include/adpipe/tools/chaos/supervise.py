@@ -79,6 +79,8 @@ class Supervisor:
                 is_stream = part is crew.stream
                 self.restarts.counts["stream" if is_stream else "budget"] += 1
                 self.faults.restored(STREAM_KILL if is_stream else BUDGET_KILL)
+        if self.loads.airflow is not None:
+            self.loads.airflow.supervise(self.restarts)
         self.loads.reap()
 
     def standby_due(self, now: float) -> bool:

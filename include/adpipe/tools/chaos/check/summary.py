@@ -114,7 +114,19 @@ def render_table(report: dict) -> str:
         f"tables: {'match Kafka' if report['tables']['ok'] else 'DO NOT match'} "
         f"({', '.join(report['tables']['hours']) or 'no hour'}); budgets: "
         f"{'exact' if report['spend']['ok'] else 'WRONG'} ({report['spend']['actual_micros']} micro-units)",
+        *([airflow_line(airflow)] if (airflow := report.get("airflow")) else []),
         *(f"left down: {part}" for part in report.get("parts_down", [])),
         f"verdict: {report['verdict']}",
     ]
     return "\n".join(lines)
+
+
+def airflow_line(airflow: dict) -> str:
+    """The run's Airflow in a line: its load DAG runs by state, and the
+    task tries per worker host (the retried ones included)."""
+    runs = ", ".join(f"{n} {state}" for state, n in sorted(airflow["load_runs"].items())) or "none"
+    tries = "; ".join(
+        f"{host} {sum(states.values())} ({states.get('success', 0)} succeeded)"
+        for host, states in airflow["task_tries_by_host"].items()
+    )
+    return f"airflow: load DAG runs {runs}; task tries by worker host: {tries or 'none'}"
