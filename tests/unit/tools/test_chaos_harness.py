@@ -102,7 +102,7 @@ def test_load_kills_carried_to_the_drain_count_only_when_they_hit_a_running_load
     run.faults.carried = [chaos.PlannedFault(at, chaos.LOAD_KILL, 0.0, 3.0) for at in (1.0, 2.0)]
     lengths = iter(["1", "30", "30"])
     run.loads.part = lambda name, *_args: chaos.Part(name, ["sleep", next(lengths)], run.ctx.env, run.ctx.logs)
-    drain.load_kills(run)
+    drain.load_kills(run, time.monotonic() + 120)
     assert [(f.kind, f.phase) for f in run.faults.records] == [(chaos.LOAD_KILL, "drain")] * 2
     assert "2026-11-22T12..2026-11-22T13" in run.faults.records[0].target
     assert run.faults.skipped == [] and run.injector.requeued == []

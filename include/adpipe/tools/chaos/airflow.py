@@ -45,6 +45,8 @@ PARSE_TIMEOUT_S = 300.0
 # A dead worker's task is failed (and retried on another) this long after its last heartbeat.
 HEARTBEAT_TIMEOUT_S = 20
 STATE_POLL_S = 2.0
+# The load DAG's start date in the run: no scheduled run comes before it.
+NO_SCHEDULED_RUNS_BEFORE = "2999-01-01T00:00:00Z"
 # States a DAG run ends in.
 ENDED = ("success", "failed")
 
@@ -106,6 +108,9 @@ class Airflow:
                 # run's own loads run without one: there a kill must kill the load).
                 "ADPIPE_LOAD_WARM": "auto",
                 "ADPIPE_LOAD_RETRY_DELAY_S": "5",
+                # The run's hours are its own (days back): only its triggered
+                # runs load them, none of the scheduler's own hourly runs.
+                "ADPIPE_LOAD_START": NO_SCHEDULED_RUNS_BEFORE,
             }
         )
         return env
@@ -189,13 +194,15 @@ class Airflow:
 
     def _rows(self, sql: str, *args: object) -> list[tuple]:
         """``sql``'s rows; none while the database does not answer (asked again later)."""
+        import psycopg2
+
         try:
             if self._db is None or self._db.closed:
-                self._db = pg.connect(self.ctx.settings, self.database, connect_timeout=5)
+                self._db = pg.connect(self.ctx.settings, self.database)
             with self._db.cursor() as cur:
                 cur.execute(sql, args)
                 return cur.fetchall()
-        except Exception as exc:  # noqa: BLE001 - psycopg2 errors: the database is asked again later
+        except psycopg2.Error as exc:
             log.debug("Airflow's metadata database: %s", exc)
             if self._db is not None:
                 self._db.close()

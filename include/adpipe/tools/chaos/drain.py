@@ -20,6 +20,8 @@ log = logging.getLogger("adpipe.tools.chaos")
 
 # The drain ends when the aggregates topic has not grown for this long.
 QUIET_S = 15.0
+# The exit code noted for a drain's load that did not end before the drain's deadline.
+TIMED_OUT = 124
 
 
 def run(rig: Rig, started: float, timeout_s: float = 1800) -> None:
@@ -51,13 +53,13 @@ def run(rig: Rig, started: float, timeout_s: float = 1800) -> None:
     # start-up; with Airflow: a DAG run per hour).
     first, last = loads.hours[0], loads.hours[-1]
     hosts_back(rig, deadline)
-    load_kills(rig)
+    load_kills(rig, deadline)
     for attempt in range(1, 6):
         part = loads.part(f"final-load{attempt}", loads.hours)
         loads.own(part)  # killed with the rest if the run is stopped
         if not part.start():
             raise RuntimeError("no host of the run is usable for the final load")
-        rc = finish(rig, part)
+        rc = finish(rig, part, deadline)
         loads.own(None)
         if rc == 0:
             for hour in loads.hours:
@@ -90,10 +92,14 @@ def hosts_back(rig: Rig, deadline: float) -> None:
         time.sleep(1)
 
 
-def finish(rig: Rig, load: Part | DagRunLoad) -> int:
+def finish(rig: Rig, load: Part | DagRunLoad, deadline: float) -> int:
     """``load``'s exit code once it ended, the parts supervised meanwhile
-    (with Airflow, a worker killed under it comes back)."""
+    (with Airflow, a worker killed under it comes back); TIMED_OUT when it
+    had not ended by ``deadline`` (monotonic)."""
     while (rc := load.proc.poll()) is None:  # type: ignore[union-attr]
+        if time.monotonic() > deadline:
+            log.error("the drain's load %s did not end in time: given up", load.name)
+            return TIMED_OUT
         rig.injector.due()
         rig.supervisor.supervise()
         time.sleep(1)
@@ -101,7 +107,7 @@ def finish(rig: Rig, load: Part | DagRunLoad) -> int:
     return rc
 
 
-def load_kills(rig: Rig) -> None:
+def load_kills(rig: Rig, deadline: float) -> None:
     """The carried-over load kills, each on a load of every hour (closed
     now) SIGKILLed ``3 + 30 * pick`` seconds into its run; one whose load
     had finished first is tried again, sooner, as in the window. The final
@@ -119,11 +125,11 @@ def load_kills(rig: Rig) -> None:
         delay = load_kill_delay(planned)
         target = f"load {loads.hours[0]}..{loads.hours[-1]} (killed {delay:.0f} s into it, drain)"
         record = FaultRecord(LOAD_KILL, target, round(rig.clock.elapsed(), 1), round(planned.down_s, 1), phase="drain")
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline and load.alive:
+        kill_at = time.monotonic() + delay
+        while time.monotonic() < kill_at and load.alive:
             time.sleep(0.2)
         rig.injector.land_load_kill(load, record, planned)
-        loads.rcs[finish(rig, load)] += 1
+        loads.rcs[finish(rig, load, deadline)] += 1
         loads.own(None)
         pending += rig.injector.requeued
         rig.injector.requeued.clear()
