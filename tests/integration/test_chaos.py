@@ -122,18 +122,21 @@ HOSTS_SEED = 2
 @pytest.mark.slow
 @pytest.mark.extended
 def test_a_short_run_across_two_hosts_survives_their_cut_offs_and_deaths() -> None:
-    """``adpipe chaos --hosts 2``: the drivers, budget instances and loads on
-    two hosts, brokers and PostgreSQL on a services host (namespaces of this
-    machine); hosts cut off and killed whole among the faults. Nothing lost
-    or doubled, every fault injected and recovered from, and nothing of the
-    hosts left behind."""
+    """``adpipe chaos --hosts 2``: the drivers, budget instances and Airflow's
+    Celery workers on two hosts, brokers, PostgreSQL and Airflow's scheduler
+    on a services host (namespaces of this machine); the loads are load-DAG
+    runs whose tasks land on both workers; hosts cut off and killed whole
+    among the faults. Nothing lost or doubled, every fault injected and
+    recovered from, and nothing of the hosts left behind."""
     from adpipe.tools import hosts
+
+    from tests.integration.on_hosts import skip
 
     reason = hosts.unavailable_reason()
     if reason is not None:
-        from tests.integration.on_hosts import skip
-
         skip(reason)
+    if shutil.which("redis-server") is None:
+        skip("needs redis-server, the Celery broker (make deps installs it)")
     home = TEST_HOME / "chaos-hosts"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
@@ -168,6 +171,12 @@ def test_a_short_run_across_two_hosts_survives_their_cut_offs_and_deaths() -> No
     assert (check["lost"], check["duplicated"], check["problems"]) == (0, 0, [])
     assert check["events_counted"] == sum(row["events"] for row in produced["counts"])
     assert report["spend"]["ok"] and report["tables"]["ok"]
+    # The loads ran as load-DAG runs, their tasks on both hosts' workers
+    # (Airflow's own record), the run's drain load among them.
+    airflow = report["airflow"]
+    assert airflow["load_runs"].get("success", 0) >= len(report["tables"]["hours"]), airflow
+    assert {host for host, tries in airflow["task_tries_by_host"].items() if tries.get("success")} == {
+        "host-1", "host-2"}, airflow
     # The run removed its hosts' namespaces, bridge and link (left behind, a
     # harness whose process is gone would be removed here, and named); no part outlived it.
     assert hosts.remove_stale() == []

@@ -199,9 +199,10 @@ def add_chaos_parser(sub: argparse._SubParsersAction) -> None:
         "--hosts",
         type=int,
         default=0,
-        help="spread the drivers, budget instances and loads over N hosts made on this machine (Linux namespaces, "
-        "needs root), beside a services host that runs three brokers and PostgreSQL; adds host cut-offs and host "
-        "kills to the faults (default 0: every part on this machine's own network)",
+        help="spread the drivers, budget instances and Airflow's Celery workers over N hosts made on this machine "
+        "(Linux namespaces, needs root), beside a services host that runs three brokers, PostgreSQL and Airflow's "
+        "scheduler; the loads are runs of the load DAG; adds host cut-offs and host kills to the faults (default 0: "
+        "every part on this machine's own network)",
     )
     p.set_defaults(func=cmd_chaos)
 
