@@ -48,12 +48,18 @@ class Monitor:
     max_stream_lag: int = 0
     budget_committed: int = 0
     budget_lag: int = 0
+    # When a sample first saw the stream job's committed input grow
+    # (monotonic), and the start of the sample before it: the commit
+    # landed between the two.
     stream_progress_at: float = 0.0
+    stream_progress_since: float = 0.0
     # Since when input waits for the stream job (its lag last rose from 0):
     # an idle job is not stalled the moment new input arrives.
     stream_waiting_since: float = 0.0
     budget_progress_at: float = 0.0
+    budget_progress_since: float = 0.0
     sampled_at: float = 0.0
+    sample_started_at: float = 0.0  # the last sample's start (monotonic)
     hours: list[str] = field(default_factory=list)
     closed_hours: set[str] = field(default_factory=set)
     errors: int = 0
@@ -64,6 +70,7 @@ class Monitor:
 
     def sample(self) -> None:
         s = self.settings
+        started = time.monotonic()
         try:
             commits = kafka_io.stream_commits(s)
             lag = sum(kafka_io.stream_lag(s, commits).values())
@@ -82,8 +89,11 @@ class Monitor:
         self.sampled_at = now
         if done > self.stream_committed:
             self.stream_committed, self.stream_progress_at = done, now
+            self.stream_progress_since = self.sample_started_at
         if budget_done > self.budget_committed:
             self.budget_committed, self.budget_progress_at = budget_done, now
+            self.budget_progress_since = self.sample_started_at
+        self.sample_started_at = started
         if lag > 0 and self.stream_lag == 0:
             self.stream_waiting_since = now
         self.stream_lag, self.budget_lag = lag, max(0, budget_end - budget_done)

@@ -109,21 +109,22 @@ class Supervisor:
             if record.kind in PART_KINDS and record.restored_at_s is None:
                 continue
             since = t0 + max(record.at_s, record.restored_at_s or 0.0)
+            stream = (m.stream_progress_at, m.stream_progress_since, stream_idle)
+            budget = (m.budget_progress_at, m.budget_progress_since, budget_idle)
             if record.kind in HOST_KINDS:
-                moved = [
-                    self._moved(m.stream_progress_at, stream_idle, since, now),
-                    self._moved(m.budget_progress_at, budget_idle, since, now),
-                ]
+                moved = [self._moved(*stream, since, now), self._moved(*budget, since, now)]
             elif record.kind == BUDGET_KILL:
-                moved = [self._moved(m.budget_progress_at, budget_idle, since, now)]
+                moved = [self._moved(*budget, since, now)]
             else:
-                moved = [self._moved(m.stream_progress_at, stream_idle, since, now)]
+                moved = [self._moved(*stream, since, now)]
             if all(at is not None for at in moved):
                 record.recovery_s = round(max(moved) - t0 - record.at_s, 1)  # type: ignore[type-var]
 
-    def _moved(self, progress_at: float, idle: bool, since: float, now: float) -> float | None:
+    def _moved(self, progress_at: float, progress_since: float, idle: bool, since: float, now: float) -> float | None:
         """When what a part feeds moved on after ``since`` (now, if it had
-        nothing waiting), or None."""
-        if progress_at > since:
+        nothing waiting), or None. Progress counts when the sample before
+        the one that saw it began after ``since``: a commit that landed
+        just before a fault, seen by the next sample, is no recovery."""
+        if progress_at > since and progress_since >= since:
             return progress_at
         return now if idle and self.monitor.sampled_at > since else None
