@@ -222,6 +222,11 @@ def test_an_hour_past_retention_is_reported_not_failed_and_a_loaded_one_still_fa
         assert tables["verdict"] == "past_retention" and not tables["ok"]
         assert {(g["topic"], g["partition"], g["first_offset"]) for g in tables["past_retention"]} == {
             (raw, part, n) for part, n in written.items()}
+        # The gate on its own: nothing to check, nothing failed (exit 5, the WARNING line).
+        done = run(env, "-m", "adpipe", "validate", "--hour", label(OLD))
+        out = done.stdout + done.stderr
+        assert done.returncode == 5, out[-6000:]
+        assert f"hour {label(OLD)} is past Kafka's retention" in out, out[-3000:]
 
         # The DAG's steps, as its tasks run them: the audit hands on that OLD is past retention and nothing
         # passed (validate and publish then skip: past_retention_skip), the verify task's command exits 5.
@@ -258,3 +263,5 @@ def test_an_hour_past_retention_is_reported_not_failed_and_a_loaded_one_still_fa
     assert [s for s, _m in _steps_of(settings, HOUR)] == ["published", "failed"]
     code, report = _verify(env, HOUR, tmp_path)
     assert code == 1 and report["tables"]["verdict"] == "broken", json.dumps(report)[:3000]
+    done = run(env, "-m", "adpipe", "validate", "--hour", label(HOUR))
+    assert done.returncode == 1 and "kafka_retention" in done.stdout + done.stderr, (done.stdout + done.stderr)[-6000:]

@@ -17,6 +17,10 @@ log = logging.getLogger("adpipe.lakehouse")
 EXIT_HOUR_OPEN = 2
 EXIT_OUTPUT_NOT_STABLE = 3  # retriable: the stream's last batch's markers are not written yet
 EXIT_NOT_HELD = 4  # --held-only: no failed gate holds the hour
+# ``validate --hour`` and ``verify --hour``: the hour is past Kafka's
+# retention and nothing of it was ever loaded (adpipe.lakehouse.retention):
+# it neither passes nor fails; nobody can check it any more.
+EXIT_PAST_RETENTION = 5
 
 
 def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
@@ -116,7 +120,16 @@ def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
 
     hour = load.parse_hour(args.hour)
     spark = metastore_session(settings, "adpipe-validate")
-    result = quality.validate_hour(settings, hour, spark, load.kafka_facts(settings, spark, hour))
+    facts = load.kafka_facts(settings, spark, hour)
+    if facts.retention_gaps:
+        from adpipe.lakehouse import retention
+
+        loaded = retention.hour_loaded(spark, hour, None)
+        gone = retention.past_retention(hour, facts.retention_gaps, loaded, facts.regions_with_input)
+        if gone is not None:
+            log.warning("%s", gone.describe())
+            return EXIT_PAST_RETENTION
+    result = quality.validate_hour(settings, hour, spark, facts)
     print(result.describe())
     return 0 if result.success else 1
 
@@ -224,7 +237,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="Great Expectations checks of one loaded hour (the exactly-once proof); exit 1 on a failed one",
         description="Runs the GE checkpoints on the hour's rows of the ads tables: unique record_uuid and "
         "(region, ad_id, window_start), aligned windows, non-negative counts, and the reconciliation of aggregates "
-        "with the distinct raw events minus the late ones. Results and Data Docs under $ADPIPE_HOME/gx.",
+        "with the distinct raw events minus the late ones. Results and Data Docs under $ADPIPE_HOME/gx. Exit 1 on "
+        "a failed expectation; 5 (one WARNING line naming what Kafka keeps) when the hour is past Kafka's retention "
+        "and nothing of it was ever loaded: nothing to check, nothing failed.",
     )
     p.add_argument("--hour", required=True, help="UTC hour YYYY-MM-DDTHH")
     p.set_defaults(func=cmd_validate, needs_metastore=True, warm=True)

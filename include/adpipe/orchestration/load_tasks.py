@@ -57,6 +57,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 
+from adpipe.lakehouse.cli import EXIT_PAST_RETENTION
 from adpipe.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
@@ -169,10 +170,6 @@ def validate(settings: Settings, hour: datetime, run: dict[str, Any] | None) -> 
     return {"run_id": staged.run_id, "hours": staged.hours, "success": True}
 
 
-# ``adpipe verify --hour``'s exit status for an hour past Kafka's retention
-# with nothing of it loaded (adpipe.tools.cli; verify runs in a process of
-# its own: the tools sit above this package).
-EXIT_PAST_RETENTION = 5
 
 
 class TablesDisagree(RuntimeError):

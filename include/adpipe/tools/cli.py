@@ -10,6 +10,7 @@ import json
 import logging
 from pathlib import Path
 
+from adpipe.lakehouse.cli import EXIT_PAST_RETENTION
 from adpipe.settings import Settings
 
 log = logging.getLogger("adpipe.tools")
@@ -88,9 +89,9 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 # ``adpipe verify --hour H``: the hour is past Kafka's retention and nothing
 # of it was ever loaded (adpipe.lakehouse.retention): exactly-once neither
-# holds (exit 0) nor is broken (exit 1); nobody can check the hour any more.
+# holds (exit 0) nor is broken (exit 1); it exits EXIT_PAST_RETENTION:
+# nobody can check the hour any more.
 PAST_RETENTION = "past_retention"
-EXIT_PAST_RETENTION = 5
 
 
 def cmd_jars(_args: argparse.Namespace, settings: Settings) -> int:
