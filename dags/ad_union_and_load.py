@@ -79,7 +79,8 @@ level only): the alerts file, the webhook, e-mail and Slack
 (`adpipe.orchestration.alerts`). A deadline alert fires when a run's hour is
 not published `ADPIPE_PUBLISH_DEADLINE_S` after the hour's end (default: the
 watermark delay plus the allowed lateness plus 10 minutes, 930 s), whatever
-holds it up (`adpipe.orchestration.deadline`).
+holds it up (`adpipe.orchestration.deadline`); not for a backfill, nor for a
+catch-up run created more than a day past its deadline (logged instead).
 Logic: `adpipe.orchestration.load_tasks`, `adpipe.lakehouse.load`.
 """
 

@@ -12,7 +12,11 @@ scheduler queues the callback, :func:`hour_not_published`, and Airflow's
 triggerer runs it. It sends one alert the ways a task's failure does: the
 alerts file, the webhook, e-mail and Slack. A run with no logical date (a
 manual run that names none) gets no deadline; a backfill run's deadline,
-long past when an operator backfills old hours, is logged and not alerted.
+long past when an operator backfills old hours, is logged and not alerted,
+and so is a catch-up run's (``ADPIPE_LOAD_START`` months back: the
+scheduler creates a run per past hour) whose run was created more than
+CATCH_UP_AFTER after its deadline. A scheduler held up for hours still
+alerts each hour it held up.
 
 The default (the stream's watermark delay plus its allowed lateness, then
 ten minutes for the load: :mod:`adpipe.alert_settings`) is past the
@@ -32,6 +36,10 @@ from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
 from adpipe.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
+
+# A run created this long after its hour's deadline loads history (a
+# catch-up from a start months back), not an hour that is late today.
+CATCH_UP_AFTER = timedelta(days=1)
 
 
 def publish_deadline(settings: Settings) -> DeadlineAlert:
@@ -73,6 +81,7 @@ def deadline_alert(context: dict[str, Any], settings: Settings) -> dict[str, Any
         "hour": hour,
         "deadline": deadline.isoformat() if deadline else None,
         "logical_date": run.get("logical_date"),
+        "queued_at": run.get("queued_at"),
         "data_interval_start": run.get("data_interval_start"),
         "data_interval_end": run.get("data_interval_end"),
         "message": (
@@ -80,6 +89,14 @@ def deadline_alert(context: dict[str, Any], settings: Settings) -> dict[str, Any
             f"(ADPIPE_PUBLISH_DEADLINE_S): run {run.get('dag_run_id')} is {run.get('state')}"
         ),
     }
+
+
+def catching_up(alert: dict[str, Any]) -> bool:
+    """Whether the alert's run was created (queued) more than CATCH_UP_AFTER
+    after its deadline: a run of history, whose deadline was long gone
+    before it existed."""
+    deadline, queued = _time(alert.get("deadline")), _time(alert.get("queued_at"))
+    return deadline is not None and queued is not None and queued - deadline > CATCH_UP_AFTER
 
 
 async def hour_not_published(context: dict[str, Any] | None = None, **kwargs: Any) -> str:
@@ -92,8 +109,10 @@ async def hour_not_published(context: dict[str, Any] | None = None, **kwargs: An
 
     settings = load_settings()
     alert = deadline_alert(context or {}, settings)
-    if alert["run_type"] == "backfill":
-        log.info("deadline of backfill run %s (hour %s) passed: not alerted", alert["run_id"], alert["hour"])
+    catch_up = catching_up(alert)
+    if alert["run_type"] == "backfill" or catch_up:
+        kind = "catch-up" if catch_up else "backfill"
+        log.info("deadline of %s run %s (hour %s) passed: not alerted", kind, alert["run_id"], alert["hour"])
         return json.dumps({"hour": alert["hour"], "alerted": False})
     recorded = await asyncio.to_thread(send_alert, settings, alert)
     sent = await adeliver(settings, alert, context or {})

@@ -139,7 +139,7 @@ def test_the_webhook_is_retried_after_a_server_error(alerting_env: dict) -> None
     assert len(Hooks.received) == 2  # one try and one retry, no more
 
 
-def _scheduler_context(run_type: str = "scheduled") -> dict:
+def _scheduler_context(run_type: str = "scheduled", queued_at: str = "2026-11-22T13:00:02Z") -> dict:
     """What the scheduler hands a deadline's callback (Deadline.handle_miss):
     the run as the REST API shows it, and the deadline."""
     return {
@@ -147,6 +147,7 @@ def _scheduler_context(run_type: str = "scheduled") -> dict:
             "dag_run_id": f"{run_type}__2026-11-22T12:00:00+00:00", "dag_id": "ad_union_and_load",
             "logical_date": "2026-11-22T12:00:00Z", "data_interval_start": "2026-11-22T12:00:00Z",
             "data_interval_end": "2026-11-22T13:00:00Z", "run_type": run_type, "state": "running", "conf": {},
+            "queued_at": queued_at,
         },
         "deadline": {"id": "0193", "deadline_time": datetime(2026, 11, 22, 13, 15, 30, tzinfo=UTC)},
     }
@@ -177,6 +178,22 @@ def test_a_backfill_runs_missed_deadline_is_not_alerted(alerting_env: dict, inbo
     result = json.loads(asyncio.run(hour_not_published(context=_scheduler_context("backfill"))))
     assert result == {"hour": "2026-11-22T12", "alerted": False}
     assert inbox.messages == [] and Hooks.received == []
+
+
+@pytest.mark.parametrize(("queued_at", "alerted"), [
+    # A catch-up from a start months back: its run created long after the deadline.
+    ("2027-02-01T09:00:00Z", False),
+    # A scheduler held up for hours: the hour is late today, and alerts.
+    ("2026-11-22T19:40:00Z", True),
+])
+def test_a_catch_up_runs_missed_deadline_is_not_alerted_a_late_created_one_is(
+    alerting_env: dict, inbox: Inbox, queued_at: str, alerted: bool
+) -> None:
+    from adpipe.orchestration.deadline import hour_not_published
+
+    result = json.loads(asyncio.run(hour_not_published(context=_scheduler_context(queued_at=queued_at))))
+    assert result["alerted"] is alerted
+    assert len(inbox.messages) == int(alerted) and len(Hooks.posted()) == int(alerted)
 
 
 def test_the_load_dags_deadline_is_the_hours_end_plus_the_setting(dagbag) -> None:  # noqa: ANN001
