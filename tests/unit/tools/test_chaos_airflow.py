@@ -6,11 +6,9 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adpipe.settings import load_settings
 from adpipe.tools import chaos
 from adpipe.tools.chaos import airflow, check, parts
 
@@ -63,11 +61,8 @@ class _Airflow:
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[chaos.ChaosRun]:
-    chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
-    chaos_run.clock.t0 = time.monotonic()
-    yield chaos_run
-    chaos_run.crew.kill(chaos_run.loads.load)
+def run(chaos_run: chaos.ChaosRun) -> chaos.ChaosRun:
+    return chaos_run
 
 
 def _wait(what, timeout_s: float = 10.0):  # noqa: ANN001, ANN202

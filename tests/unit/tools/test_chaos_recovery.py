@@ -3,21 +3,13 @@ monitor samples, never from progress that may predate the fault."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from adpipe.settings import load_settings
 from adpipe.tools import chaos
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[chaos.ChaosRun]:
-    chaos_run = chaos.ChaosRun(load_settings({"ADPIPE_HOME": str(tmp_path)}), chaos.ChaosSpec(events=10))
-    chaos_run.clock.t0 = time.monotonic()
-    yield chaos_run
-    chaos_run.crew.kill(chaos_run.loads.load)
+def run(chaos_run: chaos.ChaosRun) -> chaos.ChaosRun:
+    return chaos_run
 
 
 def _sleeper(run: chaos.ChaosRun, name: str) -> chaos.Part:
