@@ -44,6 +44,7 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 PARSE_TIMEOUT_S = 300.0
 # A dead worker's task is failed (and retried on another) this long after its last heartbeat.
 HEARTBEAT_TIMEOUT_S = 20
+QUEUED_TIMEOUT_S = 120
 STATE_POLL_S = 2.0
 # The load DAG's start date in the run: no scheduled run comes before it.
 NO_SCHEDULED_RUNS_BEFORE = "2999-01-01T00:00:00Z"
@@ -103,6 +104,9 @@ class Airflow:
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+                # A task queued to a worker killed before it started it: queued
+                # again after this long (Redis would redeliver it after a day).
+                "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT_S),
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
                 # The load steps in each worker host's warm load driver (the
                 # run's own loads run without one: there a kill must kill the load).
