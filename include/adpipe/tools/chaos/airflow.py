@@ -130,7 +130,10 @@ class Airflow:
         services = self.spread.net.services
         pg.ensure_databases(self.ctx.base, (self.database,))
         env = self.env_on(services)
-        migrate(env)  # from the run's namespace: it reaches the services host's PostgreSQL
+        try:
+            migrate(env)  # from the run's namespace: it reaches the services host's PostgreSQL
+        except subprocess.CalledProcessError as exc:
+            raise AirflowError(f"airflow db migrate on the run's metadata database: exit {exc.returncode}") from exc
         self.components["redis"] = services.start(
             [
                 "redis-server",
