@@ -53,11 +53,14 @@ def test_the_failover_summary_counts_the_injected_faults_that_took_the_active_dr
         {"kind": plan.HOST_CUT, "failover": False, "recovery_s": 1.0},  # a host without the active driver
         {"kind": plan.STREAM_KILL, "failover": True, "recovery_s": 99.0, "injected": False},
         {"kind": plan.BUDGET_KILL, "recovery_s": 3.0},
+        # Recovered with no input waiting (the producer done): counted, not timed.
+        {"kind": plan.STREAM_KILL, "failover": True, "recovery_s": 0.5, "recovered_idle": True},
     ]
     summary = check.summarize_failover(faults)
     assert summary == {
-        "faults": 3,
-        "recovered": 2,
+        "faults": 4,
+        "recovered": 3,
+        "idle": 1,
         "recovery_p50_s": 4.0,
         "recovery_p99_s": 20.0,
         "recovery_max_s": 20.0,

@@ -36,4 +36,16 @@ def test_a_commit_seen_by_the_first_sample_after_a_fault_is_no_recovery_from_it(
     m.stream_progress_at, m.stream_progress_since = t0 + 12.5, t0 + 11.5
     m.budget_progress_at, m.budget_progress_since = t0 + 14.5, t0 + 13.5
     run.supervisor.judge_recovery()
-    assert record.recovery_s == 4.5
+    assert record.recovery_s == 4.5 and not record.recovered_idle
+
+
+def test_a_fault_recovered_with_no_input_waiting_is_marked_idle(run: chaos.ChaosRun) -> None:
+    """Once the producer is done, a fault's part runs again with nothing to
+    commit: recovered, but no takeover was timed."""
+    m, t0 = run.monitor, run.clock.t0
+    record = chaos.FaultRecord(chaos.STREAM_KILL, "stream", 10.0, 3.0, restored_at_s=11.0, failover=True)
+    run.faults.add(record)
+    run.crew.stream = _sleeper(run, "stream")
+    m.stream_lag, m.sampled_at = 0, t0 + 12.0  # nothing waiting, sampled after the restore
+    run.supervisor.judge_recovery()
+    assert record.recovery_s is not None and record.recovered_idle

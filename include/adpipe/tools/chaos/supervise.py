@@ -111,14 +111,21 @@ class Supervisor:
             since = t0 + max(record.at_s, record.restored_at_s or 0.0)
             stream = (m.stream_progress_at, m.stream_progress_since, stream_idle)
             budget = (m.budget_progress_at, m.budget_progress_since, budget_idle)
-            if record.kind in HOST_KINDS:
-                moved = [self._moved(*stream, since, now), self._moved(*budget, since, now)]
-            elif record.kind == BUDGET_KILL:
-                moved = [self._moved(*budget, since, now)]
-            else:
-                moved = [self._moved(*stream, since, now)]
+            moved = [self._moved(*fed, since, now) for fed in self._fed(record.kind, stream, budget)]
             if all(at is not None for at in moved):
                 record.recovery_s = round(max(moved) - t0 - record.at_s, 1)  # type: ignore[type-var]
+                record.recovered_idle = any(
+                    not (progress_at > since and progress_since >= since)
+                    for progress_at, progress_since, _idle in self._fed(record.kind, stream, budget)
+                )
+
+    @staticmethod
+    def _fed(kind: str, stream: tuple, budget: tuple) -> list[tuple]:
+        """What a fault's recovery waits for: the stream job's progress, the
+        budget service's, or both (a host fault)."""
+        if kind in HOST_KINDS:
+            return [stream, budget]
+        return [budget] if kind == BUDGET_KILL else [stream]
 
     def _moved(self, progress_at: float, progress_since: float, idle: bool, since: float, now: float) -> float | None:
         """When what a part feeds moved on after ``since`` (now, if it had

@@ -59,6 +59,9 @@ class FaultRecord:
     # It took the active stream driver (a stream_kill, or a host fault on
     # its host): its recovery is a failover to the standby.
     failover: bool = False
+    # Recovered with nothing waiting (the producer done): its part ran again
+    # and had no input to commit, so its recovery_s is no takeover time.
+    recovered_idle: bool = False
 
 
 class FaultLog:
