@@ -274,7 +274,6 @@ class DagRuns:
         self.log_path = airflow.ctx.logs / f"{name}-trigger.log"
         self.returncode: int | None = None
         self.polled_at = 0.0
-        self.pid = 0
 
     def poll(self) -> int | None:
         if self.returncode is not None:
