@@ -51,10 +51,7 @@ class _Airflow:
     def __init__(self, ctx: chaos.RunContext) -> None:
         self.ctx = ctx
         self.run_states: dict[str, str] = {}
-        self.spread = type("S", (), {"net": type("N", (), {"services": None})()})()
-
-    def env_on(self, _host: object) -> dict[str, str]:
-        return dict(self.ctx.env)
+        self.services_env = dict(ctx.env)
 
     def states(self, run_ids: list[str]) -> dict[str, str]:
         return {r: s for r, s in self.run_states.items() if r in run_ids}

@@ -82,6 +82,8 @@ class Airflow:
             )
             for name in spread.names
         ]
+        # The services host's components and the run's own airflow commands.
+        self.services_env = self.env_on(spread.net.services)
         self._db = None
 
     def env_on(self, host: hosts.Host) -> dict[str, str]:
@@ -129,7 +131,7 @@ class Airflow:
             raise AirflowError("needs redis-server, the Celery broker (make deps installs it)")
         services = self.spread.net.services
         pg.ensure_databases(self.ctx.base, (self.database,))
-        env = self.env_on(services)
+        env = self.services_env
         try:
             migrate(env)  # from the run's namespace: it reaches the services host's PostgreSQL
         except subprocess.CalledProcessError as exc:
@@ -192,7 +194,7 @@ class Airflow:
             if self.components[part].poll() is not None:
                 log.error("Airflow's %s ended on the services host; started again", part)
                 self.component_restarts[part] += 1
-                self._start(part, self.env_on(self.spread.net.services))
+                self._start(part, self.services_env)
 
     def worker_on(self, host: str | None) -> Part | None:
         return next((w for w in self.workers if w.alive and w.host == host), None)
@@ -293,7 +295,7 @@ class DagRuns:
             with self.log_path.open("ab") as out:
                 self.trigger = subprocess.Popen(  # noqa: S603
                     argv,
-                    env=self.airflow.env_on(self.airflow.spread.net.services),
+                    env=self.airflow.services_env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
