@@ -95,7 +95,7 @@ test-all: test test-long test-extended ## every test: make test, then test-long,
 # installed package: python -m bench runs it from here.
 # A mode in ARGS (--failover, --hour-close, --stream-caps, --budget-batch-sizes) runs alone instead.
 BENCH_MODES := --failover --hour-close --load-sessions --stream-caps --budget-batch-sizes
-bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), the watermark alignment's cost in events/s and p99 latency, then Union & Load and the budget service at 10,000 ads; alone: ARGS="--failover [--part stream|budget|broker]", "--hour-close", "--stream-caps N,..."
+bench: jars ## adpipe beside Spark batch/at-least-once, quixstreams and PyFlink on 1M events (ARGS="--ads 10000", "--latency", "--only a,b"), the watermark alignment's cost in events/s and p99 latency, then Union & Load and the budget service at 10,000 ads; alone: ARGS="--failover [--part stream|budget|broker | --hosts 2]", "--hour-close", "--stream-caps N,..."
 ifneq (,$(filter $(BENCH_MODES),$(ARGS)))
 	$(BIN)/python -m bench $(ARGS)
 else

@@ -62,6 +62,16 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(result, indent=2))
             stuck = sum(part["stuck"] for part in result["parts"].values())
             return 0 if result["verify_ok"] and result["budget_exact"] and not stuck else 1
+        if args.hosts is not None:
+            from bench import host_failover
+
+            result = host_failover.run(settings, faults=args.faults, rate=args.rate if args.rate is not None else 5.0,
+                                       host_count=args.hosts, kinds=tuple(args.host_faults.split(",")),
+                                       seed=args.seed)
+            print(json.dumps(result, indent=2))
+            sound = (result["double_commits"] == 0 and result["zombies_fenced"] == result["zombies"]
+                     and result["faults"] == args.faults)
+            return 0 if result["verify_ok"] and sound else 1
         from bench import failover
 
         result = failover.run(settings, faults=args.faults, rate=args.rate if args.rate is not None else 5.0,
@@ -183,6 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the budget service's offsets move again (--rate events/s, default 50); then verify and the ledger",
     )
     p.add_argument("--faults", type=int, default=10, help="with --failover: faults to inject (default 10)")
+    p.add_argument(
+        "--hosts", type=int, metavar="N",
+        help="with --failover (the stream driver): across N hosts made on this machine (needs root; "
+        "adpipe.tools.hosts) and a services host with three brokers: the active driver's whole host cut off "
+        "(from everything, or from the brokers only) or killed, --faults times, the kinds in turn (--host-faults); "
+        "p50/p99/worst seconds from the fault to the standby's first batch on another host; a cut-off driver must "
+        "exit fenced and never commit the standby's batches",
+    )
+    p.add_argument(
+        "--host-faults", default="cut,cut_brokers,kill", metavar="KIND,KIND",
+        help="with --failover --hosts: the fault kinds, in turn (default cut,cut_brokers,kill)",
+    )
     p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL", help="with --failover: SIGKILL or SIGSTOP")
     sweep.add_argument(
         "--hour-close",

@@ -28,6 +28,7 @@ MAKE_ARGS = [
     ("bench", "--failover"),
     ("bench", "--failover --part budget --faults 3"),
     ("bench", "--failover --part broker"),
+    ("bench", "--failover --hosts 2"),
     ("bench", "--stream-caps 1000 --events 30000"),
     ("bench", "--hour-close --hours 3"),
     ("bench-stages", ""),
