@@ -75,6 +75,15 @@ LONGEST_FIRST = (
     "test_hour_deadline",  # 45 s
 )
 
+def chromium() -> str:
+    """The browser of the ``ui`` tests: ``/usr/bin/chromium`` (Debian's, which
+    ``make deps-ui`` installs) or ``ADPIPE_TEST_CHROMIUM``. Missing, the test
+    fails saying how to get it: a browser test never passes unseen."""
+    path = os.environ.get("ADPIPE_TEST_CHROMIUM", "/usr/bin/chromium")
+    if not Path(path).exists():
+        pytest.fail(f"no Chromium at {path}: `make deps-ui` installs Debian's (or set ADPIPE_TEST_CHROMIUM)")
+    return path
+
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 

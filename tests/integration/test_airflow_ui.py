@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shutil
 import socket
@@ -67,7 +66,7 @@ from adpipe.orchestration.stream_supervisor import process_alive, read_state, st
 from adpipe.settings import Settings
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.conftest import PORT_BASE, TEST_HOME
+from tests.conftest import PORT_BASE, TEST_HOME, chromium
 from tests.integration.helpers import (
     NO_REVISIONS,
     Standalone,
@@ -83,7 +82,6 @@ DAG = "ad_union_and_load"
 TASKS = ("wait_for_hour_closed", "stage", "validate", "verify", "publish_data_docs", "publish")
 REPAIR_DAG = "ad_hour_repair"
 STREAM_DAG = "ad_aggregation_stream"
-CHROMIUM = os.environ.get("ADPIPE_TEST_CHROMIUM", "/usr/bin/chromium")
 UI_HOME = TEST_HOME / "ui"
 # A run is a few Spark applications on two shared cores: minutes, not seconds.
 RUN_TIMEOUT_MS = 15 * 60 * 1000
@@ -140,10 +138,9 @@ def scene(broker: Settings, pg: Settings) -> Iterator[Scene]:
 
 @pytest.fixture
 def page(scene: Scene) -> Iterator[Page]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"no Chromium at {CHROMIUM}: `make deps-ui` installs Debian's")
+    executable = chromium()
     with sync_playwright() as pw:
-        browser: Browser = pw.chromium.launch(executable_path=CHROMIUM)
+        browser: Browser = pw.chromium.launch(executable_path=executable)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(60_000)

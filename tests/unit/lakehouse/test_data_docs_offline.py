@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import shutil
 from pathlib import Path
@@ -25,10 +24,10 @@ from adpipe.lakehouse.quality import offline
 from adpipe.settings import Settings, load_settings
 from pyspark.sql import SparkSession
 
+from tests.conftest import chromium
 from tests.unit.lakehouse.test_quality import HOUR, frames
 
 TEMPLATES = Path(__import__("great_expectations").__file__).parent / "render" / "view" / "templates"
-CHROMIUM = os.environ.get("ADPIPE_TEST_CHROMIUM", "/usr/bin/chromium")
 _TAG = re.compile(r"<(script|link)\b[^>]*>", re.IGNORECASE)
 _ADDRESS = re.compile(r"""\b(?:src|href)=["']([^"']+)["']""")
 
@@ -127,7 +126,7 @@ def test_in_chromium_without_the_network_a_page_looks_and_works_as_ge_intends(si
     refused: list[str] = []
     page_path = next(site.glob("validations/adpipe_ad_minute_aggregates/*/*/*.html"))
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM)
+        browser = pw.chromium.launch(executable_path=chromium())
         try:
             context = browser.new_context(color_scheme="light")
             context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
