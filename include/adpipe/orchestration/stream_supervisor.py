@@ -15,11 +15,12 @@ What "alive" means:
   stream job's (a reused pid is not mistaken for it);
 * or a driver leads the job in its leadership group, on any host (a standby
   that took over from the one this supervisor started, or a job started by
-  hand or by another worker's supervisor: adpipe.stream.leadership);
-* or, for a job started by hand (``adpipe stream``) when this supervisor
-  never started one, a heartbeat
-  (``home/stream/<job_id>/heartbeat.json``, written after every batch)
-  younger than ``ADPIPE_STREAM_STALL_S``.
+  hand or by another worker's supervisor: adpipe.stream.leadership).
+
+A heartbeat (``home/stream/<job_id>/heartbeat.json``, written after every
+batch) says when the last batch ended, never that a driver runs: an
+``--available-now`` run that has ended leaves a fresh one, and every live
+driver is a member of the group.
 
 **Lag** is the raw topic's read_committed end offsets minus the offsets the
 job committed to its ledger group in its last transaction, summed over
@@ -90,7 +91,7 @@ def write_state(settings: Settings, state: dict[str, Any]) -> None:
 class StreamHealth:
     job_id: str
     alive: bool
-    how: str  # "process", "leader", "heartbeat" or "down"
+    how: str  # "process", "leader" or "down"
     pid: int | None
     heartbeat_age_s: float | None
     last_batch: int | None
@@ -161,11 +162,6 @@ def inspect(settings: Settings, now: float | None = None) -> StreamHealth:
         # started, or a job started by hand or on another host. Starting
         # another would only be refused.
         alive, how, pid = True, "leader", lead.pid if lead.host == here else None
-    elif pid is None and age is not None and age < settings.stream_stall_s:
-        # Only for a job this supervisor never started: once it has started
-        # one, that process is the job, and its death is a death even while
-        # its last heartbeat is still fresh.
-        alive, how, pid = True, "heartbeat", None
     else:
         alive, how, pid = False, "down", None
     # Stalled: input waiting, neither a batch finished nor a poll for stall_s,

@@ -5,6 +5,7 @@ supervisor acts on."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -85,6 +86,33 @@ def test_a_live_driver_is_on_the_host_its_leadership_group_names(
     led = inspect(settings)
     assert (led.alive, led.how, led.host) == (True, "leader", "worker-2")
     assert led.pid is None  # another host's pid is not this host's process
+
+
+def test_a_fresh_heartbeat_without_a_driver_is_a_stream_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``--available-now`` run that ended a minute ago left a fresh
+    heartbeat; no driver is in the job's group and the supervisor started
+    none: the job is down, and the start task starts it."""
+    import json
+    import time
+
+    from adpipe import kafka_io
+    from adpipe.orchestration.stream_supervisor import inspect
+    from adpipe.stream import leadership, liveness
+
+    settings = _settings(tmp_path, ADPIPE_STREAM_STALL_S="300")
+    beat = liveness.heartbeat_path(settings)
+    beat.parent.mkdir(parents=True)
+    beat.write_text(json.dumps({"job_id": "unit", "batch_id": 1, "at": time.time() - 60, "watermark_ms": 0}))
+    monkeypatch.setattr(kafka_io, "stream_commits", lambda _settings: {0: (5, "")})
+    monkeypatch.setattr(kafka_io, "stream_lag", lambda _settings, _commits: {0: 0})
+    group: list[leadership.Driver] = []
+    monkeypatch.setattr(leadership, "drivers", lambda _settings, timeout_s=10.0: list(group))
+    ended = inspect(settings)
+    assert (ended.alive, ended.how, ended.needs_start, ended.last_batch) == (False, "down", True, 1)
+    assert 55 < ended.heartbeat_age_s < 120
+    group.append(leadership.Driver(socket.gethostname(), 4242, True))  # one started by hand, here
+    by_hand = inspect(settings)
+    assert (by_hand.alive, by_hand.how, by_hand.pid, by_hand.needs_start) == (True, "leader", 4242, False)
 
 
 def test_a_driver_on_another_host_is_stalled_by_how_long_its_input_waited_and_left_to_that_host(
